@@ -1,0 +1,32 @@
+"""dfmp2: density-fitted MP2 (RI-MP2) energies on PySCF references.
+
+>>> import dfmp2
+>>> result = dfmp2.run("inputs/water.xyz", basis="cc-pvdz")
+>>> result.e_tot, result.e_corr_os, result.e_corr_ss
+"""
+
+from ._version import __version__
+from .errors import (
+    BackendUnavailableError,
+    ConvergenceError,
+    DFMP2Error,
+    InputError,
+    ResourceError,
+    UnsupportedShapeError,
+)
+from .options import Options
+from .results import Result
+
+__all__ = [
+    "__version__", "run", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
+    "ConvergenceError", "BackendUnavailableError", "UnsupportedShapeError", "ResourceError",
+]
+
+
+def __getattr__(name):
+    # PySCF and torch load only when the API is used, so `dfmp2 --help` stays fast.
+    if name in ("run", "DFMP2"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")

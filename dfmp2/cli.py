@@ -1,0 +1,149 @@
+"""``dfmp2`` command line: ``dfmp2 run GEOMETRY [options]`` and ``dfmp2 info``.
+
+Exit status: 0 success, 1 a dfmp2 error (one line on stderr), 2 bad command-line usage.
+The only place that reads ``DFMP2_*`` environment variables (through click's ``envvar=``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ._version import __version__
+
+BACKEND_CHOICES = ("auto", "pytorch", "nki")
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[
+        min(verbose, 2)]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    root = logging.getLogger("dfmp2")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+class _TerminalProgress:
+    """One self-overwriting status line on stderr, only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = ""
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / max(total, 1))
+        line = f"\r{stage:<12s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+        if line != self._last:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            self._last = line
+
+    def close(self) -> None:
+        if self.enabled and self._last:
+            sys.stderr.write("\r" + " " * len(self._last) + "\r")
+            sys.stderr.flush()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dfmp2")
+def main():
+    """Density-fitted MP2 (RI-MP2) energies on PySCF references."""
+
+
+@main.command()
+@click.argument("geometry")
+@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis set.")
+@click.option("--auxbasis", default=None,
+              help="MP2 fitting basis [default: RI partner of --basis, e.g. cc-pvdz-ri].")
+@click.option("--scf-type", type=click.Choice(["df", "conv"]), default="df", show_default=True,
+              help="Density-fitted SCF (JK-fit basis) or exact integrals.")
+@click.option("--scf-auxbasis", default=None,
+              help="JK-fit basis of a DF-SCF [default: JK-fit partner of --basis].")
+@click.option("--charge", type=int, default=0, show_default=True)
+@click.option("--spin", type=int, default=0, show_default=True,
+              help="2S (number of unpaired electrons), PySCF convention.")
+@click.option("--reference", type=click.Choice(["rhf", "uhf", "rohf"]), default=None,
+              help="SCF reference [default: rhf for singlets, uhf otherwise; only rhf is "
+                   "implemented].")
+@click.option("--frozen-core/--no-frozen-core", default=False, show_default=True,
+              help="Freeze the chemical core of each element (1s for Li-Ne, ...).")
+@click.option("--frozen", type=click.IntRange(min=0), default=None,
+              help="Freeze the N lowest orbitals (instead of --frozen-core).")
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto",
+              show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
+@click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
+              help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
+@click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
+              help="Run NKI kernels on dfmp2's NumPy emulator when the real nki is absent "
+                   "(testing only; env DFMP2_NKI_EMULATOR=1).")
+@click.option("--simulator", "nki_simulator", is_flag=True, envvar="DFMP2_USE_SIMULATOR",
+              help="Run NKI kernels in the real nki.simulate (env DFMP2_USE_SIMULATOR=1).")
+@click.option("--require-nki", is_flag=True, envvar="DFMP2_REQUIRE_NKI",
+              help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
+@click.option("--max-memory", type=click.IntRange(min=1), default=4000, show_default=True,
+              help="Memory budget of the MP2 step in MB.")
+@click.option("--max-cycle", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Maximum SCF iterations.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+              default=None, help="Write the QCSchema-shaped result to this file.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors; no progress.")
+def run(geometry, json_path, verbose, quiet, **options):
+    """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
+    _configure_logging(verbose, quiet)
+    progress = _TerminalProgress(enabled=not quiet)
+    try:
+        from .api import run as run_dfmp2
+        from .errors import DFMP2Error
+
+        try:
+            result = run_dfmp2(geometry, progress=progress, **options)
+        finally:
+            progress.close()
+    except DFMP2Error as exc:
+        raise _fail(exc) from None
+    if json_path:
+        try:
+            with open(json_path, "w") as handle:
+                handle.write(result.to_json() + "\n")
+        except OSError as exc:
+            raise _fail(f"cannot write JSON to {json_path!r}: {exc.strerror}") from None
+    if not quiet:
+        click.echo(result.summary())
+    else:
+        click.echo(f"{result.e_tot:.12f}")
+
+
+def _fail(message) -> click.exceptions.Exit:
+    click.echo(f"error: {message}", err=True)
+    return click.exceptions.Exit(1)
+
+
+@main.command()
+@click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
+              help="Report the emulator mode as opted in.")
+@click.option("--simulator", "nki_simulator", is_flag=True, envvar="DFMP2_USE_SIMULATOR",
+              help="Report the simulator mode as requested.")
+def info(nki_emulator, nki_simulator):
+    """Versions, and each backend and execution mode with why it is or is not available."""
+    from .linalg.report import backend_report
+    from .results import versions
+
+    for name, version in versions().items():
+        click.echo(f"{name:<8s} {version}")
+    click.echo("")
+    click.echo("backends and modes:")
+    for backend, mode, available, reason in backend_report(nki_emulator, nki_simulator):
+        mark = "yes" if available else "no "
+        click.echo(f"  {backend:<8s} {mode:<10s} {mark}  {reason}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

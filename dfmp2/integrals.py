@@ -1,0 +1,132 @@
+"""The PySCF integral boundary: auxiliary basis, metric, int3c2e blocks, orbital partition.
+
+Nothing here holds the whole ``(nao, nao, naux)`` tensor: :func:`iter_int3c2e` yields blocks of
+whole auxiliary shells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pyscf import df, lib
+from pyscf.data.elements import chemcore
+from pyscf.lib.exceptions import BasisNotFoundError
+
+from .errors import InputError
+
+__all__ = [
+    "OrbitalSpace",
+    "make_auxmol",
+    "metric",
+    "aux_shell_blocks",
+    "iter_int3c2e",
+    "frozen_mask",
+    "orbital_space",
+]
+
+
+def make_auxmol(mol, auxbasis=None):
+    """The auxiliary molecule of the MP2 fit: ``auxbasis`` or the RI partner of mol's basis."""
+    if auxbasis is None:
+        auxbasis = df.make_auxbasis(mol, mp2fit=True)
+    try:
+        return df.addons.make_auxmol(mol, auxbasis)
+    except BasisNotFoundError as exc:
+        raise InputError(f"auxiliary basis {auxbasis!r}: {exc}") from None
+    except (KeyError, RuntimeError) as exc:
+        raise InputError(f"auxiliary basis {auxbasis!r} could not be built: {exc}") from None
+
+
+def metric(auxmol) -> np.ndarray:
+    """The Coulomb metric ``J_PQ = (P|Q)``, (naux, naux) float64."""
+    return auxmol.intor("int2c2e", hermi=1)
+
+
+def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, int]]:
+    """Group auxiliary shells into blocks of at most ``max_functions`` functions (a block holds at
+    least one whole shell). Returns (shell0, shell1, p0, p1) per block."""
+    offsets = auxmol.ao_loc_nr()
+    blocks, start = [], 0
+    for shell in range(auxmol.nbas):
+        if shell > start and offsets[shell + 1] - offsets[start] > max_functions:
+            blocks.append((start, shell, offsets[start], offsets[shell]))
+            start = shell
+    blocks.append((start, auxmol.nbas, offsets[start], offsets[auxmol.nbas]))
+    return blocks
+
+
+def iter_int3c2e(mol, auxmol, max_functions: int):
+    """Yield ``(p0, p1, j3c)`` with ``j3c[P, mu, nu] = (mu nu|P)`` for P in [p0, p1), float64,
+    shape (p1 - p0, nao, nao), C-contiguous. Computed with mu>=nu symmetry, then unpacked."""
+    pmol = mol + auxmol
+    nbas = mol.nbas
+    for shell0, shell1, p0, p1 in aux_shell_blocks(auxmol, max_functions):
+        shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
+        packed = pmol.intor("int3c2e", aosym="s2ij", shls_slice=shls_slice)  # (npair, P) F-order
+        yield p0, p1, lib.unpack_tril(packed.T)
+
+
+def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False) -> np.ndarray:
+    """Boolean mask over MOs, True = active. ``frozen``: None, an int n (the lowest n orbitals),
+    or a list of MO indices (PySCF semantics); ``frozen_core``: the chemical core per element."""
+    nmo = len(mo_occ)
+    mask = np.ones(nmo, dtype=bool)
+    if frozen_core:
+        frozen = chemcore(mol)
+    if frozen is None:
+        return mask
+    if isinstance(frozen, (int, np.integer)):
+        nocc = int(np.count_nonzero(mo_occ > 0))
+        if frozen >= nocc:
+            raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
+        mask[: int(frozen)] = False
+        return mask
+    indices = np.asarray(sorted(set(int(k) for k in frozen)), dtype=int)
+    if indices.size and (indices.max() >= nmo):
+        raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
+    mask[indices] = False
+    return mask
+
+
+@dataclass(frozen=True)
+class OrbitalSpace:
+    """Active occupied and virtual orbitals of a closed-shell reference.
+
+    occ_coeff (nao, nocc), vir_coeff (nao, nvir), eps_occ (nocc,), eps_vir (nvir,); ``nfrozen``
+    counts frozen occupied plus frozen virtual orbitals.
+    """
+
+    occ_coeff: np.ndarray
+    vir_coeff: np.ndarray
+    eps_occ: np.ndarray
+    eps_vir: np.ndarray
+    nfrozen_occ: int
+    nfrozen_vir: int
+
+    @property
+    def nocc(self) -> int:
+        return self.occ_coeff.shape[1]
+
+    @property
+    def nvir(self) -> int:
+        return self.vir_coeff.shape[1]
+
+
+def orbital_space(mo_coeff, mo_energy, mo_occ, active: np.ndarray) -> OrbitalSpace:
+    """Split canonical RHF orbitals into active occupied and active virtual blocks."""
+    occupied = mo_occ > 0
+    occ = occupied & active
+    vir = ~occupied & active
+    if not occ.any():
+        raise InputError("no active occupied orbitals are left after freezing")
+    if not vir.any():
+        raise InputError("no active virtual orbitals: the basis is too small for MP2")
+    return OrbitalSpace(
+        occ_coeff=np.ascontiguousarray(mo_coeff[:, occ]),
+        vir_coeff=np.ascontiguousarray(mo_coeff[:, vir]),
+        eps_occ=np.asarray(mo_energy[occ]),
+        eps_vir=np.asarray(mo_energy[vir]),
+        nfrozen_occ=int(np.count_nonzero(occupied & ~active)),
+        nfrozen_vir=int(np.count_nonzero(~occupied & ~active)),
+    )

@@ -1,0 +1,217 @@
+"""One registry for backend dispatch: ``(op, backend) -> Impl``, and the per-run dispatcher.
+
+The registry is a fixed table built at import. A :class:`Dispatcher` is created once per run
+from a :class:`DispatchPolicy`: it resolves ``auto`` once, then routes every op call, applies the
+fallback policy, and records which backend and execution mode ran each op. Call sites never test
+for NKI; they call ``dispatcher.gemm(...)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable
+
+from ..errors import BackendUnavailableError, NotPositiveDefiniteError, UnsupportedShapeError
+from . import torch_ops
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BACKENDS", "OPS", "HOST_OPS", "Impl", "DispatchPolicy", "OpRecord", "Dispatcher"]
+
+BACKENDS = ("auto", "pytorch", "nki")
+#: Ops that have an implementation per backend.
+OPS = ("gemm", "cholesky", "trsm", "mp2_pair_energy")
+#: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
+HOST_OPS = ("eigh", "pair_energy_from_ovov")
+
+
+@dataclass(frozen=True)
+class Impl:
+    """An implementation of one op on one backend.
+
+    fn : the function (for nki it takes an extra keyword ``mode``).
+    supports : returns None, or the limit the given operands exceed.
+    """
+
+    fn: Callable
+    supports: Callable[..., str | None]
+
+
+def _always(*_args, **_kwargs) -> None:
+    return None
+
+
+def _nki_attr(name: str) -> Callable:
+    """Defer ``import dfmp2.linalg.nki_ops`` until the nki backend is used."""
+
+    def call(*args, **kwargs):
+        module = importlib.import_module(".nki_ops", __package__)
+        return getattr(module, name)(*args, **kwargs)
+
+    call.__name__ = f"nki_ops.{name}"
+    return call
+
+
+def _nki_supports(op: str) -> Callable[..., str | None]:
+    def check(*args):
+        module = importlib.import_module(".nki_ops", __package__)
+        return module.SUPPORTS[op](*args)
+
+    return check
+
+
+_TABLE: dict[tuple[str, str], Impl] = {}
+for _op in OPS:
+    _TABLE[(_op, "pytorch")] = Impl(getattr(torch_ops, _op), _always)
+    _TABLE[(_op, "nki")] = Impl(_nki_attr(_op), _nki_supports(_op))
+for _op in HOST_OPS:
+    _TABLE[(_op, "pytorch")] = Impl(getattr(torch_ops, _op), _always)
+REGISTRY = MappingProxyType(_TABLE)
+
+
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """How ops are routed. ``backend`` is one of :data:`BACKENDS`.
+
+    nki_simulator : run NKI kernels through the real ``nki.simulate``.
+    nki_emulator : allow dfmp2's NumPy emulator when the real ``nki`` is absent (explicit opt-in).
+    require_nki : turn every fallback from nki to pytorch into an error.
+    """
+
+    backend: str = "auto"
+    nki_simulator: bool = False
+    nki_emulator: bool = False
+    require_nki: bool = False
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+@dataclass
+class OpRecord:
+    """What ran one op during a run: backend, execution mode, call count, fallback reason."""
+
+    backend: str
+    mode: str
+    calls: int = 0
+    fallback: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "mode": self.mode, "calls": self.calls,
+                "fallback": self.fallback}
+
+
+def probe_nki(policy: DispatchPolicy) -> tuple[str | None, str | None]:
+    """(mode, None) when NKI kernels can run under ``policy``, else (None, reason)."""
+    try:
+        module = importlib.import_module(".nki_ops", __package__)
+    except ImportError as exc:  # the host wrappers themselves failed to import
+        return None, f"dfmp2's NKI host wrappers could not be imported: {exc}"
+    return module.probe(simulator=policy.nki_simulator, emulator=policy.nki_emulator)
+
+
+@dataclass
+class Dispatcher:
+    """Routes op calls for one run and records what ran.
+
+    Attributes after construction: ``backend`` (the resolved backend, 'pytorch' or 'nki'),
+    ``nki_mode`` ('hardware', 'simulator', 'emulator' or None), ``resolution`` (why),
+    ``records`` (op name -> :class:`OpRecord`).
+    """
+
+    policy: DispatchPolicy = field(default_factory=DispatchPolicy)
+    backend: str = field(init=False)
+    nki_mode: str | None = field(init=False, default=None)
+    resolution: str = field(init=False, default="")
+    records: dict[str, OpRecord] = field(init=False, default_factory=dict)
+
+    def __post_init__(self):
+        requested = self.policy.backend
+        if requested == "pytorch":
+            self.backend, self.resolution = "pytorch", "requested --backend pytorch"
+            if self.policy.require_nki:
+                raise BackendUnavailableError(
+                    "--require-nki contradicts --backend pytorch; drop one of them"
+                )
+            return
+        mode, reason = probe_nki(self.policy)
+        if mode is not None:
+            self.backend, self.nki_mode = "nki", mode
+            self.resolution = f"{requested}: NKI kernels run in {mode} mode"
+        elif requested == "nki" or self.policy.require_nki:
+            raise BackendUnavailableError(f"the nki backend cannot run: {reason}")
+        else:
+            self.backend = "pytorch"
+            self.resolution = f"auto: NKI unavailable ({reason}); using pytorch"
+        log.info("backend %s", self.resolution)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def call(self, op: str, *args):
+        """Run ``op`` on the resolved backend, falling back to pytorch where the policy allows."""
+        if op in HOST_OPS or self.backend == "pytorch":
+            return self._run_pytorch(op, args, mode="host" if op in HOST_OPS else "pytorch")
+        impl = REGISTRY[(op, "nki")]
+        limit = impl.supports(*args)
+        if limit is not None:
+            return self._fall_back(op, args, f"shape not supported by the NKI kernel: {limit}")
+        try:
+            result = impl.fn(*args, mode=self.nki_mode)
+        except NotPositiveDefiniteError:
+            raise  # a property of the matrix, not of the backend: the caller handles it
+        except Exception as exc:  # noqa: BLE001 - made visible by _fall_back (WARNING + record)
+            if self.policy.require_nki or self.policy.backend == "nki":
+                raise BackendUnavailableError(f"NKI {op} failed: {exc}") from exc
+            return self._fall_back(op, args, f"NKI kernel failed: {type(exc).__name__}: {exc}")
+        self._record(op, "nki", self.nki_mode)
+        return result
+
+    def _run_pytorch(self, op: str, args: tuple, mode: str):
+        result = REGISTRY[(op, "pytorch")].fn(*args)
+        self._record(op, "pytorch", mode)
+        return result
+
+    def _fall_back(self, op: str, args: tuple, reason: str):
+        if self.policy.require_nki:
+            raise UnsupportedShapeError(f"{op}: {reason}; refusing to fall back (--require-nki)")
+        record = self.records.get(op)
+        if record is None or record.fallback is None:
+            log.warning("%s falls back from nki to pytorch: %s", op, reason)
+        result = REGISTRY[(op, "pytorch")].fn(*args)
+        self._record(op, "pytorch", "pytorch", fallback=reason)
+        return result
+
+    def _record(self, op: str, backend: str, mode: str, fallback: str | None = None):
+        record = self.records.get(op)
+        if record is None:
+            record = self.records[op] = OpRecord(backend, mode)
+        elif (record.backend, record.mode) != (backend, mode):
+            record.backend, record.mode = "mixed", f"{record.mode}+{mode}"
+        record.calls += 1
+        record.fallback = record.fallback or fallback
+
+    def summary(self) -> dict[str, dict]:
+        """Per-op records as plain dicts (for the result and JSON)."""
+        return {op: rec.as_dict() for op, rec in sorted(self.records.items())}
+
+    # -- named ops (the signatures of torch_ops) --------------------------------------------
+    def gemm(self, a, b, trans_a: bool = False, trans_b: bool = False):
+        return self.call("gemm", a, b, trans_a, trans_b)
+
+    def cholesky(self, a_nn):
+        return self.call("cholesky", a_nn)
+
+    def eigh(self, a_nn):
+        return self.call("eigh", a_nn)
+
+    def trsm(self, l_nn, b_mn):
+        return self.call("trsm", l_nn, b_mn)
+
+    def mp2_pair_energy(self, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block: bool):
+        return self.call("mp2_pair_energy", ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+
+    def pair_energy_from_ovov(self, ovov, eps_i, eps_j, eps_v, diagonal_block: bool):
+        return self.call("pair_energy_from_ovov", ovov, eps_i, eps_j, eps_v, diagonal_block)

@@ -1,0 +1,120 @@
+"""Every knob of a run in one frozen dataclass, validated once when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from .errors import InputError
+from .linalg.registry import BACKENDS
+
+__all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
+
+SCF_TYPES = ("df", "conv")
+REFERENCES = ("rhf", "uhf", "rohf")
+PRECISIONS = ("fp64",)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Options of a DF-MP2 run. Energies in Hartree, memory in MB.
+
+    basis : orbital basis name (PySCF spelling).
+    auxbasis : MP2 fitting basis; None = the RI partner of ``basis`` (cc-pVDZ -> cc-pVDZ-RI).
+    scf_type : 'df' (density-fitted SCF with the JK-fit basis ``scf_auxbasis``) or 'conv'.
+    scf_auxbasis : JK-fit basis of a DF-SCF; None = PySCF's JK-fit partner of ``basis``.
+    charge, spin : total charge and 2S (PySCF convention: 0 singlet, 1 doublet, ...).
+    reference : 'rhf', 'uhf' or 'rohf'; None = rhf for singlets, uhf otherwise.
+    frozen : None (all electrons), an int (the lowest n orbitals), or a tuple of orbital indices
+        (PySCF's ``frozen=`` semantics; may name virtual orbitals too).
+    frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
+    backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
+    nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
+    max_memory : working-set budget of the MP2 step in MB.
+    precision : 'fp64'.
+    os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
+    conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
+        inherits the SCF's orbital error).
+    """
+
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None
+    scf_type: str = "df"
+    scf_auxbasis: str | None = None
+    charge: int = 0
+    spin: int = 0
+    reference: str | None = None
+    frozen: int | tuple[int, ...] | None = None
+    frozen_core: bool = False
+    backend: str = "auto"
+    fused_energy: bool = True
+    nki_emulator: bool = False
+    nki_simulator: bool = False
+    require_nki: bool = False
+    max_memory: int = 4000
+    precision: str = "fp64"
+    os_scale: float = 6.0 / 5.0
+    ss_scale: float = 1.0 / 3.0
+    conv_tol: float = 1e-11
+    conv_tol_grad: float = 1e-7
+    max_cycle: int = 100
+
+    def __post_init__(self):
+        _choice("scf_type", self.scf_type, SCF_TYPES)
+        _choice("backend", self.backend, BACKENDS)
+        _choice("precision", self.precision, PRECISIONS)
+        if self.reference is not None:
+            _choice("reference", self.reference, REFERENCES)
+        if not isinstance(self.basis, str) or not self.basis.strip():
+            raise InputError(f"basis must be a basis-set name, got {self.basis!r}")
+        if self.frozen is not None and self.frozen_core:
+            raise InputError("give either frozen_core or frozen, not both")
+        if isinstance(self.frozen, list):
+            object.__setattr__(self, "frozen", tuple(self.frozen))
+        if isinstance(self.frozen, bool):
+            raise InputError(f"frozen must be an int or a list of orbital indices, got {self.frozen}")
+        if isinstance(self.frozen, int) and self.frozen < 0:
+            raise InputError(f"frozen must be >= 0, got {self.frozen}")
+        if isinstance(self.frozen, tuple) and any(
+            not isinstance(k, int) or k < 0 for k in self.frozen
+        ):
+            raise InputError(f"frozen orbital indices must be integers >= 0, got {self.frozen}")
+        if self.spin < 0:
+            raise InputError(f"spin (2S) must be >= 0, got {self.spin}")
+        if self.max_memory <= 0:
+            raise InputError(f"max_memory must be a positive number of MB, got {self.max_memory}")
+        if self.max_cycle < 1:
+            raise InputError(f"max_cycle must be >= 1, got {self.max_cycle}")
+        if not (0 < self.conv_tol < 1e-3 and 0 < self.conv_tol_grad < 1e-1):
+            raise InputError(
+                f"SCF tolerances out of range: conv_tol={self.conv_tol}, "
+                f"conv_tol_grad={self.conv_tol_grad}"
+            )
+
+    @property
+    def resolved_reference(self) -> str:
+        return self.reference or ("rhf" if self.spin == 0 else "uhf")
+
+    def replace(self, **changes) -> "Options":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        if isinstance(out["frozen"], tuple):
+            out["frozen"] = list(out["frozen"])
+        return out
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "Options":
+        """Build from keyword arguments, naming any unknown one."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InputError(
+                f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
+            )
+        return cls(**kwargs)
+
+
+def _choice(name: str, value, valid: tuple) -> None:
+    if value not in valid:
+        raise InputError(f"{name} must be one of {', '.join(valid)}; got {value!r}")

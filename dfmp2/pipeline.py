@@ -1,0 +1,180 @@
+"""The DF-MP2 pipeline: metric -> transform -> fit -> pair energy, each stage through linalg ops.
+
+Indices: i, j active occupied; a, b active virtual; P, Q auxiliary. Every function is pure apart
+from the optional ``progress(stage, done, total)`` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .blocking import BlockPlan
+from .errors import NotPositiveDefiniteError
+from .integrals import OrbitalSpace, iter_int3c2e, metric
+from .linalg import Dispatcher
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MetricFactor", "PairEnergies", "factor_metric", "transform", "fit", "pair_energies",
+           "dfmp2_pair_energies", "LINDEP_THRESHOLD"]
+
+#: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
+LINDEP_THRESHOLD = 1e-10
+
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class MetricFactor:
+    """Either the Cholesky factor ``lower`` (J = L L^T) or ``inv_sqrt`` (naux, nkept) = J^{-1/2}
+    restricted to the kept eigenvectors. ``ndropped`` counts dropped eigenvalues."""
+
+    lower: torch.Tensor | None
+    inv_sqrt: torch.Tensor | None
+    ndropped: int = 0
+
+    @property
+    def naux_fit(self) -> int:
+        return self.lower.shape[0] if self.lower is not None else self.inv_sqrt.shape[1]
+
+
+def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
+    """Cholesky of the metric; if it is not positive definite, ``J^{-1/2}`` from ``eigh`` with
+    eigenvalues below :data:`LINDEP_THRESHOLD` dropped (logged, never clamped)."""
+    try:
+        return MetricFactor(la.cholesky(j2c), None)
+    except NotPositiveDefiniteError as exc:
+        w, u = la.eigh(j2c)
+        keep = w > LINDEP_THRESHOLD
+        ndropped = int((~keep).sum())
+        log.warning(
+            "the auxiliary metric is not positive definite (%s); using J^-1/2 from eigh and "
+            "dropping %d of %d eigenvalues below %.0e",
+            exc, ndropped, len(w), LINDEP_THRESHOLD,
+        )
+        return MetricFactor(None, u[:, keep] / torch.sqrt(w[keep]), ndropped)
+
+
+def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
+              progress: Progress = _no_progress) -> torch.Tensor:
+    """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` streamed over auxiliary-shell blocks.
+
+    Returns ovP (nocc, nvir, naux) float64. Per block: half transform (P*nao, nao) x (nao, nocc),
+    then full transform (P*nocc, nao) x (nao, nvir), both through ``la.gemm``.
+    """
+    nocc, nvir, naux = space.nocc, space.nvir, auxmol.nao_nr()
+    occ_coeff = torch.from_numpy(space.occ_coeff)
+    vir_coeff = torch.from_numpy(space.vir_coeff)
+    nao = occ_coeff.shape[0]
+    ovP = torch.empty((nocc, nvir, naux), dtype=torch.float64)
+    for p0, p1, j3c in iter_int3c2e(mol, auxmol, aux_block):
+        nblk = p1 - p0
+        half = la.gemm(torch.from_numpy(j3c).view(nblk * nao, nao), occ_coeff)  # (P*mu, i)
+        half_pim = half.view(nblk, nao, nocc).transpose(1, 2).contiguous()  # (P, i, mu)
+        full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff)  # (P*i, a)
+        ovP[:, :, p0:p1] = full.view(nblk, nocc, nvir).permute(1, 2, 0)
+        progress("transform", p1, naux)
+    return ovP
+
+
+def fit(ovP: torch.Tensor, factor: MetricFactor, la: Dispatcher, fit_rows: int,
+        progress: Progress = _no_progress) -> torch.Tensor:
+    """``B_ia^Q = sum_P (ia|P) [L^{-T}]_PQ`` (or ``(ia|P) J^{-1/2}``) in blocks of (ia) rows.
+
+    With the Cholesky factor the fit overwrites ``ovP`` in place and returns it as
+    ovL (nocc, nvir, naux); with ``J^{-1/2}`` it returns a new (nocc, nvir, nkept) tensor.
+    """
+    nocc, nvir, naux = ovP.shape
+    rows = ovP.view(nocc * nvir, naux)
+    out = rows if factor.lower is not None else torch.empty(
+        (nocc * nvir, factor.naux_fit), dtype=ovP.dtype)
+    for r0 in range(0, nocc * nvir, fit_rows):
+        r1 = min(r0 + fit_rows, nocc * nvir)
+        if factor.lower is not None:
+            out[r0:r1] = la.trsm(factor.lower, rows[r0:r1])
+        else:
+            out[r0:r1] = la.gemm(rows[r0:r1], factor.inv_sqrt)
+        progress("fit", r1, nocc * nvir)
+    return out.view(nocc, nvir, factor.naux_fit)
+
+
+@dataclass(frozen=True)
+class PairEnergies:
+    """Opposite-spin and same-spin correlation energies (Hartree) and the pairs evaluated."""
+
+    e_os: float
+    e_ss: float
+    npairs: int
+
+
+def pair_energies(ovL: torch.Tensor, eps_occ: torch.Tensor, eps_vir: torch.Tensor,
+                  la: Dispatcher, occ_block: int, fused: bool = True,
+                  progress: Progress = _no_progress) -> PairEnergies:
+    """Sum pair energies over blocks I <= J of occupied orbitals (i <= j symmetry).
+
+    fused : one ``mp2_pair_energy`` op per block; else ``gemm`` for ``(ia|jb)`` and a separate
+    ``pair_energy_from_ovov`` reduction. Partial sums are added in float64.
+    """
+    nocc, nvir, naux = ovL.shape
+    starts = list(range(0, nocc, occ_block))
+    nblocks = len(starts) * (len(starts) + 1) // 2
+    total = torch.zeros(2, dtype=torch.float64)
+    done = 0
+    for bi, i0 in enumerate(starts):
+        i1 = min(i0 + occ_block, nocc)
+        for j0 in starts[bi:]:
+            j1 = min(j0 + occ_block, nocc)
+            args = (ovL[i0:i1], ovL[j0:j1], eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, i0 == j0)
+            total += la.mp2_pair_energy(*args) if fused else _unfused(la, *args)
+            done += 1
+            progress("pair energy", done, nblocks)
+    e_os, e_ss = (float(x) for x in total)
+    return PairEnergies(e_os, e_ss, nocc * (nocc + 1) // 2)
+
+
+def _unfused(la: Dispatcher, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
+    ni, nv, naux = ovL_i.shape
+    nj = ovL_j.shape[0]
+    ovov = la.gemm(ovL_i.reshape(ni * nv, naux), ovL_j.reshape(nj * nv, naux), False, True)
+    return la.pair_energy_from_ovov(ovov.view(ni, nv, nj, nv), eps_i, eps_j, eps_v,
+                                    diagonal_block)
+
+
+@dataclass
+class StageTimer:
+    """Wall time per pipeline stage in seconds."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def run(self, stage: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+        return result
+
+
+def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: Dispatcher,
+                        fused: bool = True, progress: Progress = _no_progress,
+                        timer: StageTimer | None = None) -> tuple[PairEnergies, MetricFactor]:
+    """The whole post-SCF DF-MP2 step for a closed-shell reference."""
+    timer = timer or StageTimer()
+    j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
+    factor = timer.run("metric", factor_metric, j2c, la)
+    ovP = timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block, progress)
+    ovL = timer.run("fit", fit, ovP, factor, la, plan.fit_rows, progress)
+    del ovP
+    eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ))
+    eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir))
+    energies = timer.run("pair_energy", pair_energies, ovL, eps_occ, eps_vir, la,
+                         plan.occ_block, fused, progress)
+    return energies, factor
