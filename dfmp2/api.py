@@ -34,8 +34,24 @@ def run(geometry, progress=None, **options) -> Result:
     opts = Options.from_kwargs(**options)
     start = time.perf_counter()
     mol = build_mole(geometry, opts.basis, opts.charge, opts.spin)
+    auxmol = make_auxmol(mol, opts.auxbasis)
+    if opts.resolved_reference == "rhf" and mol.spin == 0:
+        # catch a bad frozen list or a too small memory limit before the SCF runs
+        nocc = mol.nelectron // 2
+        _plan(mol, auxmol, np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc)), opts)
     mf = run_scf(mol, opts)
-    return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start)
+    return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
+                   auxmol=auxmol)
+
+
+def _plan(mol, auxmol, mo_occ, opts: Options):
+    """The active-orbital mask and block plan for occupations ``mo_occ``."""
+    active = frozen_mask(mol, mo_occ, opts.frozen, opts.frozen_core)
+    occupied = mo_occ > 0
+    nocc = int(np.count_nonzero(occupied & active))
+    nvir = int(np.count_nonzero(~occupied & active))
+    plan = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory)
+    return active, plan
 
 
 def _check_reference(mf) -> None:
@@ -55,17 +71,17 @@ def _scf_auxbasis(mf):
     return None if with_df is None else with_df.auxbasis
 
 
-def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None) -> Result:
+def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
+            auxmol=None) -> Result:
     """The DF-MP2 step on a converged RHF object ``mf`` (the functional core behind the API)."""
     _check_reference(mf)
     mol = mf.mol
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
-    auxmol = make_auxmol(mol, opts.auxbasis)
-    active = frozen_mask(mol, mf.mo_occ, opts.frozen, opts.frozen_core)
+    auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
+    active, plan = _plan(mol, auxmol, mf.mo_occ, opts)
     space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, active)
-    plan = plan_blocks(mol.nao_nr(), space.nocc, space.nvir, auxmol.nao_nr(), opts.max_memory)
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                    opts.require_nki))
     kwargs = {"fused": opts.fused_energy, "timer": timer}

@@ -91,8 +91,9 @@ def main():
               help="Memory budget of the MP2 step in MB.")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=100, show_default=True,
               help="Maximum SCF iterations.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
-              default=None, help="Write the QCSchema-shaped result to this file.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Write the QCSchema-shaped result to this file ('-': stdout, "
+                                 "instead of the text summary).")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors; no progress.")
 def run(geometry, json_path, verbose, quiet, **options):
@@ -109,6 +110,9 @@ def run(geometry, json_path, verbose, quiet, **options):
             progress.close()
     except DFMP2Error as exc:
         raise _fail(exc) from None
+    if json_path == "-":
+        click.echo(result.to_json())
+        return
     if json_path:
         try:
             with open(json_path, "w") as handle:

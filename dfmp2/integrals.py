@@ -14,6 +14,7 @@ from pyscf.data.elements import chemcore
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
+from .molecule import first_line, quiet_pyscf
 
 __all__ = [
     "OrbitalSpace",
@@ -31,11 +32,13 @@ def make_auxmol(mol, auxbasis=None):
     if auxbasis is None:
         auxbasis = df.make_auxbasis(mol, mp2fit=True)
     try:
-        return df.addons.make_auxmol(mol, auxbasis)
+        with quiet_pyscf():
+            return df.addons.make_auxmol(mol, auxbasis)
     except BasisNotFoundError as exc:
-        raise InputError(f"auxiliary basis {auxbasis!r}: {exc}") from None
+        raise InputError(f"auxiliary basis {auxbasis!r}: {first_line(exc)}") from None
     except (KeyError, RuntimeError) as exc:
-        raise InputError(f"auxiliary basis {auxbasis!r} could not be built: {exc}") from None
+        raise InputError(
+            f"auxiliary basis {auxbasis!r} could not be built: {first_line(exc)}") from None
 
 
 def metric(auxmol) -> np.ndarray:

@@ -7,7 +7,9 @@ Z-matrix), or an already built ``pyscf.gto.Mole`` (used as it is).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
 
-__all__ = ["Geometry", "read_xyz", "parse_geometry", "build_mole"]
+__all__ = ["Geometry", "read_xyz", "parse_geometry", "build_mole", "first_line", "quiet_pyscf"]
 
 _SYMBOLS = {symbol.upper(): symbol for symbol in ELEMENTS[1:]}
 
@@ -29,6 +31,20 @@ class Geometry:
     atoms: tuple
     source: str
     comment: str = ""
+
+
+def first_line(exc: Exception) -> str:
+    """The first non-empty line of an exception's message (PySCF's span several lines)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def quiet_pyscf():
+    """Silence PySCF's advice to install basis-set-exchange while we turn its errors into ours."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Basis may be available in basis-set-exchange")
+        yield
 
 
 def _element(token: str, where: str) -> str:
@@ -157,16 +173,17 @@ def build_mole(geometry, basis: str = "cc-pvdz", charge: int = 0, spin: int = 0)
     mol.cart = False
     mol.verbose = 0
     try:
-        mol.build(dump_input=False, parse_arg=False)
+        with quiet_pyscf():
+            mol.build(dump_input=False, parse_arg=False)
     except BasisNotFoundError as exc:
         raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise InputError(f"{parsed.source}: PySCF could not build the molecule: {exc}") from None
+        raise InputError(f"{parsed.source}: PySCF could not build the molecule: {first_line(exc)}") from None
     return mol
 
 
 def _basis_problem(exc: Exception, basis: str) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = first_line(exc)
     if text.startswith("Basis set not found for"):
         return text.replace("Basis set not found for", "has no functions for element")
     return f"unknown basis name (PySCF: {text})"

@@ -8,6 +8,7 @@ from pyscf import df, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import ConvergenceError, InputError
+from .molecule import first_line, quiet_pyscf
 from .options import Options
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,10 @@ def run_scf(mol, options: Options):
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
         try:
-            mf.with_df.build()
+            with quiet_pyscf():
+                mf.with_df.build()
         except BasisNotFoundError as exc:
-            raise InputError(f"SCF fitting basis {auxbasis!r}: {exc}") from None
+            raise InputError(f"SCF fitting basis {auxbasis!r}: {first_line(exc)}") from None
     mf.conv_tol = options.conv_tol
     mf.conv_tol_grad = options.conv_tol_grad
     mf.max_cycle = options.max_cycle

@@ -1,0 +1,32 @@
+"""Shared fixtures and named tolerances."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+#: fp64 agreement with references and with PySCF (Hartree).
+TOL_FP64 = 1e-8
+#: Literals published to 8 decimals carry up to 5e-9 of rounding on top of TOL_FP64's budget.
+TOL_8DP = 1e-8
+#: fp32 and NKI paths against the fp64 result (Hartree).
+TOL_FP32 = 1e-5
+
+INPUTS = Path(__file__).resolve().parent.parent / "inputs"
+
+
+@pytest.fixture
+def inputs_dir() -> Path:
+    return INPUTS
+
+
+def pyscf_dfmp2(mf, auxbasis: str, frozen=None):
+    """PySCF's DF-MP2 as a reference: same SCF object, explicit RI basis, no stored t2."""
+    from pyscf import df
+    from pyscf.mp import dfmp2
+
+    pt = dfmp2.DFMP2(mf, frozen=frozen)
+    pt.with_df = df.DF(mf.mol, auxbasis=auxbasis)  # never the SCF's JK-fit basis
+    pt.kernel(with_t2=False)
+    return pt

@@ -1,0 +1,104 @@
+"""Shared pieces of the NKI kernel tests: the execution-mode fixture, tolerances, data.
+
+The same test functions run in three modes. The ``emulator`` parameter carries the
+``nki_emulated`` mark (dfmp2's NumPy emulator, no ``nki`` needed); ``simulator`` carries
+``nki_simulator`` (the real ``nki.simulate``) and ``hardware`` carries ``neuron`` (a Trainium
+device). A mode that cannot run here is skipped with the reason from
+:func:`dfmp2.linalg.nki_ops.probe`. The default pytest options deselect the ``nki_simulator``
+and ``neuron`` marks; select them with ``-m nki_simulator`` or ``-m neuron``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from dfmp2.linalg.nki_ops import probe
+
+#: fp32 kernels against float64 references, relative to the operand scale: the inputs are
+#: rounded to fp32 (2^-24 ~ 6e-8 relative) and the products are accumulated in fp32 over
+#: K <= a few hundred terms (typical error ~ sqrt(K) * 6e-8 ~ 1e-6 of sum |a||b|; worst case
+#: K * 6e-8 ~ 2e-5 is never approached by random data). 1e-5 of the scale flags any indexing
+#: or accumulation bug (those give O(1) errors) with a wide margin over rounding.
+FP32_RTOL = 1e-5
+#: Pair energies against float64, relative to |e_os|: T is fp32-accurate (~1e-7 relative),
+#: the OS/exchange sums add same-sign terms per pair, the final sum is fp64 on the host, so the
+#: energy keeps ~1e-7; 1e-6 leaves a tenfold margin and is far below the 1e-5 Eh budget of the
+#: NKI path at molecular scale.
+ENERGY_RTOL = 1e-6
+
+MODES = [
+    pytest.param("emulator", marks=pytest.mark.nki_emulated, id="emulator"),
+    pytest.param("simulator", marks=pytest.mark.nki_simulator, id="simulator"),
+    pytest.param("hardware", marks=pytest.mark.neuron, id="hardware"),
+]
+
+
+def _mode_or_skip(mode: str) -> str:
+    got, reason = probe(simulator=mode == "simulator", emulator=mode == "emulator")
+    if got != mode:
+        pytest.skip(f"NKI {mode} mode is unavailable here: {reason or f'probe chose {got}'}")
+    return mode
+
+
+@contextlib.contextmanager
+def _emulator_scope():
+    """Install dfmp2's emulator for one test and restore sys.modules afterwards."""
+    from dfmp2 import nki_emulator
+
+    with nki_emulator.installed():
+        yield
+
+
+@pytest.fixture(params=MODES)
+def nki_mode(request):
+    """An NKI execution mode that can run here (others are skipped with the reason)."""
+    mode = _mode_or_skip(request.param)
+    if mode != "emulator":
+        yield mode
+        return
+    with _emulator_scope():
+        yield mode
+
+
+@pytest.fixture
+def emulator_trace():
+    """For structure tests (emulator only): yields a factory of instruction traces."""
+    _mode_or_skip("emulator")
+    from dfmp2 import nki_emulator
+
+    with _emulator_scope():
+        yield nki_emulator.trace
+
+
+def rand(shape, seed, scale=1.0) -> torch.Tensor:
+    """Reproducible float64 normal tensor."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape) * scale)
+
+
+def spd(n: int, seed: int) -> torch.Tensor:
+    """A well-conditioned symmetric positive definite (n, n) float64 matrix (cond ~ 10)."""
+    r = rand((n, n + 8), seed)
+    return r @ r.T / (n + 8) + 0.5 * torch.eye(n, dtype=torch.float64)
+
+
+def pair_block(ni, nj, nv, naux, diagonal_block, seed):
+    """Synthetic DF-MP2 inputs: B ~ N(0, 0.05^2), occupied energies in [-1.5, -0.3],
+    virtual energies in [0.1, 3.0] (all denominators negative, as for a real reference)."""
+    rng = np.random.default_rng(seed)
+    ovL_i = torch.from_numpy(rng.standard_normal((ni, nv, naux)) * 0.05)
+    eps_i = torch.from_numpy(rng.uniform(-1.5, -0.3, ni))
+    if diagonal_block:
+        ovL_j, eps_j = ovL_i, eps_i
+    else:
+        ovL_j = torch.from_numpy(rng.standard_normal((nj, nv, naux)) * 0.05)
+        eps_j = torch.from_numpy(rng.uniform(-1.5, -0.3, nj))
+    eps_v = torch.from_numpy(rng.uniform(0.1, 3.0, nv))
+    return ovL_i, ovL_j, eps_i, eps_j, eps_v
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

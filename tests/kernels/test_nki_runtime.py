@@ -1,0 +1,121 @@
+"""Execution-mode probe, mode set-up and the host-wrapper contract (signatures, SUPPORTS)."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from dfmp2.errors import BackendUnavailableError, InputError
+from dfmp2.linalg import nki_ops, nki_runtime, torch_ops
+from dfmp2.linalg.registry import OPS
+
+pytestmark = pytest.mark.nki_emulated
+
+
+def _fake_real_nki(monkeypatch, version):
+    """Make ``import nki`` return a stand-in for the real package (no emulator marker)."""
+    fake = types.ModuleType("nki")
+    fake.__version__ = version
+    monkeypatch.setitem(sys.modules, "nki", fake)
+
+
+@pytest.fixture
+def no_real_nki():
+    version, _why = nki_runtime.real_nki_version()
+    if version is not None:
+        pytest.skip(f"the real nki {version} is installed here")
+
+
+def test_probe_without_nki_names_the_install_route_and_the_emulator(no_real_nki):
+    mode, reason = nki_ops.probe()
+    assert mode is None
+    assert "pip install 'dfmp2[nki]'" in reason
+    assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in reason
+    assert "--nki-emulator" in reason
+    assert nki_ops.probe(simulator=True)[0] is None  # the simulator needs the real nki
+
+
+def test_probe_offers_the_emulator_only_on_request(no_real_nki):
+    assert nki_ops.probe(emulator=True) == ("emulator", None)
+
+
+def test_probe_does_not_mistake_the_emulator_for_nki(no_real_nki):
+    from dfmp2 import nki_emulator
+
+    with nki_emulator.installed():
+        assert nki_runtime.real_nki_version()[0] is None
+        assert nki_ops.probe()[0] is None
+        assert nki_ops.probe(emulator=True) == ("emulator", None)
+
+
+def test_probe_with_real_nki_prefers_simulator_when_asked(monkeypatch):
+    _fake_real_nki(monkeypatch, "0.3.0")
+    assert nki_ops.probe(simulator=True) == ("simulator", None)
+    assert nki_ops.probe(simulator=True, emulator=True) == ("simulator", None)
+
+
+def test_probe_with_real_nki_and_no_device(monkeypatch):
+    _fake_real_nki(monkeypatch, "0.3.1")
+    monkeypatch.setattr(nki_runtime, "_hardware_missing", lambda: "no /dev/neuron* device")
+    mode, reason = nki_ops.probe(emulator=True)
+    assert mode is None
+    assert "nki 0.3.1 is installed but no Neuron device / torch-xla was found" in reason
+    assert "simulator option" in reason
+
+
+def test_probe_with_real_nki_and_device(monkeypatch):
+    _fake_real_nki(monkeypatch, "0.4.0")
+    monkeypatch.setattr(nki_runtime, "_hardware_missing", lambda: None)
+    assert nki_ops.probe() == ("hardware", None)
+
+
+def test_probe_rejects_an_old_nki(monkeypatch):
+    _fake_real_nki(monkeypatch, "0.2.0")
+    mode, reason = nki_ops.probe(simulator=True)
+    assert mode is None and "nki 0.2.0" in reason and ">= 0.3.0" in reason
+
+
+def test_emulator_mode_is_refused_over_a_real_nki(monkeypatch):
+    _fake_real_nki(monkeypatch, "0.3.0")
+    with pytest.raises(BackendUnavailableError, match="real nki 0.3.0 is installed"):
+        nki_runtime.prepare("emulator")
+
+
+def test_unknown_mode_is_an_input_error():
+    with pytest.raises(InputError, match="unknown NKI execution mode 'gpu'"):
+        nki_runtime.prepare("gpu")
+
+
+def test_run_kernel_accepts_only_contiguous_float32():
+    with pytest.raises(InputError, match="float32"):
+        nki_runtime.run_kernel(None, (np.zeros((2, 2)),), "emulator")
+    with pytest.raises(InputError, match="contiguous"):
+        nki_runtime.run_kernel(None, (np.zeros((4, 4), dtype=np.float32)[:, ::2],), "emulator")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_host_wrappers_have_the_torch_ops_signature_plus_mode(op):
+    ours = inspect.signature(getattr(nki_ops, op))
+    theirs = inspect.signature(getattr(torch_ops, op))
+    params = list(ours.parameters.values())
+    assert params[-1].name == "mode" and params[-1].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params[-1].default is inspect.Parameter.empty
+    mine = [(p.name, p.kind, p.default) for p in params[:-1]]
+    assert mine == [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+
+
+def test_supports_covers_every_op():
+    assert set(nki_ops.SUPPORTS) == set(OPS)
+
+
+def test_kernel_modules_import_nki_only_when_loaded():
+    """The host wrappers and tile constants import without nki (kernels load lazily)."""
+    import dfmp2.kernels
+    import dfmp2.kernels._tiles as tiles
+
+    assert dfmp2.kernels.KERNEL_MODULES == ("gemm", "trsm", "mp2_energy")
+    assert (tiles.TILE_K, tiles.TILE_M, tiles.TILE_N) == (128, 128, 512)

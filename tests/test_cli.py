@@ -1,0 +1,149 @@
+"""The command line through click's CliRunner, once as a real subprocess, and every error case."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import INPUTS, TOL_FP64
+from dfmp2.cli import main
+
+WATER = str(INPUTS / "water.xyz")
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_run_water_prints_every_energy_and_writes_json(tmp_path):
+    out = tmp_path / "water.json"
+    result = _invoke("run", WATER, "--backend", "pytorch", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    for label in ("E(HF)", "E(OS)", "E(SS)", "E(corr) MP2", "E(MP2) total", "E(corr) SCS-MP2"):
+        assert label in result.stdout
+    data = json.loads(out.read_text())
+    props = data["properties"]
+    assert data["schema_name"] == "qcschema_output" and data["driver"] == "energy"
+    for key in ("scf_total_energy", "mp2_same_spin_correlation_energy",
+                "mp2_opposite_spin_correlation_energy", "mp2_singles_energy",
+                "mp2_doubles_energy", "mp2_correlation_energy", "mp2_total_energy",
+                "return_energy"):
+        assert isinstance(props[key], float), key
+    assert props["mp2_singles_energy"] == 0.0
+    assert props["mp2_doubles_energy"] == pytest.approx(
+        props["mp2_same_spin_correlation_energy"] + props["mp2_opposite_spin_correlation_energy"],
+        abs=1e-14)
+    assert props["mp2_total_energy"] == pytest.approx(
+        props["scf_total_energy"] + props["mp2_correlation_energy"], abs=1e-12)
+    assert props["return_energy"] == data["return_result"] == props["mp2_total_energy"]
+    extras = data["extras"]
+    assert extras["scs_mp2_total_energy"] == pytest.approx(
+        props["scf_total_energy"] + extras["scs_mp2_correlation_energy"], abs=1e-12)
+    assert {"nbasis", "naux", "nocc", "nvir", "nfrozen"} <= set(extras["sizes"])
+    assert extras["backend"]["resolved"] == "pytorch"
+    assert extras["backend"]["ops"]["mp2_pair_energy"]["mode"] == "pytorch"
+    assert extras["method"]["precision"] == "fp64"
+    assert {"scf", "metric", "transform", "fit", "pair_energy"} <= set(extras["timings"])
+    assert {"dfmp2", "pyscf", "torch"} <= set(extras["versions"])
+
+
+def test_cli_energy_equals_python_api():
+    import dfmp2
+
+    result = _invoke("run", WATER, "--frozen-core", "--scf-type", "conv", "-q")
+    assert result.exit_code == 0
+    api = dfmp2.run(WATER, frozen_core=True, scf_type="conv")
+    assert float(result.stdout.strip()) == pytest.approx(api.e_tot, abs=TOL_FP64)
+
+
+def test_frozen_option_and_unfused():
+    result = _invoke("run", WATER, "--frozen", "1", "--no-fused-energy", "--json", "-")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["extras"]["sizes"]["nfrozen"] == 1
+    assert data["extras"]["method"]["fused_energy"] is False
+    assert "pair_energy_from_ovov" in data["extras"]["backend"]["ops"]
+
+
+def test_info_lists_backends_with_reasons():
+    result = _invoke("info")
+    assert result.exit_code == 0
+    assert "pyscf" in result.stdout and "torch" in result.stdout
+    for mode in ("cpu", "cuda", "hardware", "simulator", "emulator"):
+        assert mode in result.stdout
+
+
+def test_real_subprocess_run(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dfmp2", "run", WATER, "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "E(MP2) total" in proc.stdout
+    assert json.loads(out.read_text())["properties"]["mp2_total_energy"] < -76.2
+
+
+# --- errors: one line on stderr, exit 1, no traceback ------------------------------------------
+
+def _write(tmp_path, text, name="bad.xyz"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+ERROR_CASES = {
+    "missing file": (lambda p: ["run", str(p / "nope.xyz")], "does not exist"),
+    "malformed count": (lambda p: ["run", _write(p, "three\n\nO 0 0 0\n")], "line 1"),
+    "malformed atom line": (
+        lambda p: ["run", _write(p, "2\nc\nO 0 0 0\nH 0 0.9\n")], "line 4: expected"),
+    "bad coordinate": (
+        lambda p: ["run", _write(p, "2\nc\nO 0 0 0\nH 0 0.9 x\n")], "line 4: coordinates"),
+    "too few atoms": (lambda p: ["run", _write(p, "3\nc\nO 0 0 0\nH 0 0 1\n")], "line 5"),
+    "unknown element": (
+        lambda p: ["run", _write(p, "2\nc\nO 0 0 0\nXq 0 0 1\n")], "line 4: unknown element 'Xq'"),
+    "unknown basis": (lambda p: ["run", WATER, "--basis", "cc-pvqq"], "basis 'cc-pvqq'"),
+    "basis lacks element": (
+        lambda p: ["run", "Kr 0 0 0", "--basis", "6-31g"], "no functions for element Kr"),
+    "unknown auxbasis": (lambda p: ["run", WATER, "--auxbasis", "nonsense-ri"], "nonsense-ri"),
+    "odd electrons for rhf": (lambda p: ["run", WATER, "--charge", "1"], "cannot have 2S = 0"),
+    "no electrons": (lambda p: ["run", "H 0 0 0", "--charge", "1"], "leaves 0 electrons"),
+    "open shell": (lambda p: ["run", WATER, "--charge", "1", "--spin", "1"], "only closed-shell"),
+    "scf not converged": (lambda p: ["run", WATER, "--max-cycle", "2"], "did not converge"),
+    "memory too small": (lambda p: ["run", str(INPUTS / "benzene.xyz"), "--max-memory", "1"],
+                         "too small"),
+    "frozen too many": (lambda p: ["run", WATER, "--frozen", "5"], "freezes all 5"),
+    "frozen and frozen core": (lambda p: ["run", WATER, "--frozen", "1", "--frozen-core"],
+                               "not both"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES), ids=list(ERROR_CASES))
+def test_error_is_one_line_exit_1(tmp_path, case):
+    make_args, expected = ERROR_CASES[case]
+    result = CliRunner().invoke(main, make_args(tmp_path))
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0]
+
+
+@pytest.mark.parametrize("args", [
+    ["run"], ["run", WATER, "--backend", "tpu"], ["run", WATER, "--frozen", "-1"],
+    ["run", WATER, "--scf-type", "fast"], ["frobnicate"],
+])
+def test_usage_errors_exit_2(args):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+
+
+def test_error_subprocess_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dfmp2", "run", str(tmp_path / "x.xyz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr

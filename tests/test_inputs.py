@@ -1,0 +1,92 @@
+"""Geometry parsing, options validation and the memory planner."""
+
+from __future__ import annotations
+
+import pytest
+from pyscf import gto
+
+import dfmp2
+from conftest import INPUTS
+from dfmp2.blocking import MB, plan_blocks
+from dfmp2.errors import InputError, ResourceError
+from dfmp2.molecule import build_mole, parse_geometry, read_xyz
+from dfmp2.options import Options
+
+
+@pytest.mark.parametrize("name", ["water", "ammonia", "methane", "benzene", "water4",
+                                  "water8", "caffeine"])
+def test_shipped_inputs_parse(name):
+    geom = read_xyz(INPUTS / f"{name}.xyz")
+    assert len(geom.atoms) >= 3 and all(len(xyz) == 3 for _, xyz in geom.atoms)
+
+
+def test_xyz_atom_string_and_mole_give_the_same_molecule():
+    geom = read_xyz(INPUTS / "water.xyz")
+    text = "; ".join(f"{s} {x} {y} {z}" for s, (x, y, z) in geom.atoms)
+    a = build_mole(INPUTS / "water.xyz")
+    b = build_mole(text)
+    c = build_mole(gto.M(atom=text, basis="cc-pvdz"))
+    assert a.nao_nr() == b.nao_nr() == c.nao_nr() == 24
+    assert abs(a.atom_coords() - b.atom_coords()).max() < 1e-12
+    assert abs(a.atom_coords() - c.atom_coords()).max() < 1e-12
+
+
+def test_element_symbols_are_case_insensitive_and_zmatrix_is_accepted():
+    assert parse_geometry("o 0 0 0; h 0 0 1; H 0 1 0").atoms[0][0] == "O"
+    mol = build_mole("O; H 1 1.0; H 1 1.0 2 90.0")
+    assert mol.natm == 3 and mol.nelectron == 10
+
+
+def test_blank_lines_after_the_atoms_are_fine(tmp_path):
+    path = tmp_path / "h2.xyz"
+    path.write_text("2\nhydrogen\nH 0 0 0\nH 0 0 0.74\n\n")
+    assert len(read_xyz(path).atoms) == 2
+
+
+def test_extra_atom_lines_are_an_error(tmp_path):
+    path = tmp_path / "h2.xyz"
+    path.write_text("1\nhydrogen\nH 0 0 0\nH 0 0 0.74\n")
+    with pytest.raises(InputError, match="line 4: line 1 says 1 atoms"):
+        read_xyz(path)
+
+
+def test_charge_and_spin_checks():
+    assert build_mole("O 0 0 0; H 0 0 1; H 0 1 0", charge=1, spin=1).nelectron == 9
+    with pytest.raises(InputError, match="cannot have 2S = 2"):
+        build_mole("O 0 0 0; H 0 0 1", spin=2)
+
+
+def test_options_validate_once_and_name_the_problem():
+    with pytest.raises(InputError, match="scf_type must be one of df, conv"):
+        Options(scf_type="ri")
+    with pytest.raises(InputError, match="unknown option.*basiss"):
+        Options.from_kwargs(basiss="sto-3g")
+    assert Options(frozen=[0, 1]).frozen == (0, 1)
+    assert Options(spin=2).resolved_reference == "uhf"
+    with pytest.raises(InputError, match="max_memory"):
+        Options(max_memory=0)
+
+
+def test_python_api_rejects_unknown_options():
+    with pytest.raises(InputError, match="unknown option"):
+        dfmp2.run(INPUTS / "water.xyz", bakend="nki")
+
+
+def test_planner_respects_the_budget_and_refuses_too_little():
+    plan = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000)
+    assert plan.b_bytes == 100 * 380 * 1680 * 8
+    assert 6 * plan.occ_block**2 * 380**2 * 8 <= 4000 * MB - plan.b_bytes
+    assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= 4000 * MB
+    with pytest.raises(ResourceError, match="give at least"):
+        plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
+
+
+def test_memory_error_comes_before_the_scf(monkeypatch):
+    import dfmp2.api
+
+    def no_scf(*args, **kwargs):
+        raise AssertionError("the SCF ran before the memory check")
+
+    monkeypatch.setattr(dfmp2.api, "run_scf", no_scf)
+    with pytest.raises(ResourceError):
+        dfmp2.run(INPUTS / "benzene.xyz", max_memory=1)

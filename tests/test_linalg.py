@@ -1,0 +1,90 @@
+"""Every pytorch linalg op against torch.linalg / explicit formulas in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dfmp2.errors import NotPositiveDefiniteError
+from dfmp2.linalg import torch_ops
+
+TOL = 1e-12
+
+
+def _rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _spd(n, seed=0):
+    a = _rand(n, n, seed=seed)
+    return a @ a.T + n * torch.eye(n, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm(trans_a, trans_b):
+    a, b = _rand(7, 5, seed=1), _rand(5, 9, seed=2)
+    got = torch_ops.gemm(a.T.contiguous() if trans_a else a, b.T.contiguous() if trans_b else b,
+                         trans_a, trans_b)
+    assert torch.allclose(got, torch.einsum("mk,kn->mn", a, b), atol=TOL)
+
+
+def test_cholesky_and_failure():
+    a = _spd(12, seed=3)
+    l_nn = torch_ops.cholesky(a)
+    assert torch.allclose(l_nn, torch.linalg.cholesky(a), atol=TOL)
+    assert torch.allclose(l_nn @ l_nn.T, a, atol=1e-10)
+    singular = torch.ones(4, 4, dtype=torch.float64)
+    with pytest.raises(NotPositiveDefiniteError, match="pivot"):
+        torch_ops.cholesky(singular)
+
+
+def test_eigh():
+    a = _spd(8, seed=4)
+    w, v = torch_ops.eigh(a)
+    assert torch.allclose(v @ torch.diag(w) @ v.T, a, atol=1e-10)
+    assert torch.allclose(w, torch.linalg.eigvalsh(a), atol=TOL)
+
+
+def test_trsm_is_right_solve_with_transposed_lower():
+    l_nn = torch.linalg.cholesky(_spd(10, seed=5))
+    b = _rand(6, 10, seed=6)
+    x = torch_ops.trsm(l_nn, b)
+    assert torch.allclose(x @ l_nn.T, b, atol=1e-10)
+    assert torch.allclose(x, b @ torch.linalg.inv(l_nn).T, atol=1e-10)
+
+
+@pytest.mark.parametrize("diagonal_block", [True, False])
+def test_fused_equals_unfused(diagonal_block):
+    ni, nj, nv, naux = 3, 3 if diagonal_block else 4, 5, 7
+    ovL_i, ovL_j = _rand(ni, nv, naux, seed=7), _rand(nj, nv, naux, seed=8)
+    if diagonal_block:
+        ovL_j = ovL_i
+    eps_i, eps_j = -1 - _rand(ni, seed=9).abs(), -1 - _rand(nj, seed=10).abs()
+    eps_v = 1 + _rand(nv, seed=11).abs()
+    fused = torch_ops.mp2_pair_energy(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+    ovov = torch.einsum("iaP,jbP->iajb", ovL_i, ovL_j)
+    unfused = torch_ops.pair_energy_from_ovov(ovov, eps_i, eps_j, eps_v, diagonal_block)
+    assert fused.dtype == torch.float64 and fused.shape == (2,)
+    assert torch.allclose(fused, unfused, atol=TOL)
+    # explicit pair loop with weights
+    e = torch.zeros(2, dtype=torch.float64)
+    for i in range(ni):
+        for j in range(nj):
+            if diagonal_block and j < i:
+                continue
+            w = 1.0 if diagonal_block and i == j else 2.0
+            t = ovov[i, :, j, :]
+            d = eps_i[i] + eps_j[j] - eps_v[:, None] - eps_v[None, :]
+            e += w * torch.stack([(t * t / d).sum(), (t * (t - t.T) / d).sum()])
+    assert torch.allclose(fused, e, atol=TOL)
+
+
+def test_mixed_precision_operands_reduce_in_float64():
+    ovL = _rand(2, 4, 6, seed=12)
+    eps_o, eps_v = torch.tensor([-1.0, -0.5], dtype=torch.float64), 1 + _rand(4, seed=13).abs()
+    e64 = torch_ops.mp2_pair_energy(ovL, ovL, eps_o, eps_o, eps_v, True)
+    e32 = torch_ops.mp2_pair_energy(ovL.float(), ovL.float(), eps_o, eps_o, eps_v, True)
+    assert e32.dtype == torch.float64
+    assert torch.allclose(e32, e64, rtol=1e-5)

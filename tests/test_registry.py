@@ -1,0 +1,157 @@
+"""Dispatch policy of the linalg registry, against a fake NKI host module (monkeypatched)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+from dfmp2.errors import BackendUnavailableError, UnsupportedShapeError
+from dfmp2.linalg import OPS, REGISTRY, DispatchPolicy, Dispatcher, torch_ops
+from dfmp2.pipeline import factor_metric
+
+
+def _fake_nki(monkeypatch, mode="emulator", reason=None, gemm_limit=None, gemm_raises=False):
+    """Install a stand-in for dfmp2.linalg.nki_ops; returns the call log."""
+    calls = []
+    fake = types.ModuleType("dfmp2.linalg.nki_ops")
+
+    def probe(simulator=False, emulator=False):
+        return (mode, None) if reason is None else (None, reason)
+
+    def gemm(a, b, trans_a=False, trans_b=False, *, mode):
+        calls.append(("gemm", mode))
+        if gemm_raises:
+            raise RuntimeError("kernel exploded")
+        return torch_ops.gemm(a, b, trans_a, trans_b)
+
+    fake.probe = probe
+    fake.gemm = gemm
+    fake.SUPPORTS = {op: (lambda *a: None) for op in OPS}
+    fake.SUPPORTS["gemm"] = lambda *a: gemm_limit
+    monkeypatch.setitem(sys.modules, "dfmp2.linalg.nki_ops", fake)
+    return calls
+
+
+def test_every_op_has_a_pytorch_and_an_nki_entry():
+    for op in OPS:
+        assert (op, "pytorch") in REGISTRY and (op, "nki") in REGISTRY
+    assert ("eigh", "pytorch") in REGISTRY and ("eigh", "nki") not in REGISTRY
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="auto, pytorch, nki"):
+        DispatchPolicy("cuda")
+
+
+def test_explicit_pytorch_records_pytorch():
+    la = Dispatcher(DispatchPolicy("pytorch"))
+    la.gemm(torch.eye(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64))
+    assert la.backend == "pytorch" and la.records["gemm"].as_dict() == {
+        "backend": "pytorch", "mode": "pytorch", "calls": 1, "fallback": None}
+
+
+def test_explicit_nki_unavailable_is_an_error_with_the_reason(monkeypatch):
+    _fake_nki(monkeypatch, reason="nki is not installed: pip install 'dfmp2[nki]'")
+    with pytest.raises(BackendUnavailableError, match=r"dfmp2\[nki\]"):
+        Dispatcher(DispatchPolicy("nki"))
+
+
+def test_auto_without_nki_resolves_to_pytorch_and_says_why(monkeypatch):
+    _fake_nki(monkeypatch, reason="no nki here")
+    la = Dispatcher(DispatchPolicy("auto"))
+    assert la.backend == "pytorch" and "no nki here" in la.resolution
+
+
+def test_auto_with_require_nki_and_no_nki_is_an_error(monkeypatch):
+    _fake_nki(monkeypatch, reason="no nki here")
+    with pytest.raises(BackendUnavailableError):
+        Dispatcher(DispatchPolicy("auto", require_nki=True))
+
+
+def test_nki_op_runs_in_the_probed_mode(monkeypatch):
+    calls = _fake_nki(monkeypatch, mode="simulator")
+    la = Dispatcher(DispatchPolicy("nki", nki_simulator=True))
+    la.gemm(torch.ones(2, 3, dtype=torch.float64), torch.ones(3, 2, dtype=torch.float64))
+    assert calls == [("gemm", "simulator")]
+    assert la.records["gemm"].backend == "nki" and la.records["gemm"].mode == "simulator"
+
+
+def test_unsupported_shape_falls_back_once_with_warning_and_record(monkeypatch, caplog):
+    _fake_nki(monkeypatch, gemm_limit="M exceeds 4096")
+    la = Dispatcher(DispatchPolicy("auto"))
+    a = torch.ones(2, 2, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        la.gemm(a, a)
+        la.gemm(a, a)
+    warnings = [r for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(warnings) == 1 and "M exceeds 4096" in warnings[0].getMessage()
+    rec = la.records["gemm"]
+    assert (rec.backend, rec.calls) == ("pytorch", 2) and "M exceeds 4096" in rec.fallback
+
+
+def test_require_nki_refuses_a_fallback(monkeypatch):
+    _fake_nki(monkeypatch, gemm_limit="M exceeds 4096")
+    la = Dispatcher(DispatchPolicy("auto", require_nki=True))
+    a = torch.ones(2, 2, dtype=torch.float64)
+    with pytest.raises(UnsupportedShapeError, match="require-nki"):
+        la.gemm(a, a)
+
+
+def test_kernel_failure_under_auto_falls_back_visibly(monkeypatch, caplog):
+    _fake_nki(monkeypatch, gemm_raises=True)
+    la = Dispatcher(DispatchPolicy("auto"))
+    a = torch.ones(2, 2, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        out = la.gemm(a, a)
+    assert torch.equal(out, a @ a)
+    assert "kernel exploded" in la.records["gemm"].fallback
+    assert any("kernel exploded" in r.getMessage() for r in caplog.records)
+
+
+def test_kernel_failure_under_explicit_nki_is_an_error(monkeypatch):
+    _fake_nki(monkeypatch, gemm_raises=True)
+    la = Dispatcher(DispatchPolicy("nki"))
+    a = torch.ones(2, 2, dtype=torch.float64)
+    with pytest.raises(BackendUnavailableError, match="kernel exploded"):
+        la.gemm(a, a)
+
+
+def test_pytorch_with_require_nki_is_contradictory():
+    with pytest.raises(BackendUnavailableError, match="contradicts"):
+        Dispatcher(DispatchPolicy("pytorch", require_nki=True))
+
+
+def test_metric_falls_back_to_eigh_and_logs_dropped_count(caplog):
+    """A linearly dependent metric: Cholesky fails, eigh drops the null space, says so."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    j2c = x @ x.T  # rank 4 of 6
+    la = Dispatcher(DispatchPolicy("pytorch"))
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        factor = factor_metric(j2c, la)
+    assert factor.lower is None and factor.ndropped == 2 and factor.naux_fit == 4
+    assert any("dropping 2 of 6" in r.getMessage() for r in caplog.records)
+    # the kept J^-1/2 reproduces the fitted Coulomb operator on the non-null space
+    v = factor.inv_sqrt
+    assert torch.allclose(v.T @ j2c @ v, torch.eye(4, dtype=torch.float64), atol=1e-8)
+    assert la.records["eigh"].mode == "host"
+
+
+def test_cholesky_and_eigh_fits_agree():
+    """(ia|jb) from the triangular fit equals (ia|jb) from the J^-1/2 fit."""
+    from dfmp2.pipeline import MetricFactor, fit
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 8, generator=g, dtype=torch.float64)
+    j2c = x @ x.T + 8 * torch.eye(8, dtype=torch.float64)
+    ovP = torch.randn(3, 4, 8, generator=g, dtype=torch.float64)
+    la = Dispatcher(DispatchPolicy("pytorch"))
+    w, u = torch.linalg.eigh(j2c)
+    by_chol = fit(ovP.clone(), MetricFactor(torch.linalg.cholesky(j2c), None), la, fit_rows=5)
+    by_eigh = fit(ovP.clone(), MetricFactor(None, u / w.sqrt()), la, fit_rows=5)
+    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)  # noqa: E731
+    assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=1e-12)
