@@ -50,7 +50,9 @@ def _plan(mol, auxmol, mo_occ, opts: Options):
     occupied = mo_occ > 0
     nocc = int(np.count_nonzero(occupied & active))
     nvir = int(np.count_nonzero(~occupied & active))
-    plan = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory)
+    plan = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory,
+                       b_itemsize=8 if opts.precision == "fp64" else 4,
+                       force_outcore=opts.force_outcore)
     return active, plan
 
 
@@ -84,7 +86,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, active)
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                    opts.require_nki))
-    kwargs = {"fused": opts.fused_energy, "timer": timer}
+    kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
+              "scratch_dir": opts.scratch_dir}
     if progress is not None:
         kwargs["progress"] = progress
     energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan, la, **kwargs)

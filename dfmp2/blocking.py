@@ -1,14 +1,21 @@
-"""Memory planner: every block size of the MP2 step comes from here.
+"""Memory planner: every block size of the MP2 step, and in-core versus out-of-core, from here.
 
-All sizes in bytes unless a name says MB. With ``w`` the item size (8 for float64):
+All sizes in bytes unless a name says MB. o, v, X: active occupied, active virtual, auxiliary
+functions; n: basis functions; ``w`` the item size of the stored B (8 for fp64, 4 for fp32 and
+mixed). The transformed integrals ``(ia|P)`` are always float64.
 
-* ``B`` (the fitted tensor, resident): ``o * v * X * w``
+* resident in memory (in-core only): ``(ia|P)``, overwritten in place by B in fp64,
+  ``8 o v X``, plus a separate B of ``w o v X`` when B is stored in fp32
 * one auxiliary block of ``p`` functions during the transform: the packed and the unpacked
-  int3c2e block plus the half- and full-transformed copies,
-  ``p * (1.5 * n^2 + 2 * n * o + 2 * o * v) * w``
-* the fit of ``r`` rows of ``(ia|P)``: input and output rows, ``2 * r * X * w``
+  int3c2e block plus the half- and full-transformed copies, ``8 p (1.5 n^2 + 2 n o + 2 o v)``
+* the fit of ``f`` occupied orbitals: the slab of ``(ia|P)`` rows and the fitted rows,
+  ``2 * 8 f v X``
 * a pair block of ``b`` occupied orbitals against ``b``: the ``(ia|jb)`` block and the
-  reduction's temporaries, ``6 * b^2 * v^2 * w`` (float64: the reduction is always float64)
+  reduction's temporaries, ``6 * 8 b^2 v^2``; out-of-core also the two B blocks read from disk,
+  ``2 w b v X``
+
+B goes to a temporary HDF5 file when the in-core resident set does not leave room for the
+smallest blocks (or when ``force_outcore``).
 """
 
 from __future__ import annotations
@@ -17,47 +24,70 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "plan_blocks"]
+__all__ = ["BlockPlan", "plan_blocks", "MB"]
 
 MB = 1024 * 1024
 _F64 = 8
+#: Largest auxiliary block and occupied block: bigger ones stop paying off in GEMM efficiency.
+_MAX_AUX_BLOCK = 512
+_MAX_OCC_BLOCK = 64
 
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """aux_block : auxiliary functions per int3c2e block; fit_rows : (ia) rows per fit call;
-    occ_block : occupied orbitals per pair-energy block; b_bytes : size of B."""
+    """aux_block : auxiliary functions per int3c2e block; fit_occ : occupied orbitals per fit
+    call; occ_block : occupied orbitals per pair-energy block; b_bytes : size of the stored B;
+    outcore : B lives in an HDF5 file; resident_bytes : what stays in memory throughout."""
 
     aux_block: int
-    fit_rows: int
+    fit_occ: int
     occ_block: int
     b_bytes: int
+    outcore: bool
+    resident_bytes: int
 
     def as_dict(self) -> dict:
-        return {"aux_block": self.aux_block, "fit_rows": self.fit_rows,
-                "occ_block": self.occ_block, "b_mb": round(self.b_bytes / MB, 1)}
+        return {"aux_block": self.aux_block, "fit_occ": self.fit_occ,
+                "occ_block": self.occ_block, "b_mb": round(self.b_bytes / MB, 1),
+                "storage": "hdf5" if self.outcore else "incore",
+                "resident_mb": round(self.resident_bytes / MB, 1)}
 
 
 def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
-                itemsize: int = _F64) -> BlockPlan:
+                b_itemsize: int = _F64, force_outcore: bool = False) -> BlockPlan:
     """Block sizes that keep the MP2 working set under ``max_memory_mb``.
 
     Raises :class:`ResourceError` before any work when even the smallest blocks do not fit.
     """
     budget = max_memory_mb * MB
-    b_bytes = nocc * nvir * naux * itemsize
-    free = budget - b_bytes
-    per_aux = (1.5 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir) * itemsize
-    per_pair = 6 * nvir * nvir * _F64
-    smallest = max(per_aux, 2 * naux * itemsize, per_pair)
+    ovx = nocc * nvir * naux
+    b_bytes = ovx * b_itemsize
+    per_aux = (1.5 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir) * _F64
+    per_fit_occ = 2 * nvir * naux * _F64
+    pair_ovov = 6 * nvir * nvir * _F64
+    resident = ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
+    smallest = max(per_aux, per_fit_occ, pair_ovov)
+    outcore = force_outcore or budget - resident < smallest
+    if outcore:
+        resident = 0
+        smallest = max(smallest, pair_ovov + 2 * nvir * naux * b_itemsize)
+    free = budget - resident
     if free < smallest:
-        need_mb = (b_bytes + smallest) / MB
         raise ResourceError(
-            f"max_memory {max_memory_mb:.0f} MB is too small: the fitted integrals B "
-            f"(nocc {nocc} x nvir {nvir} x naux {naux}) need {b_bytes / MB:.0f} MB plus "
-            f"{smallest / MB:.1f} MB of work space; give at least {need_mb:.0f} MB"
+            f"max_memory {max_memory_mb:.0f} MB is too small: with B (nocc {nocc} x nvir {nvir} "
+            f"x naux {naux}) on disk the smallest blocks still need {smallest / MB:.1f} MB; "
+            f"give at least {smallest / MB + 1:.0f} MB"
         )
-    aux_block = int(max(1, min(naux, free // per_aux, 512)))
-    fit_rows = int(max(1, min(nocc * nvir, free // (2 * naux * itemsize))))
-    occ_block = int(max(1, min(nocc, (free / per_pair) ** 0.5, 64)))
-    return BlockPlan(aux_block, fit_rows, occ_block, b_bytes)
+    aux_block = int(max(1, min(naux, free // per_aux, _MAX_AUX_BLOCK)))
+    fit_occ = int(max(1, min(nocc, free // per_fit_occ)))
+    occ_block = _largest_occ_block(free, nocc, nvir, naux, b_itemsize if outcore else 0)
+    return BlockPlan(aux_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
+
+
+def _largest_occ_block(free: float, nocc: int, nvir: int, naux: int, b_itemsize: int) -> int:
+    """Largest b with ``6*8 b^2 v^2 + 2 w b v X <= free`` (w = 0 when B is in memory)."""
+    block = 1
+    for b in range(1, min(nocc, _MAX_OCC_BLOCK) + 1):
+        if 6 * _F64 * b * b * nvir * nvir + 2 * b_itemsize * b * nvir * naux <= free:
+            block = b
+    return block

@@ -89,6 +89,13 @@ def main():
               help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
 @click.option("--max-memory", type=click.IntRange(min=1), default=4000, show_default=True,
               help="Memory budget of the MP2 step in MB.")
+@click.option("--precision", type=click.Choice(["fp64", "mixed", "fp32"]), default="fp64",
+              show_default=True,
+              help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")
+@click.option("--force-outcore", is_flag=True,
+              help="Keep the fitted integrals in a temporary HDF5 file even if they fit.")
+@click.option("--scratch-dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Directory for the temporary HDF5 file [default: system temp dir].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=100, show_default=True,
               help="Maximum SCF iterations.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),

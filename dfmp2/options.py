@@ -11,7 +11,7 @@ __all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
 
 SCF_TYPES = ("df", "conv")
 REFERENCES = ("rhf", "uhf", "rohf")
-PRECISIONS = ("fp64",)
+PRECISIONS = ("fp64", "mixed", "fp32")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,10 @@ class Options:
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
     max_memory : working-set budget of the MP2 step in MB.
-    precision : 'fp64'.
+    precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
+        (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
+    force_outcore : keep B in a temporary HDF5 file even when it fits in memory.
+    scratch_dir : directory of that file (default: the system's temporary directory).
     os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error).
@@ -52,6 +55,8 @@ class Options:
     require_nki: bool = False
     max_memory: int = 4000
     precision: str = "fp64"
+    force_outcore: bool = False
+    scratch_dir: str | None = None
     os_scale: float = 6.0 / 5.0
     ss_scale: float = 1.0 / 3.0
     conv_tol: float = 1e-11

@@ -18,11 +18,12 @@ from .blocking import BlockPlan
 from .errors import NotPositiveDefiniteError
 from .integrals import OrbitalSpace, iter_int3c2e, metric
 from .linalg import Dispatcher
+from .storage import H5Store, IncoreStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MetricFactor", "PairEnergies", "factor_metric", "transform", "fit", "pair_energies",
-           "dfmp2_pair_energies", "LINDEP_THRESHOLD"]
+__all__ = ["MetricFactor", "PairEnergies", "TensorB", "factor_metric", "transform", "fit",
+           "pair_energies", "dfmp2_pair_energies", "LINDEP_THRESHOLD", "PRECISION_DTYPES"]
 
 #: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
 LINDEP_THRESHOLD = 1e-10
@@ -65,47 +66,41 @@ def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
         return MetricFactor(None, u[:, keep] / torch.sqrt(w[keep]), ndropped)
 
 
-def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
-              progress: Progress = _no_progress) -> torch.Tensor:
-    """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` streamed over auxiliary-shell blocks.
+def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int, store,
+              progress: Progress = _no_progress) -> None:
+    """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` streamed over auxiliary-shell blocks
+    into ``store`` (float64).
 
-    Returns ovP (nocc, nvir, naux) float64. Per block: half transform (P*nao, nao) x (nao, nocc),
-    then full transform (P*nocc, nao) x (nao, nvir), both through ``la.gemm``.
+    Per block: half transform (P*nao, nao) x (nao, nocc), then full transform
+    (P*nocc, nao) x (nao, nvir), both through ``la.gemm``.
     """
     nocc, nvir, naux = space.nocc, space.nvir, auxmol.nao_nr()
     occ_coeff = torch.from_numpy(space.occ_coeff)
     vir_coeff = torch.from_numpy(space.vir_coeff)
     nao = occ_coeff.shape[0]
-    ovP = torch.empty((nocc, nvir, naux), dtype=torch.float64)
     for p0, p1, j3c in iter_int3c2e(mol, auxmol, aux_block):
         nblk = p1 - p0
         half = la.gemm(torch.from_numpy(j3c).view(nblk * nao, nao), occ_coeff)  # (P*mu, i)
         half_pim = half.view(nblk, nao, nocc).transpose(1, 2).contiguous()  # (P, i, mu)
         full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff)  # (P*i, a)
-        ovP[:, :, p0:p1] = full.view(nblk, nocc, nvir).permute(1, 2, 0)
+        store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
-    return ovP
 
 
-def fit(ovP: torch.Tensor, factor: MetricFactor, la: Dispatcher, fit_rows: int,
-        progress: Progress = _no_progress) -> torch.Tensor:
-    """``B_ia^Q = sum_P (ia|P) [L^{-T}]_PQ`` (or ``(ia|P) J^{-1/2}``) in blocks of (ia) rows.
-
-    With the Cholesky factor the fit overwrites ``ovP`` in place and returns it as
-    ovL (nocc, nvir, naux); with ``J^{-1/2}`` it returns a new (nocc, nvir, nkept) tensor.
-    """
-    nocc, nvir, naux = ovP.shape
-    rows = ovP.view(nocc * nvir, naux)
-    out = rows if factor.lower is not None else torch.empty(
-        (nocc * nvir, factor.naux_fit), dtype=ovP.dtype)
-    for r0 in range(0, nocc * nvir, fit_rows):
-        r1 = min(r0 + fit_rows, nocc * nvir)
+def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
+        progress: Progress = _no_progress) -> None:
+    """``B_ia^Q = sum_P (ia|P) [L^{-T}]_PQ`` (or ``(ia|P) J^{-1/2}``) for blocks of ``fit_occ``
+    occupied orbitals, read from and written to ``store``."""
+    nocc = store.nocc
+    for i0 in range(0, nocc, fit_occ):
+        i1 = min(i0 + fit_occ, nocc)
+        rows = store.read_ia_slab(i0, i1)  # ((i1-i0)*nvir, naux)
         if factor.lower is not None:
-            out[r0:r1] = la.trsm(factor.lower, rows[r0:r1])
+            store.write_b(i0, i1, la.trsm(factor.lower, rows))
         else:
-            out[r0:r1] = la.gemm(rows[r0:r1], factor.inv_sqrt)
-        progress("fit", r1, nocc * nvir)
-    return out.view(nocc, nvir, factor.naux_fit)
+            store.write_b(i0, i1, la.gemm(rows, factor.inv_sqrt))
+        progress("fit", i1, nocc)
+    store.finish_fit()
 
 
 @dataclass(frozen=True)
@@ -117,29 +112,47 @@ class PairEnergies:
     npairs: int
 
 
-def pair_energies(ovL: torch.Tensor, eps_occ: torch.Tensor, eps_vir: torch.Tensor,
-                  la: Dispatcher, occ_block: int, fused: bool = True,
+def pair_energies(store, eps_occ: torch.Tensor, eps_vir: torch.Tensor, la: Dispatcher,
+                  occ_block: int, fused: bool = True,
                   progress: Progress = _no_progress) -> PairEnergies:
     """Sum pair energies over blocks I <= J of occupied orbitals (i <= j symmetry).
 
-    fused : one ``mp2_pair_energy`` op per block; else ``gemm`` for ``(ia|jb)`` and a separate
-    ``pair_energy_from_ovov`` reduction. Partial sums are added in float64.
+    store : anything with ``nocc`` and ``read_b(i0, i1) -> (i1-i0, nvir, naux)`` (a storage
+    object, or :class:`TensorB` around a tensor). The GEMMs run in B's dtype, the reduction in
+    the dtype of ``eps_vir``. fused : one ``mp2_pair_energy`` op per block; else ``gemm`` for
+    ``(ia|jb)`` and a separate ``pair_energy_from_ovov`` reduction. Block sums add in float64.
     """
-    nocc, nvir, naux = ovL.shape
+    nocc = store.nocc
     starts = list(range(0, nocc, occ_block))
     nblocks = len(starts) * (len(starts) + 1) // 2
     total = torch.zeros(2, dtype=torch.float64)
     done = 0
     for bi, i0 in enumerate(starts):
         i1 = min(i0 + occ_block, nocc)
+        ovL_i = store.read_b(i0, i1)
         for j0 in starts[bi:]:
             j1 = min(j0 + occ_block, nocc)
-            args = (ovL[i0:i1], ovL[j0:j1], eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, i0 == j0)
+            ovL_j = ovL_i if j0 == i0 else store.read_b(j0, j1)
+            args = (ovL_i, ovL_j, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, i0 == j0)
             total += la.mp2_pair_energy(*args) if fused else _unfused(la, *args)
             done += 1
             progress("pair energy", done, nblocks)
     e_os, e_ss = (float(x) for x in total)
     return PairEnergies(e_os, e_ss, nocc * (nocc + 1) // 2)
+
+
+@dataclass(frozen=True)
+class TensorB:
+    """A B tensor (nocc, nvir, naux) in memory, read in occupied blocks."""
+
+    ovL: torch.Tensor
+
+    @property
+    def nocc(self) -> int:
+        return self.ovL.shape[0]
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        return self.ovL[i0:i1]
 
 
 def _unfused(la: Dispatcher, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
@@ -163,18 +176,38 @@ class StageTimer:
         return result
 
 
+#: dtypes of (stored B and pair GEMMs, pair-energy reduction) per precision.
+PRECISION_DTYPES = {
+    "fp64": (torch.float64, torch.float64),
+    "mixed": (torch.float32, torch.float64),
+    "fp32": (torch.float32, torch.float32),
+}
+
+
 def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: Dispatcher,
-                        fused: bool = True, progress: Progress = _no_progress,
-                        timer: StageTimer | None = None) -> tuple[PairEnergies, MetricFactor]:
-    """The whole post-SCF DF-MP2 step for a closed-shell reference."""
+                        fused: bool = True, precision: str = "fp64",
+                        progress: Progress = _no_progress, timer: StageTimer | None = None,
+                        scratch_dir: str | None = None) -> tuple[PairEnergies, MetricFactor]:
+    """The whole post-SCF DF-MP2 step for a closed-shell reference.
+
+    precision : 'fp64'; 'mixed' (B and the pair GEMMs in fp32, reduction and sums in fp64); or
+    'fp32' (reduction of each block in fp32 too, block sums in fp64). The metric, transform and
+    fit always run in fp64.
+    """
     timer = timer or StageTimer()
+    b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
-    ovP = timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block, progress)
-    ovL = timer.run("fit", fit, ovP, factor, la, plan.fit_rows, progress)
-    del ovP
-    eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ))
-    eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir))
-    energies = timer.run("pair_energy", pair_energies, ovL, eps_occ, eps_vir, la,
-                         plan.occ_block, fused, progress)
+    shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
+    store = (H5Store(*shape, dtype=b_dtype, directory=scratch_dir) if plan.outcore
+             else IncoreStore(*shape, dtype=b_dtype))
+    try:
+        timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block, store, progress)
+        timer.run("fit", fit, store, factor, la, plan.fit_occ, progress)
+        eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ)).to(reduce_dtype)
+        eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir)).to(reduce_dtype)
+        energies = timer.run("pair_energy", pair_energies, store, eps_occ, eps_vir, la,
+                             plan.occ_block, fused, progress)
+    finally:
+        store.close()
     return energies, factor

@@ -114,7 +114,7 @@ ERROR_CASES = {
     "no electrons": (lambda p: ["run", "H 0 0 0", "--charge", "1"], "leaves 0 electrons"),
     "open shell": (lambda p: ["run", WATER, "--charge", "1", "--spin", "1"], "only closed-shell"),
     "scf not converged": (lambda p: ["run", WATER, "--max-cycle", "2"], "did not converge"),
-    "memory too small": (lambda p: ["run", str(INPUTS / "benzene.xyz"), "--max-memory", "1"],
+    "memory too small": (lambda p: ["run", str(INPUTS / "caffeine.xyz"), "--max-memory", "1"],
                          "too small"),
     "frozen too many": (lambda p: ["run", WATER, "--frozen", "5"], "freezes all 5"),
     "frozen and frozen core": (lambda p: ["run", WATER, "--frozen", "1", "--frozen-core"],

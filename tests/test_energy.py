@@ -9,7 +9,7 @@ import torch
 from dfmp2.energy import reference_dfmp2, reference_pair_energies, scs_energy
 from dfmp2.integrals import frozen_mask, make_auxmol, orbital_space
 from dfmp2.linalg import DispatchPolicy, Dispatcher
-from dfmp2.pipeline import pair_energies
+from dfmp2.pipeline import TensorB, pair_energies
 
 
 def _random_problem(nocc, nvir, naux, seed):
@@ -28,7 +28,7 @@ def test_blocked_energy_matches_naive_oracle(nocc, nvir, naux, occ_block, fused)
     ovL, eps_occ, eps_vir = _random_problem(nocc, nvir, naux, seed=nocc * 100 + naux)
     ref_os, ref_ss = reference_pair_energies(ovL, eps_occ, eps_vir)
     la = Dispatcher(DispatchPolicy("pytorch"))
-    got = pair_energies(torch.from_numpy(ovL), torch.from_numpy(eps_occ),
+    got = pair_energies(TensorB(torch.from_numpy(ovL)), torch.from_numpy(eps_occ),
                         torch.from_numpy(eps_vir), la, occ_block, fused=fused)
     assert got.e_os == pytest.approx(ref_os, rel=1e-12, abs=1e-14)
     assert got.e_ss == pytest.approx(ref_ss, rel=1e-12, abs=1e-14)

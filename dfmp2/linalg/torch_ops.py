@@ -62,21 +62,23 @@ def pair_energy_from_ovov(
     """Reduce a block of ``(ia|jb)`` integrals to weighted ``[e_os, e_ss]`` sums (float64).
 
     ovov : (ni, nv, nj, nv) integrals ``(ia|jb)``; eps_i (ni,), eps_j (nj,), eps_v (nv,) orbital
-    energies. With ``diagonal_block`` the i and j ranges are the same orbitals and only pairs
-    i <= j count (i < j twice); otherwise every pair counts twice (the block lies above the
-    diagonal). Closed shell: ``e_os = sum T^2/D``, ``e_ss = sum T (T - T_swap)/D`` with
-    ``D = e_i + e_j - e_a - e_b``.
+    energies. With ``diagonal_block`` local index j starts at the same orbital as i: pairs with
+    j >= i count (j > i twice) and pairs below are ignored; otherwise every pair counts twice (the
+    block lies above the diagonal). Closed shell: ``e_os = sum T^2/D``,
+    ``e_ss = sum T (T - T_swap)/D`` with ``D = e_i + e_j - e_a - e_b``.
+
+    The reduction runs in the dtype of the orbital energies (float64: the mixed-precision path;
+    float32: the fp32 path, per pair); pair sums are added in float64.
     """
-    t_iajb = ovov.to(torch.float64)
+    dtype = eps_v.dtype
+    t_iajb = ovov.to(dtype)
     ni, nv, nj, _ = t_iajb.shape
-    e_i = eps_i.to(torch.float64).view(ni, 1, 1, 1)
-    e_j = eps_j.to(torch.float64).view(1, 1, nj, 1)
-    e_a = eps_v.to(torch.float64).view(1, nv, 1, 1)
-    e_b = eps_v.to(torch.float64).view(1, 1, 1, nv)
-    inv_d = 1.0 / (e_i + e_j - e_a - e_b)
-    t_over_d = t_iajb * inv_d
-    os_ij = (t_over_d * t_iajb).sum(dim=(1, 3))  # (ni, nj)
-    ex_ij = (t_over_d * t_iajb.transpose(1, 3)).sum(dim=(1, 3))  # (ni, nj): sum T_ab T_ba / D
+    d_iajb = (eps_i.view(ni, 1, 1, 1) + eps_j.view(1, 1, nj, 1)) - eps_v.view(1, nv, 1, 1)
+    d_iajb = d_iajb - eps_v.view(1, 1, 1, nv)
+    t_over_d = torch.div(t_iajb, d_iajb, out=d_iajb)
+    os_ij = torch.einsum("iajb,iajb->ij", t_over_d, t_iajb)
+    ex_ij = torch.einsum("iajb,ibja->ij", t_over_d, t_iajb)  # sum T_ab T_ba / D
+    os_ij, ex_ij = os_ij.to(torch.float64), ex_ij.to(torch.float64)  # pair sums in fp64
     weight = _pair_weights(ni, nj, diagonal_block, t_iajb.device)
     e_os = (weight * os_ij).sum()
     e_ss = (weight * (os_ij - ex_ij)).sum()
@@ -91,17 +93,25 @@ def mp2_pair_energy(
     eps_v: torch.Tensor,
     diagonal_block: bool,
 ) -> torch.Tensor:
-    """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q`` by one
-    GEMM, then the reduction of :func:`pair_energy_from_ovov`.
+    """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q``, then
+    the reduction of :func:`pair_energy_from_ovov`.
 
     ovL_i : (ni, nv, naux); ovL_j : (nj, nv, naux). Returns float64 tensor ``[e_os, e_ss]``.
-    The GEMM runs in the operands' dtype (float32 operands give the mixed-precision path); the
-    reduction is float64. The caller bounds ni and nj so that the (ni, nv, nj, nv) block fits.
+    An off-diagonal block is one GEMM (ni*nv, naux) x (naux, nj*nv). A diagonal block (the same
+    orbitals, ``ovL_j is ovL_i``) runs one GEMM per row i against j >= i, so no flop is spent
+    below the diagonal. GEMMs run in the operands' dtype, the reduction in eps_v's dtype.
     """
     ni, nv, naux = ovL_i.shape
     nj = ovL_j.shape[0]
-    ovov = (ovL_i.reshape(ni * nv, naux) @ ovL_j.reshape(nj * nv, naux).T).view(ni, nv, nj, nv)
-    return pair_energy_from_ovov(ovov, eps_i, eps_j, eps_v, diagonal_block)
+    if not diagonal_block:
+        ovov = (ovL_i.reshape(ni * nv, naux) @ ovL_j.reshape(nj * nv, naux).T)
+        return pair_energy_from_ovov(ovov.view(ni, nv, nj, nv), eps_i, eps_j, eps_v, False)
+    total = torch.zeros(2, dtype=torch.float64, device=ovL_i.device)
+    for i in range(ni):
+        ovov = ovL_i[i] @ ovL_j[i:].reshape((nj - i) * nv, naux).T  # (nv, (nj-i)*nv)
+        total += pair_energy_from_ovov(ovov.view(1, nv, nj - i, nv), eps_i[i : i + 1],
+                                       eps_j[i:], eps_v, True)
+    return total
 
 
 def _pair_weights(ni: int, nj: int, diagonal_block: bool, device) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Where the three-index MO integrals live: in memory, or in a temporary HDF5 file.
+
+Two tensors pass through storage: ``Pia`` (naux, nocc*nvir), the transformed integrals as the
+transform produces them (one auxiliary block of rows at a time, written sequentially), and ``B``
+(nocc, nvir, naux_fit), the fitted integrals the pair-energy step reads in occupied blocks.
+The out-of-core store keeps both in one temporary HDF5 file that is deleted on ``close()``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+__all__ = ["IncoreStore", "H5Store"]
+
+
+class IncoreStore:
+    """Both tensors in memory. ``Pia`` and ``B`` share one buffer when the fit is in place."""
+
+    kind = "incore"
+
+    def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64):
+        self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
+        self._ovP = torch.empty((nocc, nvir, naux), dtype=torch.float64)
+        self._ovL = None
+        self._dtype = dtype
+
+    def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
+        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir)."""
+        self._ovP[:, :, p0:p1] = pia.permute(1, 2, 0)
+
+    def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
+        """(i1 - i0) * nvir rows of (ia|P), shape ((i1-i0)*nvir, naux), float64."""
+        return self._ovP[i0:i1].reshape((i1 - i0) * self.nvir, self.naux)
+
+    def write_b(self, i0: int, i1: int, b_rows: torch.Tensor) -> None:
+        """Fitted rows for occupied i0:i1, shape ((i1-i0)*nvir, naux_fit)."""
+        if self._ovL is None:
+            in_place = self.naux_fit == self.naux and self._dtype == torch.float64
+            self._ovL = self._ovP if in_place else torch.empty(
+                (self.nocc, self.nvir, self.naux_fit), dtype=self._dtype)
+        self._ovL[i0:i1] = b_rows.view(i1 - i0, self.nvir, self.naux_fit).to(self._dtype)
+
+    def finish_fit(self) -> None:
+        if self._ovL is not self._ovP:
+            self._ovP = None
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        """B for occupied i0:i1, (i1 - i0, nvir, naux_fit), in the store's dtype."""
+        return self._ovL[i0:i1]
+
+    def close(self) -> None:
+        self._ovP = self._ovL = None
+
+
+class H5Store:
+    """Both tensors in a temporary HDF5 file (h5py) under ``directory`` (default: the system's
+    temporary directory), removed by :meth:`close` even after an error."""
+
+    kind = "hdf5"
+
+    def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64,
+                 directory: str | None = None):
+        import h5py
+
+        self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
+        self._np_dtype = np.float32 if dtype == torch.float32 else np.float64
+        handle, self.path = tempfile.mkstemp(prefix="dfmp2-", suffix=".h5", dir=directory)
+        os.close(handle)
+        self._file = h5py.File(self.path, "w")
+        self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
+        self._b = self._file.create_dataset("B", (nocc, nvir, naux_fit), dtype=self._np_dtype)
+
+    def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
+        self._pia[p0:p1] = pia.reshape(p1 - p0, self.nocc * self.nvir).numpy()
+
+    def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
+        slab = self._pia[:, i0 * self.nvir : i1 * self.nvir]  # (naux, rows)
+        return torch.from_numpy(np.ascontiguousarray(slab.T))
+
+    def write_b(self, i0: int, i1: int, b_rows: torch.Tensor) -> None:
+        rows = b_rows.numpy().astype(self._np_dtype, copy=False)
+        self._b[i0:i1] = rows.reshape(i1 - i0, self.nvir, self.naux_fit)
+
+    def finish_fit(self) -> None:
+        del self._file["Pia"]
+        self._pia = None
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        return torch.from_numpy(self._b[i0:i1])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if os.path.exists(self.path):
+            os.remove(self.path)
