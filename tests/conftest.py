@@ -30,3 +30,14 @@ def pyscf_dfmp2(mf, auxbasis: str, frozen=None):
     pt.with_df = df.DF(mf.mol, auxbasis=auxbasis)  # never the SCF's JK-fit basis
     pt.kernel(with_t2=False)
     return pt
+
+
+@pytest.fixture(autouse=True)
+def _restore_dfmp2_logger():
+    """In-process CLI runs configure the 'dfmp2' logger; put it back for the next test."""
+    import logging
+
+    logger = logging.getLogger("dfmp2")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved

@@ -1,1 +1,1 @@
-"""Tests of dfmp2's NKI kernels and host wrappers (emulator; simulator and hardware when present)."""
+"""Tests of dfmp2's NKI kernels and host wrappers (emulator; simulator, hardware if present)."""

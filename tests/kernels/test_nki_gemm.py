@@ -74,8 +74,8 @@ def test_gemm_split_launches_keep_the_matmul_count(emulator_trace, monkeypatch):
 
 
 def test_gemm_empty_dimension_gives_zeros():
-    got = nki_ops.gemm(torch.zeros(3, 0, dtype=torch.float64), torch.zeros(0, 4, dtype=torch.float64),
-                       mode="emulator")
+    a, b = torch.zeros(3, 0, dtype=torch.float64), torch.zeros(0, 4, dtype=torch.float64)
+    got = nki_ops.gemm(a, b, mode="emulator")
     assert got.shape == (3, 4) and not got.any()
 
 

@@ -13,6 +13,8 @@ from dfmp2.errors import BackendUnavailableError, InputError
 from dfmp2.linalg import nki_ops, nki_runtime, torch_ops
 from dfmp2.linalg.registry import OPS
 
+from ._support import emulator_trace  # noqa: F401
+
 pytestmark = pytest.mark.nki_emulated
 
 
@@ -119,3 +121,23 @@ def test_kernel_modules_import_nki_only_when_loaded():
 
     assert dfmp2.kernels.KERNEL_MODULES == ("gemm", "trsm", "mp2_energy")
     assert (tiles.TILE_K, tiles.TILE_M, tiles.TILE_N) == (128, 128, 512)
+
+
+def test_every_op_runs_under_the_trn1_rules(emulator_trace):
+    """gen2 (trn1): 192 KiB SBUF per partition, no ScalarE tensor_copy, vector bias only."""
+    import torch
+
+    from dfmp2 import nki_emulator
+
+    from ._support import pair_block, rand, spd
+
+    with nki_emulator.target("trn1"):
+        a, b = rand((130, 200), 1), rand((200, 600), 2)
+        assert torch.allclose(nki_ops.gemm(a, b, mode="emulator"), a @ b, rtol=0, atol=1e-3)
+        l_nn = nki_ops.cholesky(spd(200, 3), mode="emulator")
+        assert torch.allclose(l_nn, torch_ops.cholesky(spd(200, 3)), rtol=0, atol=1e-5)
+        x = nki_ops.trsm(l_nn, rand((300, 200), 4), mode="emulator")
+        assert torch.allclose(x, torch_ops.trsm(l_nn, rand((300, 200), 4)), rtol=0, atol=1e-4)
+        args = pair_block(2, 2, 150, 140, True, 5)
+        got = nki_ops.mp2_pair_energy(*args, True, mode="emulator")
+        assert torch.allclose(got, torch_ops.mp2_pair_energy(*args, True), rtol=1e-6, atol=0)

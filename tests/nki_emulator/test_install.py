@@ -16,13 +16,16 @@ NAMES = ("nki", "nki.isa", "nki.language")
 
 @pytest.fixture(autouse=True)
 def _no_leak():
-    """Every test starts and ends with the emulator uninstalled and no nki alias left."""
+    """Each test starts uninstalled; afterwards no alias is left (a prior install is restored)."""
+    was_installed = emu.is_installed()
     emu.uninstall()
     yield
     emu.uninstall()
     for name in NAMES:
         module = sys.modules.get(name)
         assert module is None or not getattr(module, "__dfmp2_emulator__", False)
+    if was_installed:
+        emu.install()
 
 
 def test_aliases_exist_only_while_installed():

@@ -54,8 +54,8 @@ def test_accumulation_over_two_k_tiles():
     def k(a, b):
         res = nl.ndarray((64, 300), dtype=nl.float32, buffer=nl.psum)
         for kt in nl.static_range(2):
-            at = load(a[kt * 128:(kt + 1) * 128, :])
-            bt = load(b[kt * 128:(kt + 1) * 128, :])
+            at = load(a[kt * 128 : (kt + 1) * 128, :])
+            bt = load(b[kt * 128 : (kt + 1) * 128, :])
             nisa.nc_matmul(res, at, bt, accumulate=(kt > 0))
         return store(res)
 
@@ -103,9 +103,19 @@ def test_moving_with_two_free_dims():
     np.testing.assert_allclose(k(a, b), np.einsum("km,knp->mnp", a, b), rtol=1e-5, atol=1e-5)
 
 
-def _matmul_kernel(stat_shape, mov_shape, dst_shape, *, dst_dtype=nl.float32, dst_buffer=nl.psum,
-                   stat_dtype=nl.float32, mov_dtype=nl.float32, init=None, accumulate=None,
-                   dst_slice=None):
+def _matmul_kernel(
+    stat_shape,
+    mov_shape,
+    dst_shape,
+    *,
+    dst_dtype=nl.float32,
+    dst_buffer=nl.psum,
+    stat_dtype=nl.float32,
+    mov_dtype=nl.float32,
+    init=None,
+    accumulate=None,
+    dst_slice=None,
+):
     @jit
     def k():
         stat = nl.ndarray(stat_shape, dtype=stat_dtype, buffer=nl.sbuf)
@@ -123,7 +133,6 @@ def _matmul_kernel(stat_shape, mov_shape, dst_shape, *, dst_dtype=nl.float32, ds
             dst = nl.zeros(dst_shape, dtype=dst_dtype, buffer=dst_buffer)
         target = dst if dst_slice is None else dst[dst_slice]
         nisa.nc_matmul(target, stat, mov, accumulate=accumulate)
-        return None
 
     return k
 
@@ -131,25 +140,79 @@ def _matmul_kernel(stat_shape, mov_shape, dst_shape, *, dst_dtype=nl.float32, ds
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(stat_shape=(128, 129), mov_shape=(128, 8), dst_shape=(129, 8)), "partition dimension 129"),
-        (dict(stat_shape=(128, 129), mov_shape=(128, 8), dst_shape=(128, 8)), "stationary free size 129"),
-        (dict(stat_shape=(128, 64), mov_shape=(128, 513), dst_shape=(64, 513)), "moving free size 513"),
+        (
+            dict(stat_shape=(128, 129), mov_shape=(128, 8), dst_shape=(129, 8)),
+            "partition dimension 129",
+        ),
+        (
+            dict(stat_shape=(128, 129), mov_shape=(128, 8), dst_shape=(128, 8)),
+            "stationary free size 129",
+        ),
+        (
+            dict(stat_shape=(128, 64), mov_shape=(128, 513), dst_shape=(64, 513)),
+            "moving free size 513",
+        ),
         (dict(stat_shape=(64, 32), mov_shape=(32, 8), dst_shape=(32, 8)), "same partition"),
         (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(16, 32)), "dst shape must be"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), dst_dtype=nl.bfloat16), "float32"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), dst_buffer=nl.sbuf), "PSUM"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), mov_dtype=nl.bfloat16),
-         "other must be too"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), accumulate=True), "never written by nc_matmul"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), init="memset", accumulate=True),
-         "non-matmul"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), init="memset"), "non-matmul"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), init="tensor_copy", accumulate=True),
-         "non-matmul"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), init="zeros", accumulate=True),
-         "non-matmul"),
-        (dict(stat_shape=(8, 32), mov_shape=(8, 400), dst_shape=(32, 1024), dst_slice=(slice(None), slice(300, 700))),
-         "bank boundary"),
+        (
+            dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), dst_dtype=nl.bfloat16),
+            "float32",
+        ),
+        (
+            dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), dst_buffer=nl.sbuf),
+            "PSUM",
+        ),
+        (
+            dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), mov_dtype=nl.bfloat16),
+            "other must be too",
+        ),
+        (
+            dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), accumulate=True),
+            "never written by nc_matmul",
+        ),
+        (
+            dict(
+                stat_shape=(8, 32),
+                mov_shape=(8, 16),
+                dst_shape=(32, 16),
+                init="memset",
+                accumulate=True,
+            ),
+            "non-matmul",
+        ),
+        (
+            dict(stat_shape=(8, 32), mov_shape=(8, 16), dst_shape=(32, 16), init="memset"),
+            "non-matmul",
+        ),
+        (
+            dict(
+                stat_shape=(8, 32),
+                mov_shape=(8, 16),
+                dst_shape=(32, 16),
+                init="tensor_copy",
+                accumulate=True,
+            ),
+            "non-matmul",
+        ),
+        (
+            dict(
+                stat_shape=(8, 32),
+                mov_shape=(8, 16),
+                dst_shape=(32, 16),
+                init="zeros",
+                accumulate=True,
+            ),
+            "non-matmul",
+        ),
+        (
+            dict(
+                stat_shape=(8, 32),
+                mov_shape=(8, 400),
+                dst_shape=(32, 1024),
+                dst_slice=(slice(None), slice(300, 700)),
+            ),
+            "bank boundary",
+        ),
     ],
 )
 def test_nc_matmul_constraints_raise(kwargs, match):
@@ -256,3 +319,56 @@ def test_nc_transpose_constraints_raise(shape, dst_buffer, eng, dst_dtype, match
 
     with pytest.raises(EmulatorError, match=match):
         k()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tile_position=(0, 0), tile_size=(64, 128)), "exceeds tile_size"),
+        (dict(tile_position=(32, 0), tile_size=(64, 128)), "multiple of"),
+        (dict(tile_position=(0, 0)), "both be 2-tuples"),
+        (dict(perf_mode=nisa.matmul_perf_mode.double_row), "not emulated"),
+    ],
+)
+def test_tiling_and_perf_mode_constraints(kwargs, match):
+    @jit
+    def k():
+        stat = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
+        mov = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(stat, 1.0)
+        nisa.memset(mov, 1.0)
+        dst = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst, stat, mov, accumulate=False, **kwargs)
+
+    with pytest.raises(EmulatorError, match=match):
+        k()
+
+
+def test_row_tiling_runs():
+    @jit
+    def k(a, b):
+        res = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(
+            res, load(a), load(b), accumulate=False, tile_position=(64, 0), tile_size=(64, 128)
+        )
+        return store(res)
+
+    a, b = rand(64, 32), rand(64, 16)
+    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_psum_reuse_with_auto_accumulate_adds_onto_old_group():
+    """Documented auto rule: later writes to a location accumulate, even after eviction."""
+
+    @jit
+    def k(a, b):
+        res = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.psum)
+        at, bt = load(a), load(b)
+        nisa.nc_matmul(res, at, bt)
+        first = store(res)
+        nisa.nc_matmul(res, at, bt)
+        return first, store(res)
+
+    a, b = rand(4, 8), rand(4, 4)
+    first, second = k(a, b)
+    np.testing.assert_allclose(second, 2 * first, rtol=1e-6)

@@ -37,8 +37,16 @@ def rand(*shape, low=-2.0, high=2.0):
     return RNG.uniform(low, high, size=shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("op, ref", [(nl.add, np.add), (nl.subtract, np.subtract), (nl.multiply, np.multiply),
-                                     (nl.maximum, np.maximum), (nl.minimum, np.minimum)])
+@pytest.mark.parametrize(
+    "op, ref",
+    [
+        (nl.add, np.add),
+        (nl.subtract, np.subtract),
+        (nl.multiply, np.multiply),
+        (nl.maximum, np.maximum),
+        (nl.minimum, np.minimum),
+    ],
+)
 def test_tensor_tensor_ops(op, ref):
     @jit
     def k(a, b):
@@ -61,9 +69,14 @@ def test_tensor_tensor_same_elements_per_partition_different_shape():
     np.testing.assert_array_equal(k(a, b), a.reshape(8, 12) + b)
 
 
-@pytest.mark.parametrize("b_shape, both_psum, match", [((8, 1), False, "does not broadcast"),
-                                                        ((1, 16), False, "does not broadcast"),
-                                                        ((8, 16), True, "cannot both be in PSUM")])
+@pytest.mark.parametrize(
+    "b_shape, both_psum, match",
+    [
+        ((8, 1), False, "does not broadcast"),
+        ((1, 16), False, "does not broadcast"),
+        ((8, 16), True, "cannot both be in PSUM"),
+    ],
+)
 def test_tensor_tensor_constraints_raise(b_shape, both_psum, match):
     @jit
     def k(a, b):
@@ -89,7 +102,9 @@ def test_tensor_scalar_column_operand_and_reverse():
     @jit
     def k(x, col):
         out = new(x.shape)
-        nisa.tensor_scalar(out, load(x), nl.subtract, load(col), reverse0=True, op1=nl.multiply, operand1=3.0)
+        nisa.tensor_scalar(
+            out, load(x), nl.subtract, load(col), reverse0=True, op1=nl.multiply, operand1=3.0
+        )
         return store(out)
 
     x, col = rand(16, 10), rand(16, 1)
@@ -107,8 +122,14 @@ def test_tensor_scalar_reverse1_and_unary():
     np.testing.assert_allclose(k(x), 1.0 - np.abs(x), rtol=1e-6)
 
 
-@pytest.mark.parametrize("operand, match", [("row", "shape \\(16, 1\\)"), ("bf16col", "must be float32"),
-                                            ("op1only", "operand1 given without op1")])
+@pytest.mark.parametrize(
+    "operand, match",
+    [
+        ("row", "shape \\(16, 1\\)"),
+        ("bf16col", "must be float32"),
+        ("op1only", "operand1 given without op1"),
+    ],
+)
 def test_tensor_scalar_constraints_raise(operand, match):
     @jit
     def k(x, row):
@@ -138,8 +159,14 @@ def test_scalar_tensor_tensor():
     @jit
     def k(t, tt):
         out = new(t.shape)
-        nisa.scalar_tensor_tensor(dst=out, data=load(t, buffer=nl.psum), op0=nl.multiply, operand0=2.0,
-                                  op1=nl.subtract, operand1=load(tt))
+        nisa.scalar_tensor_tensor(
+            dst=out,
+            data=load(t, buffer=nl.psum),
+            op0=nl.multiply,
+            operand0=2.0,
+            op1=nl.subtract,
+            operand1=load(tt),
+        )
         return store(out)
 
     t, tt = rand(32, 20), rand(32, 20)
@@ -150,7 +177,9 @@ def test_scalar_tensor_tensor_reverse_and_column():
     @jit
     def k(t, col, tt):
         out = new(t.shape)
-        nisa.scalar_tensor_tensor(out, load(t), nl.add, load(col), nl.subtract, load(tt), reverse1=True)
+        nisa.scalar_tensor_tensor(
+            out, load(t), nl.add, load(col), nl.subtract, load(tt), reverse1=True
+        )
         return store(out)
 
     t, col, tt = rand(8, 5), rand(8, 1), rand(8, 5)
@@ -161,7 +190,9 @@ def test_scalar_tensor_tensor_both_psum_raises():
     @jit
     def k(t):
         out = new(t.shape)
-        nisa.scalar_tensor_tensor(out, load(t, buffer=nl.psum), nl.add, 1.0, nl.add, load(t, buffer=nl.psum))
+        nisa.scalar_tensor_tensor(
+            out, load(t, buffer=nl.psum), nl.add, 1.0, nl.add, load(t, buffer=nl.psum)
+        )
 
     with pytest.raises(EmulatorError, match="cannot both be in PSUM"):
         k(rand(4, 4))
@@ -229,9 +260,17 @@ def test_activation_reduce_registers():
         out = new(x.shape)
         res = new((x.shape[0], 1))
         res2 = new((x.shape[0], 1))
-        nisa.activation(out, nl.square, load(x), reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        nisa.activation(out, nl.square, load(y), reduce_op=nl.add, reduce_res=res,
-                        reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.activation(
+            out, nl.square, load(x), reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce
+        )
+        nisa.activation(
+            out,
+            nl.square,
+            load(y),
+            reduce_op=nl.add,
+            reduce_res=res,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+        )
         nisa.activation(out, nl.copy, load(y), reduce_res=res2)  # idle: registers unchanged
         both = new((x.shape[0], 2))
         nisa.tensor_copy(dst=both[:, 0:1], src=res)
@@ -240,7 +279,7 @@ def test_activation_reduce_registers():
 
     x, y = rand(8, 10), rand(8, 10)
     got = k(x, y)
-    want = (x ** 2).sum(axis=1) + (y ** 2).sum(axis=1)
+    want = (x**2).sum(axis=1) + (y**2).sum(axis=1)
     np.testing.assert_allclose(got[:, 0], want, rtol=1e-5)
     np.testing.assert_allclose(got[:, 1], want, rtol=1e-5)
 
@@ -256,15 +295,22 @@ def test_activation_reset_then_read():
     np.testing.assert_array_equal(k(rand(4, 3)), np.zeros((4, 1), np.float32))
 
 
-@pytest.mark.parametrize("cmd, reduce_op, match", [("reduce", "add", "never reset"),
-                                                   ("reset_reduce", None, "needs reduce_op"),
-                                                   ("reset_reduce", "multiply", "must be nl.add")])
+@pytest.mark.parametrize(
+    "cmd, reduce_op, match",
+    [
+        ("reduce", "add", "never reset"),
+        ("reset_reduce", None, "needs reduce_op"),
+        ("reset_reduce", "multiply", "must be nl.add"),
+    ],
+)
 def test_activation_reduce_misuse_raises(cmd, reduce_op, match):
     @jit
     def k(x):
         out = new(x.shape)
         op = None if reduce_op is None else getattr(nl, reduce_op)
-        nisa.activation(out, nl.copy, load(x), reduce_op=op, reduce_cmd=getattr(nisa.reduce_cmd, cmd))
+        nisa.activation(
+            out, nl.copy, load(x), reduce_op=op, reduce_cmd=getattr(nisa.reduce_cmd, cmd)
+        )
 
     with pytest.raises(EmulatorError, match=match):
         k(rand(4, 3))
@@ -288,9 +334,14 @@ def test_tensor_reduce_trailing_axes():
     np.testing.assert_array_equal(mx, x.max(axis=2))
 
 
-@pytest.mark.parametrize("axis, dst_shape, match", [((0,), (1, 3, 5), "partition axis 0"),
-                                                    ((1,), (8, 5), "last contiguous free axes"),
-                                                    ((2,), (8, 5), "must hold the reduced shape")])
+@pytest.mark.parametrize(
+    "axis, dst_shape, match",
+    [
+        ((0,), (1, 3, 5), "partition axis 0"),
+        ((1,), (8, 5), "last contiguous free axes"),
+        ((2,), (8, 5), "must hold the reduced shape"),
+    ],
+)
 def test_tensor_reduce_constraints_raise(axis, dst_shape, match):
     @jit
     def k(x):
@@ -325,7 +376,7 @@ def test_reciprocal_and_dst_cast_rounding():
     np.testing.assert_allclose(r, np.float32(1.0) / x, rtol=1e-7)
     # bf16 keeps 8 significant bits: low 16 bits of the float32 pattern are zero after rounding
     assert np.all(rb.view(np.uint32) & 0xFFFF == 0)
-    np.testing.assert_allclose(rb, 1.0 / x, rtol=2 ** -8)
+    np.testing.assert_allclose(rb, 1.0 / x, rtol=2**-8)
 
 
 def test_int_dst_rounds_to_nearest():
@@ -352,3 +403,43 @@ def test_trace_records_engines():
     assert [r.engine for r in tr.find("tensor_tensor")] == ["vector"]
     assert tr.find("activation")[0].engine == "scalar"
     assert tr.find("tensor_tensor")[0].attrs["op"] == "nl.add"
+
+
+def test_numpy_float64_scalar_operand_raises():
+    @jit
+    def k(x):
+        out = new(x.shape)
+        nisa.tensor_scalar(out, load(x), nl.add, np.float64(1.0))
+
+    with pytest.raises(TypeError, match="float64"):
+        k(rand(4, 4))
+
+
+def test_language_wrappers_are_not_emulated():
+    with pytest.raises(EmulatorError, match="experimental"):
+        nl.add(1, 2)
+    with pytest.raises(EmulatorError, match="experimental"):
+        nl.load(None)
+
+
+def test_nc_version_program_id_and_ranges():
+    seen = {}
+
+    @jit
+    def k(x):
+        seen["v"] = nisa.get_nc_version()
+        seen["ids"] = (nl.program_id(0), nl.num_programs())
+        seen["ranges"] = (
+            list(nl.affine_range(3)),
+            list(nl.sequential_range(1, 7, 2)),
+            list(nl.static_range(2)),
+        )
+        return store(load(x))
+
+    k(rand(2, 2))
+    assert seen["v"] is nisa.nc_version.gen3
+    assert seen["ids"] == (0, 1)
+    assert seen["ranges"] == ([0, 1, 2], [1, 3, 5], [0, 1])
+    with target("trn1"):
+        k(rand(2, 2))
+    assert seen["v"] is nisa.nc_version.gen2

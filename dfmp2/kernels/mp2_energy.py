@@ -1,0 +1,175 @@
+"""NKI 0.3.0 kernel: fused DF-MP2 pair energies of a block of occupied pairs.
+
+For every pair (i, j) of the block the kernel forms ``T_ab = (ia|jb) = sum_P B_i[P, a] B_j[P, b]``
+on the TensorE (fp32 PSUM accumulation over the auxiliary tiles), keeps T on chip, obtains the
+exchange partner ``T_ba`` with TensorE transposes of T tiles (no second GEMM), and reduces
+
+    OS_ij = sum_ab T_ab^2 / D_ab,   EX_ij = sum_ab T_ab T_ba / D_ab,   D_ab = e_i + e_j - e_a - e_b
+
+to per-partition partial sums. Only those partial sums go back to HBM; the host adds them in
+fp64 and applies the pair weights (``e_os = sum w OS``, ``e_ss = sum w (OS - EX)``).
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+from ._tiles import TILE_K, TILE_M, TILE_N
+
+__all__ = ["mp2_pair_energy_kernel"]
+
+
+@nki.jit
+def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
+    """Opposite-spin and exchange partial sums of the ni x nj pairs of one block.
+
+    Parameters
+    ----------
+    b_i : HBM float32 (naux, ni * nv)
+        ``B[P, i*nv + a]`` for the occupied orbitals i of the block (naux on partitions).
+    b_j : HBM float32 (naux, nj * nv)
+        The same for the orbitals j.
+    d_col : HBM float32 (nv, ni * nj)
+        ``d_col[a, i*nj + j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
+    neg_eps_row : HBM float32 (128, nv)
+        ``-e_b`` replicated on all 128 partitions (the host-supplied broadcast row).
+
+    Returns
+    -------
+    partials : shared HBM float32 (128, 2 * ni * nj * n_at), n_at = ceil(nv / 128).
+        Column ``(i*nj + j) * n_at + ta`` holds, on partition ``p``, the OS sum of row
+        ``a = ta*128 + p`` of pair (i, j); the same column plus ``ni*nj*n_at`` holds the EX sum.
+        Partitions beyond the last row of a ragged a tile hold 0.
+
+    Preconditions: nv = ``neg_eps_row.shape[1]`` >= 1 with ``b_i.shape[1] = ni * nv`` and
+    ``b_j.shape[1] = nj * nv``; naux >= 1; ragged nv and naux allowed (edge tiles sliced); all
+    ``D_ab`` nonzero (negative for a valid reference). SBUF per partition, in fp32 words:
+    ``2*ceil(naux/128)*nv`` (the B strips of i and j) + ``ceil(nv/128)*nv`` (the T rows) +
+    ``6*nv`` (epilogue tiles) + small terms; the host checks this and bounds ni*nj per call.
+
+    Steps
+    -----
+    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (a tile ta at
+       free offset ta*ni*nj); ``memset`` SBUF accumulator ``acc_sb`` (128, 2*ni*nj*n_at) to 0.
+    2. For each i: DMA the strip ``b_i[:, i]`` -> SBUF ``bi_sb`` (K tile kt at free offset kt*nv).
+       For each j: DMA ``b_j[:, j]`` -> SBUF ``bj_sb`` the same way.
+    3. T rows: for each a tile ta (<=128 rows) and b chunk (<=512 columns), accumulate
+       ``nc_matmul(dst=t_ps, stationary=bi_sb[k-tile, a-tile], moving=bj_sb[k-tile, b-chunk])``
+       over the K tiles in PSUM ``t_ps`` (accumulate=False first, True after), then
+       ``tensor_copy`` PSUM -> SBUF ``t_sb`` (row tile ta at free offset ta*nv). T never leaves
+       the chip.
+    4. Per a tile: ``D = -e_b + d_col[a]`` by ``tensor_scalar(add)`` with a (P, 1) operand
+       (SBUF ``d_sb``), ``R = 1/D`` by VectorE ``reciprocal`` (SBUF ``r_sb``), ``W = T*R``
+       (``tensor_tensor``, SBUF ``w_sb``), ``W*T`` then ``tensor_reduce(add)`` over the free
+       axis into column OS of ``acc_sb``.
+    5. Exchange: for each b tile tb (<=128), ``nc_transpose`` (TensorE) of the SBUF block
+       ``t_sb[b-tile rows, a-tile columns of row tile tb]`` -> PSUM ``tt_ps`` (a, b) =
+       ``T_ba``; ``tensor_copy`` PSUM -> SBUF row ``tt_sb``. Then ``W*T^T`` and
+       ``tensor_reduce(add)`` into column EX of ``acc_sb``.
+    6. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
+
+    Per pair: ceil(nv/128) * ceil(nv/512) * ceil(naux/128) matmuls and ceil(nv/128)^2
+    transposes.
+    """
+    naux = b_i.shape[0]
+    nv = neg_eps_row.shape[1]
+    ni = b_i.shape[1] // nv
+    nj = b_j.shape[1] // nv
+    npairs = ni * nj
+    n_kt = (naux + TILE_K - 1) // TILE_K
+    n_at = (nv + TILE_M - 1) // TILE_M
+    n_bc = (nv + TILE_N - 1) // TILE_N
+    ncol = npairs * n_at
+    partials = nl.ndarray((TILE_M, 2 * ncol), dtype=nl.float32, buffer=nl.shared_hbm)
+
+    # Step 1: denominators' parts and the accumulator (SBUF).
+    negv_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=negv_sb[0:TILE_M, 0:nv], src=neg_eps_row[0:TILE_M, 0:nv])
+    dcol_sb = nl.ndarray((TILE_M, n_at * npairs), dtype=nl.float32, buffer=nl.sbuf)
+    for ta in nl.static_range(n_at):
+        a0 = ta * TILE_M
+        asz = min(TILE_M, nv - a0)
+        nisa.dma_copy(dst=dcol_sb[0:asz, ta * npairs:(ta + 1) * npairs],
+                      src=d_col[a0:a0 + asz, 0:npairs])
+    acc_sb = nl.ndarray((TILE_M, 2 * ncol), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sb[0:TILE_M, 0:2 * ncol], value=0.0)
+
+    for i in nl.static_range(ni):
+        # Step 2: the B strip of orbital i stays in SBUF for all j.
+        bi_sb = nl.ndarray((TILE_K, n_kt * nv), dtype=nl.float32, buffer=nl.sbuf)
+        for kt in nl.static_range(n_kt):
+            k0 = kt * TILE_K
+            ksz = min(TILE_K, naux - k0)
+            nisa.dma_copy(dst=bi_sb[0:ksz, kt * nv:(kt + 1) * nv],
+                          src=b_i[k0:k0 + ksz, i * nv:(i + 1) * nv])
+        for j in nl.static_range(nj):
+            pair = i * nj + j
+            bj_sb = nl.ndarray((TILE_K, n_kt * nv), dtype=nl.float32, buffer=nl.sbuf)
+            for kt in nl.static_range(n_kt):
+                k0 = kt * TILE_K
+                ksz = min(TILE_K, naux - k0)
+                nisa.dma_copy(dst=bj_sb[0:ksz, kt * nv:(kt + 1) * nv],
+                              src=b_j[k0:k0 + ksz, j * nv:(j + 1) * nv])
+
+            # Step 3: all row tiles of T = B_i^T B_j, PSUM-accumulated, kept in SBUF t_sb.
+            t_sb = nl.ndarray((TILE_M, n_at * nv), dtype=nl.float32, buffer=nl.sbuf)
+            for ta in nl.static_range(n_at):
+                a0 = ta * TILE_M
+                asz = min(TILE_M, nv - a0)
+                for bc in nl.static_range(n_bc):
+                    b0 = bc * TILE_N
+                    bsz = min(TILE_N, nv - b0)
+                    t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                    for kt in nl.static_range(n_kt):
+                        k0 = kt * TILE_K
+                        ksz = min(TILE_K, naux - k0)
+                        nisa.nc_matmul(
+                            dst=t_ps[0:asz, 0:bsz],
+                            stationary=bi_sb[0:ksz, kt * nv + a0:kt * nv + a0 + asz],
+                            moving=bj_sb[0:ksz, kt * nv + b0:kt * nv + b0 + bsz],
+                            accumulate=kt > 0,
+                        )
+                    nisa.tensor_copy(dst=t_sb[0:asz, ta * nv + b0:ta * nv + b0 + bsz],
+                                     src=t_ps[0:asz, 0:bsz])
+
+            for ta in nl.static_range(n_at):
+                a0 = ta * TILE_M
+                asz = min(TILE_M, nv - a0)
+                t_row = t_sb[0:asz, ta * nv:(ta + 1) * nv]
+                c_os = pair * n_at + ta
+                c_ex = ncol + c_os
+                c_d = ta * npairs + pair
+                # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); W = T R; OS row sums.
+                d_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=d_sb[0:asz, 0:nv], data=negv_sb[0:asz, 0:nv], op0=nl.add,
+                                   operand0=dcol_sb[0:asz, c_d:c_d + 1])
+                r_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.reciprocal(dst=r_sb[0:asz, 0:nv], data=d_sb[0:asz, 0:nv])
+                w_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=w_sb[0:asz, 0:nv], data1=t_row, data2=r_sb[0:asz, 0:nv],
+                                   op=nl.multiply)
+                p_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=p_sb[0:asz, 0:nv], data1=w_sb[0:asz, 0:nv], data2=t_row,
+                                   op=nl.multiply)
+                nisa.tensor_reduce(dst=acc_sb[0:asz, c_os:c_os + 1], op=nl.add,
+                                   data=p_sb[0:asz, 0:nv], axis=1, keepdims=True)
+
+                # Step 5: T^T row tile from TensorE transposes of T blocks (b-tile, a-tile).
+                tt_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                for tb in nl.static_range(n_at):
+                    b0 = tb * TILE_M
+                    bsz = min(TILE_M, nv - b0)
+                    tt_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_transpose(dst=tt_ps[0:asz, 0:bsz],
+                                      data=t_sb[0:bsz, tb * nv + a0:tb * nv + a0 + asz],
+                                      engine=nisa.engine.tensor)
+                    nisa.tensor_copy(dst=tt_sb[0:asz, b0:b0 + bsz], src=tt_ps[0:asz, 0:bsz])
+                q_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=q_sb[0:asz, 0:nv], data1=w_sb[0:asz, 0:nv],
+                                   data2=tt_sb[0:asz, 0:nv], op=nl.multiply)
+                nisa.tensor_reduce(dst=acc_sb[0:asz, c_ex:c_ex + 1], op=nl.add,
+                                   data=q_sb[0:asz, 0:nv], axis=1, keepdims=True)
+
+    # Step 6: the partial sums are the only data written back to HBM.
+    nisa.dma_copy(dst=partials[0:TILE_M, 0:2 * ncol], src=acc_sb[0:TILE_M, 0:2 * ncol])
+    return partials

@@ -1,0 +1,360 @@
+"""NKI host wrappers: the ops of :mod:`dfmp2.linalg.torch_ops` run by dfmp2's NKI kernels.
+
+Each op takes the arguments of its ``torch_ops`` twin plus a keyword-only ``mode`` (one of
+``"hardware"``, ``"simulator"``, ``"emulator"``; see :mod:`.nki_runtime`). Operands are torch
+tensors (float64 usually); they are converted to C-contiguous float32 NumPy arrays at this
+boundary (Trainium has no float64), the kernels run, and results come back as float64 torch
+tensors on the input's device. Host-side sums (pair energies, split-K partial products) are
+float64. The kernel modules are imported lazily, after the mode is set up.
+
+Every call keeps the unrolled trace of one kernel launch bounded (``MAX_MATMULS_PER_CALL``,
+``MAX_PAIRS_PER_CALL``) and loops over launches on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import InputError, NotPositiveDefiniteError
+from ..kernels._tiles import (
+    BLOCK,
+    FP32_BYTES,
+    SBUF_RESIDENT_BUDGET,
+    TILE_K,
+    TILE_M,
+    TILE_N,
+    ceil_div,
+)
+from . import nki_runtime
+from .nki_runtime import probe
+
+__all__ = ["gemm", "cholesky", "trsm", "mp2_pair_energy", "probe", "SUPPORTS",
+           "MAX_MATMULS_PER_CALL", "MAX_PAIRS_PER_CALL"]
+
+#: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
+MAX_MATMULS_PER_CALL = 2048
+#: Upper bound on the occupied pairs of one fused-energy launch.
+MAX_PAIRS_PER_CALL = 64
+#: Estimated instructions of one fused-energy launch (matmuls + epilogue); bounds the trace.
+MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
+#: Largest K of one GEMM launch: the A^T strip, ceil(K/128)*128*4 bytes per partition, stays in
+#: half of the resident SBUF budget. Larger K is split and the partial products added in fp64.
+GEMM_MAX_K = (SBUF_RESIDENT_BUDGET // 2 // (TILE_M * FP32_BYTES)) * TILE_K
+#: SBUF bytes per partition the fused-energy kernel may use: trn1's 192 KiB less 16 KiB of slack.
+ENERGY_SBUF_BUDGET = 176 * 1024
+#: Largest order of the blocked Cholesky: the trailing update of one step issues
+#: ceil(n/512) * (1 + ceil(n/128)) matmuls in one launch.
+CHOLESKY_MAX_N = 8192
+#: Largest order of the blocked trsm: the panel strip, ceil(n/128)*128*4 bytes per partition.
+TRSM_MAX_N = (SBUF_RESIDENT_BUDGET // (TILE_M * FP32_BYTES)) * TILE_K
+
+
+# -- boundary helpers -------------------------------------------------------------------------
+def _f32(array) -> np.ndarray:
+    """C-contiguous float32 copy (or view) of a NumPy array or torch tensor."""
+    if isinstance(array, torch.Tensor):
+        array = array.detach().to("cpu", torch.float64).numpy()
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def _f64(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float64).numpy()
+
+
+def _out(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array, dtype=np.float64)).to(like.device)
+
+
+def _require_2d(name: str, tensor) -> None:
+    if tensor.ndim != 2:
+        raise InputError(f"{name} must be 2-D, got shape {tuple(tensor.shape)}")
+
+
+def _gemm_shapes(a, b, trans_a, trans_b) -> tuple[int, int, int]:
+    _require_2d("a", a)
+    _require_2d("b", b)
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    k_b, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if k != k_b:
+        raise InputError(
+            f"gemm: inner dimensions differ: op(a) is ({m}, {k}), op(b) is ({k_b}, {n})"
+        )
+    return int(m), int(n), int(k)
+
+
+# -- gemm -------------------------------------------------------------------------------------
+def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
+    """``a_km.T @ b_kn`` by the gemm kernel in launches of bounded trace; float64 result.
+
+    Chunks are whole tiles (K by 128, M by 128, N by 512), so the total matmul count equals
+    ceil(M/128) * ceil(N/512) * ceil(K/128) however the work is split.
+    """
+    k, m = a_km.shape
+    n = b_kn.shape[1]
+    c_mn = np.zeros((m, n), dtype=np.float64)
+    if m == 0 or n == 0 or k == 0:
+        return c_mn
+    nki_runtime.prepare(mode)
+    kernel = nki_runtime.load_kernel("gemm", "gemm_kernel")
+    for k0 in range(0, k, GEMM_MAX_K):
+        k1 = min(k, k0 + GEMM_MAX_K)
+        n_kt = ceil_div(k1 - k0, TILE_K)
+        nt_call = max(1, min(ceil_div(n, TILE_N), MAX_MATMULS_PER_CALL // n_kt))
+        mt_call = max(1, min(ceil_div(m, TILE_M), MAX_MATMULS_PER_CALL // (n_kt * nt_call)))
+        for m0 in range(0, m, mt_call * TILE_M):
+            m1 = min(m, m0 + mt_call * TILE_M)
+            a_part = np.ascontiguousarray(a_km[k0:k1, m0:m1])
+            for n0 in range(0, n, nt_call * TILE_N):
+                n1 = min(n, n0 + nt_call * TILE_N)
+                b_part = np.ascontiguousarray(b_kn[k0:k1, n0:n1])
+                (c_part,) = nki_runtime.run_kernel(kernel, (a_part, b_part), mode)
+                c_mn[m0:m1, n0:n1] += c_part
+    return c_mn
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False, *,
+         mode: str) -> torch.Tensor:
+    """``op(a) @ op(b)`` on the NKI gemm kernel (fp32 operands, fp32 PSUM accumulation).
+
+    a : (m, k), or (k, m) with ``trans_a``; b : (k, n), or (n, k) with ``trans_b``.
+    Returns (m, n) float64 on ``a``'s device.
+    """
+    _gemm_shapes(a, b, trans_a, trans_b)
+    a_km = _f32(a if trans_a else a.T)  # the kernel takes A transposed: K on partitions
+    b_kn = _f32(b.T if trans_b else b)
+    return _out(_gemm_f32(a_km, b_kn, mode), a)
+
+
+def _gemm_supports(a, b, trans_a=False, trans_b=False) -> str | None:
+    if a.ndim != 2 or b.ndim != 2:
+        return f"gemm needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}"
+    return None  # any M, N, K: ragged edges are sliced, large K is split on the host
+
+
+# -- blocked Cholesky and trsm ----------------------------------------------------------------
+def _potrf(a_bb: np.ndarray, offset: int, n: int) -> np.ndarray:
+    """Host fp64 Cholesky of one diagonal block; the pivot in the error is global."""
+    l_bb, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(a_bb)))
+    if int(info) != 0:
+        raise NotPositiveDefiniteError(
+            f"Cholesky factorisation failed at pivot {offset + int(info)} of {n} "
+            f"(diagonal block {offset}:{offset + a_bb.shape[0]}, factored on the host in fp64)"
+        )
+    return l_bb.numpy()
+
+
+def _trtri(l_bb: np.ndarray) -> np.ndarray:
+    """Host fp64 inverse of a lower-triangular block."""
+    eye = torch.eye(l_bb.shape[0], dtype=torch.float64)
+    return torch.linalg.solve_triangular(torch.from_numpy(l_bb), eye, upper=False).numpy()
+
+
+def cholesky(a_nn: torch.Tensor, *, mode: str) -> torch.Tensor:
+    """Lower Cholesky factor ``l`` (``a = l @ l.T``) by right-looking blocks of 128.
+
+    Per block J: the host factors ``A_JJ`` (potrf) and inverts ``L_JJ`` (trtri) in fp64; one
+    ``cholesky_step_kernel`` launch computes the panel ``L_RJ = A_RJ @ inv(L_JJ).T`` and the
+    trailing update ``A_RR -= L_RJ @ L_RJ.T`` in fp32. Returns (n, n) float64, zero above the
+    diagonal. Raises :class:`NotPositiveDefiniteError` when a diagonal block is not positive
+    definite.
+    """
+    _require_2d("a_nn", a_nn)
+    n = int(a_nn.shape[0])
+    if a_nn.shape[1] != n:
+        raise InputError(f"cholesky needs a square matrix, got shape {tuple(a_nn.shape)}")
+    work = _f64(a_nn).copy()
+    l_nn = np.zeros((n, n), dtype=np.float64)
+    kernel = None
+    for j0 in range(0, n, BLOCK):
+        j1 = min(n, j0 + BLOCK)
+        l_jj = _potrf(work[j0:j1, j0:j1], j0, n)
+        l_nn[j0:j1, j0:j1] = l_jj
+        if j1 == n:
+            break
+        if kernel is None:
+            nki_runtime.prepare(mode)
+            kernel = nki_runtime.load_kernel("trsm", "cholesky_step_kernel")
+        linv_t = _f32(_trtri(l_jj).T)
+        l_col_t, a_next = nki_runtime.run_kernel(
+            kernel, (linv_t, _f32(work[j1:, j0:j1].T), _f32(work[j1:, j1:])), mode
+        )
+        l_nn[j1:, j0:j1] = l_col_t.T
+        work[j1:, j1:] = a_next
+    return _out(l_nn, a_nn)
+
+
+def _cholesky_supports(a_nn) -> str | None:
+    if a_nn.ndim != 2 or a_nn.shape[0] != a_nn.shape[1]:
+        return f"cholesky needs a square 2-D matrix, got shape {tuple(a_nn.shape)}"
+    if a_nn.shape[0] > CHOLESKY_MAX_N:
+        return (f"cholesky order {a_nn.shape[0]} exceeds {CHOLESKY_MAX_N} (one trailing-update "
+                "launch would exceed the bounded trace)")
+    return None
+
+
+def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
+    """``x = b @ l^{-T}`` (``x @ l.T = b``) by blocked forward substitution on ``X^T = L^{-1} B^T``.
+
+    Per block row J of 128: the host inverts ``L_JJ`` in fp64; the first block is one gemm
+    launch ``inv(L_00) @ B_0^T``, every later block one ``trsm_block_kernel`` launch
+    ``inv(L_JJ) @ (B_J^T - L[J, :J0] @ X^T[:J0])`` per column chunk. l_nn : (n, n) lower
+    triangular; b_mn : (m, n). Returns x : (m, n) float64.
+    """
+    _require_2d("l_nn", l_nn)
+    _require_2d("b_mn", b_mn)
+    n = int(l_nn.shape[0])
+    m = int(b_mn.shape[0])
+    if l_nn.shape[1] != n or b_mn.shape[1] != n:
+        raise InputError(
+            f"trsm needs l (n, n) and b (m, n), got l {tuple(l_nn.shape)} and b {tuple(b_mn.shape)}"
+        )
+    l64 = _f64(l_nn)
+    diagonal = np.diagonal(l64)
+    if n and np.any(diagonal == 0.0):
+        index = int(np.argmin(np.abs(diagonal)))
+        raise InputError(f"trsm: l is singular (zero diagonal at index {index})")
+    b_t = _f32(_f64(b_mn).T)  # (n, m)
+    x_t = np.zeros((n, m), dtype=np.float32)
+    if n == 0 or m == 0:
+        return _out(x_t.T, b_mn)
+    nki_runtime.prepare(mode)
+    first = nki_runtime.load_kernel("gemm", "gemm_kernel")
+    step = nki_runtime.load_kernel("trsm", "trsm_block_kernel")
+    for j0 in range(0, n, BLOCK):
+        j1 = min(n, j0 + BLOCK)
+        linv_t = _f32(_trtri(l64[j0:j1, j0:j1]).T)
+        panel_t = _f32(l64[j0:j1, :j0].T)
+        n_kt = ceil_div(j0, TILE_K)
+        cols = TILE_N * max(1, MAX_MATMULS_PER_CALL // (n_kt + 1))
+        for c0 in range(0, m, cols):
+            c1 = min(m, c0 + cols)
+            rhs_t = np.ascontiguousarray(b_t[j0:j1, c0:c1])
+            if j0 == 0:
+                (x_part,) = nki_runtime.run_kernel(first, (linv_t, rhs_t), mode)
+            else:
+                x_prev = np.ascontiguousarray(x_t[:j0, c0:c1])
+                (x_part,) = nki_runtime.run_kernel(step, (linv_t, panel_t, x_prev, rhs_t), mode)
+            x_t[j0:j1, c0:c1] = x_part
+    return _out(x_t.T, b_mn)
+
+
+def _trsm_supports(l_nn, b_mn) -> str | None:
+    if l_nn.ndim != 2 or b_mn.ndim != 2:
+        return f"trsm needs 2-D operands, got {tuple(l_nn.shape)} and {tuple(b_mn.shape)}"
+    if l_nn.shape[0] > TRSM_MAX_N:
+        return (f"trsm order {l_nn.shape[0]} exceeds {TRSM_MAX_N} (the panel strip of one launch "
+                f"would exceed {SBUF_RESIDENT_BUDGET // 1024} KiB of SBUF per partition)")
+    return None
+
+
+# -- fused pair energy ------------------------------------------------------------------------
+def _energy_sbuf_words(nv: int, naux: int, npairs: int) -> int:
+    """fp32 words per partition one fused-energy launch may hold in SBUF at its peak.
+
+    The strip of B_i (ceil(naux/128)*nv), two strips of B_j and two T row blocks
+    (ceil(nv/128)*nv each; the next pair's tiles are allocated while the previous ones are still
+    live, as a double-buffering allocator would), seven (128, nv) epilogue tiles and the -e_b
+    row, plus the denominator columns and the accumulator (3*ceil(nv/128)*npairs).
+    """
+    n_kt, n_at = ceil_div(naux, TILE_K), ceil_div(nv, TILE_M)
+    return (3 * n_kt + 2 * n_at + 8) * nv + 3 * n_at * npairs
+
+
+def _energy_pairs_per_call(nv: int, naux: int) -> int:
+    """Pairs per launch: bounded by MAX_PAIRS_PER_CALL and the estimated instruction count."""
+    n_kt, n_at, n_bc = ceil_div(naux, TILE_K), ceil_div(nv, TILE_M), ceil_div(nv, TILE_N)
+    per_pair = n_at * n_bc * (n_kt + 1) + n_at * (8 + 2 * n_at) + n_kt
+    return max(1, min(MAX_PAIRS_PER_CALL, MAX_ENERGY_INSTRUCTIONS_PER_CALL // per_pair))
+
+
+def _pair_weights(gi: np.ndarray, gj: np.ndarray, diagonal_block: bool) -> np.ndarray:
+    """Weights of torch_ops.pair_energy_from_ovov for global orbital indices gi x gj."""
+    if not diagonal_block:
+        return np.full((gi.size, gj.size), 2.0)
+    return np.where(gi[:, None] < gj[None, :], 2.0, np.where(gi[:, None] == gj[None, :], 1.0, 0.0))
+
+
+def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
+                    eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool, *,
+                    mode: str) -> torch.Tensor:
+    """Fused pair energy of a block of occupied pairs on the ``mp2_pair_energy_kernel``.
+
+    ovL_i : (ni, nv, naux); ovL_j : (nj, nv, naux); eps_i (ni,), eps_j (nj,), eps_v (nv,).
+    With ``diagonal_block`` (ni == nj, the same orbitals) only pairs i <= j count, i < j twice;
+    otherwise every pair counts twice. Returns float64 ``[e_os, e_ss]``. The (ia|jb) GEMM and
+    the reduction to per-partition partial sums run in fp32 on the device; the host adds the
+    partial sums and applies the pair weights in fp64.
+    """
+    ni, nv, naux = _energy_shapes(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+    nj = int(ovL_j.shape[0])
+    e_os = e_ss = 0.0
+    if ni == 0 or nj == 0 or nv == 0:
+        return torch.tensor([e_os, e_ss], dtype=torch.float64, device=ovL_i.device)
+    if naux == 0:
+        raise InputError("mp2_pair_energy: naux is 0")
+    b_i = _f32(_f64(ovL_i).reshape(ni * nv, naux).T)  # (naux, ni*nv): naux on partitions
+    b_j = _f32(_f64(ovL_j).reshape(nj * nv, naux).T)
+    e_i, e_j, e_v = _f64(eps_i), _f64(eps_j), _f64(eps_v)
+    neg_eps_row = _f32(np.broadcast_to(-e_v, (TILE_M, nv)))
+    n_at = ceil_div(nv, TILE_M)
+    side = max(1, int(np.sqrt(_energy_pairs_per_call(nv, naux))))
+    nki_runtime.prepare(mode)
+    kernel = nki_runtime.load_kernel("mp2_energy", "mp2_pair_energy_kernel")
+    for i0 in range(0, ni, side):
+        i1 = min(ni, i0 + side)
+        for j0 in range(0, nj, side):
+            j1 = min(nj, j0 + side)
+            weight = _pair_weights(np.arange(i0, i1), np.arange(j0, j1), diagonal_block)
+            if not weight.any():
+                continue  # a chunk below the diagonal of a diagonal block
+            d_col = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1) - e_v[:, None]
+            (partials,) = nki_runtime.run_kernel(
+                kernel,
+                (np.ascontiguousarray(b_i[:, i0 * nv:i1 * nv]),
+                 np.ascontiguousarray(b_j[:, j0 * nv:j1 * nv]), _f32(d_col), neg_eps_row),
+                mode,
+            )
+            ncol = (i1 - i0) * (j1 - j0) * n_at
+            sums = partials.astype(np.float64).sum(axis=0)  # fp64 over partitions
+            os_ij = sums[:ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
+            ex_ij = sums[ncol:2 * ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
+            e_os += float((weight * os_ij).sum())
+            e_ss += float((weight * (os_ij - ex_ij)).sum())
+    return torch.tensor([e_os, e_ss], dtype=torch.float64, device=ovL_i.device)
+
+
+def _energy_shapes(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block) -> tuple[int, int, int]:
+    if ovL_i.ndim != 3 or ovL_j.ndim != 3:
+        raise InputError(f"ovL_i and ovL_j must be 3-D (n, nvir, naux), got "
+                         f"{tuple(ovL_i.shape)} and {tuple(ovL_j.shape)}")
+    ni, nv, naux = (int(s) for s in ovL_i.shape)
+    if tuple(ovL_j.shape[1:]) != (nv, naux):
+        raise InputError(f"ovL_j must be (nj, {nv}, {naux}), got {tuple(ovL_j.shape)}")
+    expected = ((eps_i, ni, "eps_i"), (eps_j, ovL_j.shape[0], "eps_j"), (eps_v, nv, "eps_v"))
+    for eps, size, name in expected:
+        if tuple(eps.shape) != (size,):
+            raise InputError(f"{name} must have shape ({size},), got {tuple(eps.shape)}")
+    if diagonal_block and ovL_j.shape[0] != ni:
+        raise InputError(f"a diagonal block needs ni == nj, got {ni} and {ovL_j.shape[0]}")
+    return ni, nv, naux
+
+
+def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block) -> str | None:
+    if ovL_i.ndim != 3:
+        return f"mp2_pair_energy needs 3-D ovL blocks, got {tuple(ovL_i.shape)}"
+    _, nv, naux = (int(s) for s in ovL_i.shape)
+    needed = _energy_sbuf_words(nv, naux, MAX_PAIRS_PER_CALL) * FP32_BYTES
+    if needed > ENERGY_SBUF_BUDGET:
+        return (f"nvir={nv} with naux={naux} needs {needed // 1024} KiB of SBUF per partition in "
+                f"the fused energy kernel (limit {ENERGY_SBUF_BUDGET // 1024} KiB)")
+    return None
+
+
+#: op name -> shape check taking the op's arguments (without ``mode``): None or the limit hit.
+SUPPORTS = {
+    "gemm": _gemm_supports,
+    "cholesky": _cholesky_supports,
+    "trsm": _trsm_supports,
+    "mp2_pair_energy": _energy_supports,
+}

@@ -1,0 +1,172 @@
+"""Operand validation and value access shared by the emulated ``nisa`` instructions.
+
+All reads go through :func:`read_f32` / :func:`read_raw`, which refuse never-written elements;
+all writes go through :func:`write_f32` / :func:`write_raw`, which cast to the destination dtype,
+mark the elements written and record in PSUM that a non-matmul instruction wrote them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _state
+from ._context import EmulatorError
+from ._dtypes import float32, from_float32, to_float32
+from ._enums import engine as Engine
+from ._tensor import MemoryRegion, NkiTensor
+
+SBUF = MemoryRegion.sbuf
+PSUM = MemoryRegion.psum
+ON_CHIP = (SBUF, PSUM)
+
+
+def tensor(x: Any, instr: str, name: str) -> NkiTensor:
+    """Return ``x`` if it is an emulated tensor, else raise naming the parameter."""
+    if not isinstance(x, NkiTensor):
+        raise TypeError(
+            f"nisa.{instr}: {name} must be an NKI tensor (nl.ndarray or a view), "
+            f"got {type(x).__name__}"
+        )
+    return x
+
+
+def on_chip(
+    x: Any, instr: str, name: str, allowed: tuple[MemoryRegion, ...] = ON_CHIP
+) -> NkiTensor:
+    """Check ``x`` is a tensor in one of ``allowed`` with ≥2 dims and ≤128 partitions."""
+    t = tensor(x, instr, name)
+    if t.buffer not in allowed:
+        names = " or ".join(b.value.upper() for b in allowed)
+        raise EmulatorError(
+            f"nisa.{instr}: {name} must be in {names}, got a {t.buffer.value} tensor {t.shape}"
+        )
+    if t.ndim < 2:
+        raise EmulatorError(
+            f"nisa.{instr}: {name} view {t.shape} of {t.name!r} has {t.ndim} dim; on-chip operands "
+            "need at least 2 dims (partition, free); slice with j:j+1 instead of an integer"
+        )
+    if t.shape[0] > _state.NUM_PARTITIONS:
+        raise EmulatorError(
+            f"nisa.{instr}: {name} partition dim {t.shape[0]} exceeds the maximum 128"
+        )
+    return t
+
+
+def free_size(t: NkiTensor) -> int:
+    """Elements per partition (product of the free dims)."""
+    return int(np.prod(t.shape[1:], dtype=np.int64))
+
+
+def same_layout(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    """Require equal partition counts and equal elements per partition (no broadcasting)."""
+    if a.shape[0] != b.shape[0] or free_size(a) != free_size(b):
+        raise EmulatorError(
+            f"nisa.{instr}: {a_name} {a.shape} and {b_name} {b.shape} must have the same partition "
+            f"count and elements per partition (got {a.shape[0]}x{free_size(a)} vs "
+            f"{b.shape[0]}x{free_size(b)}); NKI does not broadcast tiles"
+        )
+
+
+def not_both_psum(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    if a.buffer is PSUM and b.buffer is PSUM:
+        raise EmulatorError(
+            f"nisa.{instr}: {a_name} and {b_name} cannot both be in PSUM; copy one to SBUF first"
+        )
+
+
+def writable(t: NkiTensor, instr: str, name: str = "dst") -> NkiTensor:
+    """Refuse writes to kernel arguments (the emulator treats them as read-only)."""
+    if t._alloc.kernel_input:
+        raise EmulatorError(
+            f"nisa.{instr}: {name} is the kernel input {t.name!r}; the emulator treats inputs as "
+            "read-only: allocate an output with nl.ndarray(..., buffer=nl.shared_hbm) and return it"
+        )
+    return t
+
+
+def _check_written(t: NkiTensor, instr: str, name: str) -> None:
+    if not t._written.all():
+        missing = int((~t._written).sum())
+        raise EmulatorError(
+            f"nisa.{instr}: {name} reads {missing} of {t.size} never-written element(s) of "
+            f"{t.name!r} (view {t.shape} of {t._alloc.shape}); nl.ndarray memory is uninitialised"
+        )
+
+
+def read_f32(t: NkiTensor, instr: str, name: str) -> np.ndarray:
+    """Values of ``t`` as float32 (a copy), after checking every element was written."""
+    _check_written(t, instr, name)
+    return to_float32(t._data)
+
+
+def read_raw(t: NkiTensor, instr: str, name: str) -> np.ndarray:
+    """Stored values of ``t`` (a copy), after checking every element was written."""
+    _check_written(t, instr, name)
+    return np.array(t._data, copy=True)
+
+
+def write_f32(t: NkiTensor, values: np.ndarray, psum_state: int = 2) -> None:
+    """Cast float32 ``values`` (any shape with ``t.size`` elements) to ``t.dtype`` and store."""
+    t._data[...] = from_float32(np.asarray(values, dtype=np.float32).reshape(t.shape), t.dtype)
+    t._written[...] = True
+    if t.buffer is PSUM:
+        t._psum_state[...] = psum_state
+
+
+def write_raw(t: NkiTensor, values: np.ndarray) -> None:
+    """Store already-typed ``values`` bit-exactly."""
+    t._data[...] = np.asarray(values).reshape(t.shape)
+    t._written[...] = True
+    if t.buffer is PSUM:
+        t._psum_state[...] = 2
+
+
+def scalar(value: Any, instr: str, name: str) -> np.float32:
+    """A compile-time constant operand as float32 (Python numbers; no float64 NumPy scalars)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"nisa.{instr}: {name} must be a number or a (P, 1) tile, got {value!r}")
+    if isinstance(value, np.float64):
+        raise TypeError(
+            f"nisa.{instr}: {name} is a numpy float64 scalar; float64 does not exist on the device"
+        )
+    return np.float32(value)
+
+
+def scalar_or_column(
+    value: Any, data: NkiTensor, instr: str, name: str, require_fp32: bool
+) -> np.ndarray | np.float32:
+    """A scalar constant, or a ``(P, 1)`` tile read as a float32 column of shape ``(P, 1)``."""
+    if not isinstance(value, NkiTensor):
+        return scalar(value, instr, name)
+    col = on_chip(value, instr, name)
+    if col.ndim != 2 or col.shape != (data.shape[0], 1):
+        raise EmulatorError(
+            f"nisa.{instr}: {name} must be a scalar or a tile of shape ({data.shape[0]}, 1) "
+            f"(one value per partition of data), got shape {col.shape}"
+        )
+    if require_fp32 and col.dtype is not float32:
+        raise EmulatorError(f"nisa.{instr}: {name} tile must be float32, got {col.dtype.name}")
+    return read_f32(col, instr, name).reshape(data.shape[0], 1)
+
+
+def engine_name(value: Any, instr: str, default: str, allowed: tuple[str, ...]) -> str:
+    """Resolve an ``engine=`` argument to an engine name among ``allowed``."""
+    if not isinstance(value, Engine):
+        raise TypeError(f"nisa.{instr}: engine must be an nisa.engine member, got {value!r}")
+    if value is Engine.unknown:
+        return default
+    if value.value not in allowed:
+        raise EmulatorError(
+            f"nisa.{instr}: engine={value.value} is not allowed; use one of {allowed}"
+        )
+    return value.value
+
+
+def no_psum_on_gpsimd(eng: str, instr: str, **tensors: NkiTensor | None) -> None:
+    if eng != "gpsimd":
+        return
+    for name, t in tensors.items():
+        if t is not None and t.buffer is PSUM:
+            raise EmulatorError(f"nisa.{instr}: GpSimd cannot access PSUM, but {name} is in PSUM")

@@ -1,0 +1,115 @@
+"""State of one emulated kernel call: memory budgets and ScalarE reduce registers.
+
+Liveness model: an SBUF/PSUM allocation is live while any Python object refers to it (the
+tensor returned by ``nl.ndarray`` or any view of it). CPython frees it when the last reference
+goes, e.g. when a loop rebinds the name. The new tile is allocated before the old name is
+rebound, so a tile allocated inside a loop briefly counts twice. This is conservative compared
+with the compiler's allocator; the budgets are per partition:
+
+- SBUF: 192 KiB (trn1) or 224 KiB (trn2) per partition;
+- PSUM: 8 banks of 2 KiB per partition; each allocation takes whole banks (rounded up) and
+  starts on a bank boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _state
+from ._tensor import Allocation, MemoryRegion
+
+
+class EmulatorError(RuntimeError):
+    """A kernel broke a documented NKI 0.3.0 rule (the message names the rule and the values)."""
+
+
+@dataclass
+class _Usage:
+    """Live on-chip usage per partition (apart from allocations, for the finalizers)."""
+
+    sbuf_bytes: int = 0
+    psum_banks: int = 0
+    live: dict[int, tuple[str, str, int]] = field(default_factory=dict)
+
+
+class KernelRun:
+    """One call of an ``@nki.jit`` kernel in the emulator.
+
+    Parameters
+    ----------
+    name : str
+        Kernel function name.
+    target : str
+        ``"trn1"`` (gen2) or ``"trn2"`` (gen3).
+    """
+
+    def __init__(self, name: str, target: str) -> None:
+        self.name = name
+        self.target = target
+        self.sbuf_budget = _state.SBUF_BYTES_PER_PARTITION[target]
+        self.usage = _Usage()
+        self.counter = 0
+        self.reduce_regs = np.zeros(_state.NUM_PARTITIONS, dtype=np.float32)
+        self.reduce_regs_valid = np.zeros(_state.NUM_PARTITIONS, dtype=bool)
+
+    @property
+    def gen(self) -> int:
+        """NeuronCore generation: 2 for trn1, 3 for trn2."""
+        return 2 if self.target == "trn1" else 3
+
+    def register(self, alloc: Allocation) -> None:
+        """Account an on-chip allocation against the budget, or raise :class:`EmulatorError`."""
+        usage = self.usage
+        self.counter += 1
+        key = self.counter
+        per_part = alloc.bytes_per_partition()
+        desc = f"{alloc.name!r} {alloc.shape} {alloc.dtype.name}"
+        if alloc.buffer is MemoryRegion.sbuf:
+            if usage.sbuf_bytes + per_part > self.sbuf_budget:
+                raise EmulatorError(
+                    f"nl.ndarray: SBUF budget exceeded allocating {desc}: needs {per_part} B per "
+                    f"partition, {usage.sbuf_bytes} B already live, limit {self.sbuf_budget} B per "
+                    f"partition ({self.target}). Live SBUF: {self._live('sbuf')}"
+                )
+            usage.sbuf_bytes += per_part
+            usage.live[key] = ("sbuf", desc, per_part)
+        elif alloc.buffer is MemoryRegion.psum:
+            banks = max(1, math.ceil(per_part / _state.PSUM_BANK_BYTES))
+            if usage.psum_banks + banks > _state.PSUM_BANKS:
+                raise EmulatorError(
+                    f"nl.ndarray: PSUM budget exceeded allocating {desc}: needs {banks} bank(s) of "
+                    f"{_state.PSUM_BANK_BYTES} B, {usage.psum_banks} of {_state.PSUM_BANKS} banks "
+                    f"already live (16 KiB per partition). Live PSUM: {self._live('psum')}"
+                )
+            usage.psum_banks += banks
+            usage.live[key] = ("psum", desc, banks)
+        else:
+            return
+        alloc.on_release(_release_callback(usage, key))
+
+    def _live(self, kind: str) -> str:
+        items = [f"{d} ({n})" for k, d, n in self.usage.live.values() if k == kind]
+        return "; ".join(items) if items else "none"
+
+
+def _release_callback(usage: _Usage, key: int):
+    def release() -> None:
+        kind, _desc, amount = usage.live.pop(key, ("", "", 0))
+        if kind == "sbuf":
+            usage.sbuf_bytes -= amount
+        elif kind == "psum":
+            usage.psum_banks -= amount
+
+    return release
+
+
+def current(where: str) -> KernelRun:
+    """The kernel run in progress, or an error naming ``where`` if none is."""
+    if not _state.KERNEL_STACK:
+        raise EmulatorError(
+            f"{where}: called outside an @nki.jit kernel; NKI calls only run inside kernels"
+        )
+    return _state.KERNEL_STACK[-1]

@@ -1,0 +1,100 @@
+"""The whole DF-MP2 through NKI kernel source on dfmp2's emulator, and the dispatch policy with
+the real host wrappers (no real `nki` here: it is absent, so only the emulator can run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from pyscf import scf
+
+import dfmp2
+from conftest import INPUTS, TOL_FP32
+from dfmp2.cli import main
+from dfmp2.errors import BackendUnavailableError
+from dfmp2.linalg import DispatchPolicy, Dispatcher
+from dfmp2.molecule import build_mole
+
+pytestmark = pytest.mark.nki_emulated
+NKI_OPS = ("cholesky", "gemm", "trsm", "mp2_pair_energy")
+
+
+@pytest.fixture(scope="module", params=["water", "benzene"])
+def scf_and_reference(request):
+    mf = scf.RHF(build_mole(INPUTS / f"{request.param}.xyz")).density_fit()
+    mf.conv_tol = 1e-10
+    mf.verbose = 0
+    mf.kernel()
+    return mf, dfmp2.DFMP2(mf, backend="pytorch").run()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
+    mf, ref = scf_and_reference
+    pt = dfmp2.DFMP2(mf, backend="nki", nki_emulator=True, require_nki=True,
+                     fused_energy=fused).run()
+    backend = pt.result.backend
+    assert backend["resolved"] == "nki" and backend["nki_mode"] == "emulator"
+    ops = backend["ops"]
+    expected = ("cholesky", "gemm", "trsm", "mp2_pair_energy" if fused else "gemm")
+    for op in expected:
+        assert (ops[op]["backend"], ops[op]["mode"], ops[op]["fallback"]) == (
+            "nki", "emulator", None), (op, ops[op])
+    assert ("pair_energy_from_ovov" in ops) is (not fused)
+    assert pt.e_corr_os == pytest.approx(ref.e_corr_os, abs=TOL_FP32)
+    assert pt.e_corr_ss == pytest.approx(ref.e_corr_ss, abs=TOL_FP32)
+    assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP32)
+    assert pt.e_corr != ref.e_corr  # fp32 on the device: not bit-identical to fp64
+
+
+def test_cli_nki_emulator_records_modes_in_json(tmp_path):
+    out = tmp_path / "w.json"
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki",
+                                       "--nki-emulator", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "backend nki [emulator]" in result.stdout
+    backend = json.loads(out.read_text())["extras"]["backend"]
+    assert backend["nki_mode"] == "emulator"
+    assert {op: backend["ops"][op]["mode"] for op in NKI_OPS} == dict.fromkeys(NKI_OPS,
+                                                                               "emulator")
+
+
+def test_cli_env_var_opts_into_the_emulator():
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki", "-q"],
+                                env={"DFMP2_NKI_EMULATOR": "1"})
+    assert result.exit_code == 0, result.output
+
+
+def test_explicit_nki_without_nki_names_the_extra_and_the_index():
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki"])
+    assert result.exit_code == 1
+    message = result.stderr.strip()
+    assert "dfmp2[nki]" in message and "pip.repos.neuron.amazonaws.com" in message
+    assert "--nki-emulator" in message
+
+
+def test_auto_without_opt_in_uses_pytorch_and_records_why():
+    la = Dispatcher(DispatchPolicy("auto"))
+    assert la.backend == "pytorch" and "nki" in la.resolution
+
+
+def test_require_nki_env_var_turns_missing_nki_into_an_error():
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz")],
+                                env={"DFMP2_REQUIRE_NKI": "1"})
+    assert result.exit_code == 1 and "cannot run" in result.stderr
+
+
+def test_simulator_request_without_real_nki_is_an_error():
+    with pytest.raises(BackendUnavailableError, match="nki"):
+        Dispatcher(DispatchPolicy("nki", nki_simulator=True))
+
+
+def test_emulator_is_never_importable_as_nki_by_default():
+    import importlib.util
+    import sys
+
+    Dispatcher(DispatchPolicy("pytorch"))
+    assert "nki" not in sys.modules or getattr(sys.modules["nki"], "__dfmp2_emulator__", False)
+    if "nki" not in sys.modules:
+        assert importlib.util.find_spec("nki") is None
