@@ -105,7 +105,10 @@ class Result:
             f"({frozen})",
             f"  backend {b['resolved']}"
             + (f" [{b['nki_mode']}]" if b.get("nki_mode") else "")
-            + f"  fused energy {'on' if m['fused_energy'] else 'off'}  precision {m['precision']}",
+            + f"  fused energy {'on' if m['fused_energy'] else 'off'}  precision {m['precision']}"
+            + (f" (NKI ops: {m['nki_precision']})" if m.get("nki_precision") else ""),
+            f"  B storage {m['blocks']['storage']} ({m['blocks']['b_mb']} MB)  "
+            f"max memory {m['max_memory_mb']} MB",
         ]
         for op, rec in b["ops"].items():
             note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""

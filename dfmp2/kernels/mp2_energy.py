@@ -45,7 +45,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     ``b_j.shape[1] = nj * nv``; naux >= 1; ragged nv and naux allowed (edge tiles sliced); all
     ``D_ab`` nonzero (negative for a valid reference). SBUF per partition, in fp32 words:
     ``2*ceil(naux/128)*nv`` (the B strips of i and j) + ``ceil(nv/128)*nv`` (the T rows) +
-    ``6*nv`` (epilogue tiles) + small terms; the host checks this and bounds ni*nj per call.
+    ``6*nv`` (epilogue tiles) + small terms; the host checks a double-buffered version of this
+    bound (``nki_ops.SUPPORTS``) and bounds ni*nj per call.
 
     Steps
     -----

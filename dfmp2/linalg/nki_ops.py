@@ -268,6 +268,16 @@ def _energy_pairs_per_call(nv: int, naux: int) -> int:
     return max(1, min(MAX_PAIRS_PER_CALL, MAX_ENERGY_INSTRUCTIONS_PER_CALL // per_pair))
 
 
+def _pair_chunks(ni: int, nj: int, pairs: int, diagonal_block: bool) -> tuple[int, int]:
+    """Orbitals per launch along i and j, with ci * cj <= pairs. Square on a diagonal block (so
+    whole chunks below the diagonal are skipped); otherwise j first, then as many i as fit."""
+    side = max(1, int(np.sqrt(pairs)))
+    if diagonal_block:
+        return min(ni, side), min(nj, side)
+    cj = min(nj, side)
+    return max(1, min(ni, pairs // cj)), cj
+
+
 def _pair_weights(gi: np.ndarray, gj: np.ndarray, diagonal_block: bool) -> np.ndarray:
     """Weights of torch_ops.pair_energy_from_ovov for global orbital indices gi x gj."""
     if not diagonal_block:
@@ -298,13 +308,13 @@ def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tenso
     e_i, e_j, e_v = _f64(eps_i), _f64(eps_j), _f64(eps_v)
     neg_eps_row = _f32(np.broadcast_to(-e_v, (TILE_M, nv)))
     n_at = ceil_div(nv, TILE_M)
-    side = max(1, int(np.sqrt(_energy_pairs_per_call(nv, naux))))
+    ci, cj = _pair_chunks(ni, nj, _energy_pairs_per_call(nv, naux), diagonal_block)
     nki_runtime.prepare(mode)
     kernel = nki_runtime.load_kernel("mp2_energy", "mp2_pair_energy_kernel")
-    for i0 in range(0, ni, side):
-        i1 = min(ni, i0 + side)
-        for j0 in range(0, nj, side):
-            j1 = min(nj, j0 + side)
+    for i0 in range(0, ni, ci):
+        i1 = min(ni, i0 + ci)
+        for j0 in range(0, nj, cj):
+            j1 = min(nj, j0 + cj)
             weight = _pair_weights(np.arange(i0, i1), np.arange(j0, j1), diagonal_block)
             if not weight.any():
                 continue  # a chunk below the diagonal of a diagonal block
