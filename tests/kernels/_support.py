@@ -4,8 +4,8 @@ The same test functions run in three modes. The ``emulator`` parameter carries t
 ``nki_emulated`` mark (dfmp2's NumPy emulator, no ``nki`` needed); ``simulator`` carries
 ``nki_simulator`` (the real ``nki.simulate``) and ``hardware`` carries ``neuron`` (a Trainium
 device). A mode that cannot run here is skipped with the reason from
-:func:`dfmp2.linalg.nki_ops.probe`. The default pytest options deselect the ``nki_simulator``
-and ``neuron`` marks; select them with ``-m nki_simulator`` or ``-m neuron``.
+:func:`dfmp2.linalg.nki_ops.probe`. Select one tier with ``-m nki_emulated``,
+``-m nki_simulator`` or ``-m neuron``.
 """
 
 from __future__ import annotations

@@ -97,3 +97,10 @@ def test_pair_energy_supports_names_the_sbuf_limit():
     assert check(typical, typical, None, None, None, True) is None
     huge = torch.zeros(1).expand(4, 2000, 8000)
     assert "SBUF" in check(huge, huge, None, None, None, True)
+
+
+def test_pair_chunks_fill_the_launch_budget():
+    assert nki_ops._pair_chunks(64, 1, 64, False) == (64, 1)
+    assert nki_ops._pair_chunks(5, 7, 16, False) == (4, 4)
+    assert nki_ops._pair_chunks(10, 10, 64, True) == (8, 8)
+    assert nki_ops._pair_chunks(1, 1, 64, True) == (1, 1)
