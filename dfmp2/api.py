@@ -85,7 +85,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     active, plan = _plan(mol, auxmol, mf.mo_occ, opts)
     space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, active)
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
-                                   opts.require_nki))
+                                   opts.require_nki, opts.cpu_blas))
     kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
               "scratch_dir": opts.scratch_dir}
     if progress is not None:
@@ -112,7 +112,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         "blocks": plan.as_dict(), "max_memory_mb": opts.max_memory,
     }
     backend = {"requested": opts.backend, "resolved": la.backend, "nki_mode": la.nki_mode,
-               "resolution": la.resolution, "ops": la.summary()}
+               "resolution": la.resolution, "ops": la.summary(),
+               "cpu_blas": la.cpu_blas.as_dict()}
     molecule = {
         "symbols": [mol.atom_pure_symbol(k) for k in range(mol.natm)],
         "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),

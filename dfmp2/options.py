@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import InputError
+from .linalg.cpu_blas import CPU_BLAS_CHOICES
 from .linalg.registry import BACKENDS
 
 __all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
@@ -28,6 +29,8 @@ class Options:
         (PySCF's ``frozen=`` semantics; may name virtual orbitals too).
     frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
+    cpu_blas : 'auto' (time both once, keep the faster), 'torch' or 'numpy': whose BLAS runs the
+        pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
     max_memory : working-set budget of the MP2 step in MB.
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
@@ -49,6 +52,7 @@ class Options:
     frozen: int | tuple[int, ...] | None = None
     frozen_core: bool = False
     backend: str = "auto"
+    cpu_blas: str = "auto"
     fused_energy: bool = True
     nki_emulator: bool = False
     nki_simulator: bool = False
@@ -66,6 +70,7 @@ class Options:
     def __post_init__(self):
         _choice("scf_type", self.scf_type, SCF_TYPES)
         _choice("backend", self.backend, BACKENDS)
+        _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("precision", self.precision, PRECISIONS)
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)

@@ -88,3 +88,33 @@ def test_mixed_precision_operands_reduce_in_float64():
     e32 = torch_ops.mp2_pair_energy(ovL.float(), ovL.float(), eps_o, eps_o, eps_v, True)
     assert e32.dtype == torch.float64
     assert torch.allclose(e32, e64, rtol=1e-5)
+
+
+def test_cpu_blas_choices_give_the_same_products():
+    from dfmp2.linalg.cpu_blas import CpuBlas
+
+    a, b = _rand(40, 30, seed=20), _rand(50, 30, seed=21)
+    ref = a @ b.T
+    for choice in ("torch", "numpy", "auto"):
+        blas = CpuBlas(choice)
+        assert torch.allclose(blas.matmul(a, b.T), ref, atol=1e-12)
+        assert torch.allclose(torch_ops.gemm(a, b, False, True, matmul=blas.matmul), ref,
+                              atol=1e-12)
+    with pytest.raises(ValueError, match="auto, torch, numpy"):
+        CpuBlas("mkl")
+
+
+def test_cpu_blas_auto_calibrates_once_on_a_large_product_and_records_it():
+    from dfmp2.linalg.cpu_blas import CpuBlas
+
+    blas = CpuBlas("auto")
+    small = _rand(8, 8, seed=22)
+    blas.matmul(small, small)
+    assert blas.selected == {}  # small products never pay for a calibration
+    big_a, big_b = _rand(600, 600, seed=23), _rand(600, 600, seed=24)
+    out = blas.matmul(big_a, big_b)
+    assert torch.allclose(out, big_a @ big_b, atol=1e-9)
+    assert blas.selected["float64"] in ("torch", "numpy")
+    assert set(blas.rates["float64"]) == {"torch", "numpy"}
+    report = blas.as_dict()
+    assert report["selected"] == blas.selected and set(report["libraries"]) == {"torch", "numpy"}

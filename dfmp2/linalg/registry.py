@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..errors import BackendUnavailableError, NotPositiveDefiniteError, UnsupportedShapeError
 from . import torch_ops
+from .cpu_blas import CpuBlas
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ BACKENDS = ("auto", "pytorch", "nki")
 OPS = ("gemm", "cholesky", "trsm", "mp2_pair_energy")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
 HOST_OPS = ("eigh", "pair_energy_from_ovov")
+#: pytorch ops whose matrix products go through the run's CPU BLAS choice.
+MATMUL_OPS = ("gemm", "mp2_pair_energy")
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,14 @@ class DispatchPolicy:
     nki_simulator : run NKI kernels through the real ``nki.simulate``.
     nki_emulator : allow dfmp2's NumPy emulator when the real ``nki`` is absent (explicit opt-in).
     require_nki : turn every fallback from nki to pytorch into an error.
+    cpu_blas : 'auto', 'torch' or 'numpy': the library of the pytorch backend's CPU products.
     """
 
     backend: str = "auto"
     nki_simulator: bool = False
     nki_emulator: bool = False
     require_nki: bool = False
+    cpu_blas: str = "auto"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -128,8 +133,10 @@ class Dispatcher:
     nki_mode: str | None = field(init=False, default=None)
     resolution: str = field(init=False, default="")
     records: dict[str, OpRecord] = field(init=False, default_factory=dict)
+    cpu_blas: CpuBlas = field(init=False)
 
     def __post_init__(self):
+        self.cpu_blas = CpuBlas(self.policy.cpu_blas)
         requested = self.policy.backend
         if requested == "pytorch":
             self.backend, self.resolution = "pytorch", "requested --backend pytorch"
@@ -170,7 +177,8 @@ class Dispatcher:
         return result
 
     def _run_pytorch(self, op: str, args: tuple, mode: str):
-        result = REGISTRY[(op, "pytorch")].fn(*args)
+        fn = REGISTRY[(op, "pytorch")].fn
+        result = fn(*args, matmul=self.cpu_blas.matmul) if op in MATMUL_OPS else fn(*args)
         self._record(op, "pytorch", mode)
         return result
 
@@ -180,8 +188,8 @@ class Dispatcher:
         record = self.records.get(op)
         if record is None or record.fallback is None:
             log.warning("%s falls back from nki to pytorch: %s", op, reason)
-        result = REGISTRY[(op, "pytorch")].fn(*args)
-        self._record(op, "pytorch", "pytorch", fallback=reason)
+        result = self._run_pytorch(op, args, mode="pytorch")
+        self.records[op].fallback = self.records[op].fallback or reason
         return result
 
     def _record(self, op: str, backend: str, mode: str, fallback: str | None = None):

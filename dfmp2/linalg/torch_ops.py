@@ -14,15 +14,17 @@ from ..errors import NotPositiveDefiniteError
 __all__ = ["gemm", "cholesky", "eigh", "trsm", "mp2_pair_energy", "pair_energy_from_ovov"]
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False):
+def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
+         matmul=torch.matmul):
     """General matrix product ``op(a) @ op(b)`` where ``op(x)`` is ``x.T`` when asked.
 
     a : (m, k), or (k, m) with ``trans_a``; b : (k, n), or (n, k) with ``trans_b``.
-    Returns (m, n) in the operands' dtype.
+    Returns (m, n) in the operands' dtype. ``matmul`` : the 2-D product to use (the dispatcher
+    passes its CPU BLAS choice).
     """
     a_mk = a.T if trans_a else a
     b_kn = b.T if trans_b else b
-    return a_mk @ b_kn
+    return matmul(a_mk, b_kn)
 
 
 def cholesky(a_nn: torch.Tensor) -> torch.Tensor:
@@ -92,6 +94,7 @@ def mp2_pair_energy(
     eps_j: torch.Tensor,
     eps_v: torch.Tensor,
     diagonal_block: bool,
+    matmul=torch.matmul,
 ) -> torch.Tensor:
     """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q``, then
     the reduction of :func:`pair_energy_from_ovov`.
@@ -104,11 +107,11 @@ def mp2_pair_energy(
     ni, nv, naux = ovL_i.shape
     nj = ovL_j.shape[0]
     if not diagonal_block:
-        ovov = (ovL_i.reshape(ni * nv, naux) @ ovL_j.reshape(nj * nv, naux).T)
+        ovov = matmul(ovL_i.reshape(ni * nv, naux), ovL_j.reshape(nj * nv, naux).T)
         return pair_energy_from_ovov(ovov.view(ni, nv, nj, nv), eps_i, eps_j, eps_v, False)
     total = torch.zeros(2, dtype=torch.float64, device=ovL_i.device)
     for i in range(ni):
-        ovov = ovL_i[i] @ ovL_j[i:].reshape((nj - i) * nv, naux).T  # (nv, (nj-i)*nv)
+        ovov = matmul(ovL_i[i], ovL_j[i:].reshape((nj - i) * nv, naux).T)  # (nv, (nj-i)*nv)
         total += pair_energy_from_ovov(ovov.view(1, nv, nj - i, nv), eps_i[i : i + 1],
                                        eps_j[i:], eps_v, True)
     return total
