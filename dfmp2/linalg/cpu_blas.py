@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["CPU_BLAS_CHOICES", "CpuBlas", "numpy_matmul", "blas_libraries"]
+__all__ = ["CPU_BLAS_CHOICES", "CpuBlas", "numpy_matmul", "torch_matmul", "blas_libraries"]
 
 CPU_BLAS_CHOICES = ("auto", "torch", "numpy")
 #: Products smaller than this (in flops) always use torch: calibrating would cost more.
@@ -22,9 +22,18 @@ CALIBRATE_ABOVE_FLOPS = 2e8
 _CALIBRATION_N = 768
 
 
-def numpy_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for CPU tensors through numpy's BLAS (strided views are passed, not copied)."""
-    return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
+    """``a @ b`` for CPU tensors through numpy's BLAS (strided views are passed, not copied);
+    ``out``, when given, is a contiguous tensor of the result's shape and dtype."""
+    if out is None:
+        return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+    np.matmul(a.numpy(), b.numpy(), out=out.numpy())
+    return out
+
+
+def torch_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
+    """``a @ b`` through torch (``out`` as in :func:`numpy_matmul`)."""
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
 
 
 def blas_libraries() -> dict[str, str]:
@@ -61,18 +70,19 @@ class CpuBlas:
             raise ValueError(
                 f"unknown cpu_blas {self.choice!r}; choose one of {', '.join(CPU_BLAS_CHOICES)}")
 
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def matmul(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
         """``a @ b`` with the selected library (torch for CUDA tensors and small products)."""
         if a.device.type != "cpu" or self.choice == "torch":
-            return a @ b
+            return torch_matmul(a, b, out)
         if self.choice == "numpy":
-            return numpy_matmul(a, b)
+            return numpy_matmul(a, b, out)
         if a.shape[0] * a.shape[1] * b.shape[1] * 2 < CALIBRATE_ABOVE_FLOPS:
-            return a @ b
+            return torch_matmul(a, b, out)
         key = str(a.dtype).replace("torch.", "")
         if key not in self.selected:
             self._calibrate(a.dtype, key)
-        return numpy_matmul(a, b) if self.selected[key] == "numpy" else a @ b
+        library = numpy_matmul if self.selected[key] == "numpy" else torch_matmul
+        return library(a, b, out)
 
     def _calibrate(self, dtype, key: str) -> None:
         g = torch.Generator().manual_seed(0)

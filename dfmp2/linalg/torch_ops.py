@@ -72,19 +72,14 @@ def pair_energy_from_ovov(
     The reduction runs in the dtype of the orbital energies (float64: the mixed-precision path;
     float32: the fp32 path, per pair); pair sums are added in float64.
     """
-    dtype = eps_v.dtype
-    t_iajb = ovov.to(dtype)
-    ni, nv, nj, _ = t_iajb.shape
-    d_iajb = (eps_i.view(ni, 1, 1, 1) + eps_j.view(1, 1, nj, 1)) - eps_v.view(1, nv, 1, 1)
-    d_iajb = d_iajb - eps_v.view(1, 1, 1, nv)
-    t_over_d = torch.div(t_iajb, d_iajb, out=d_iajb)
-    os_ij = torch.einsum("iajb,iajb->ij", t_over_d, t_iajb)
-    ex_ij = torch.einsum("iajb,ibja->ij", t_over_d, t_iajb)  # sum T_ab T_ba / D
-    os_ij, ex_ij = os_ij.to(torch.float64), ex_ij.to(torch.float64)  # pair sums in fp64
-    weight = _pair_weights(ni, nj, diagonal_block, t_iajb.device)
-    e_os = (weight * os_ij).sum()
-    e_ss = (weight * (os_ij - ex_ij)).sum()
-    return torch.stack([e_os, e_ss])
+    ni, nv, nj, _ = ovov.shape
+    work = _RowWork(eps_j, eps_v)
+    total = torch.zeros(2, dtype=torch.float64, device=ovov.device)
+    for i in range(ni):
+        j0 = i if diagonal_block else 0
+        t_jab = ovov[i, :, j0:, :].permute(1, 0, 2)  # (nj - j0, nv, nv)
+        total += work.energy(t_jab, eps_i[i], j0, diagonal_block)
+    return total
 
 
 def mp2_pair_energy(
@@ -96,30 +91,64 @@ def mp2_pair_energy(
     diagonal_block: bool,
     matmul=torch.matmul,
 ) -> torch.Tensor:
-    """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q``, then
-    the reduction of :func:`pair_energy_from_ovov`.
+    """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q`` and the
+    reduction of :func:`pair_energy_from_ovov`, row i by row i while the rows are in cache.
 
     ovL_i : (ni, nv, naux); ovL_j : (nj, nv, naux). Returns float64 tensor ``[e_os, e_ss]``.
     An off-diagonal block is one GEMM (ni*nv, naux) x (naux, nj*nv). A diagonal block (the same
-    orbitals, ``ovL_j is ovL_i``) runs one GEMM per row i against j >= i, so no flop is spent
-    below the diagonal. GEMMs run in the operands' dtype, the reduction in eps_v's dtype.
+    orbitals) runs one GEMM per i, ``B_J[j >= i] x B_i^T``, so no flop is spent below the
+    diagonal. GEMMs run in the operands' dtype, the reduction in eps_v's dtype.
     """
     ni, nv, naux = ovL_i.shape
     nj = ovL_j.shape[0]
-    if not diagonal_block:
-        ovov = matmul(ovL_i.reshape(ni * nv, naux), ovL_j.reshape(nj * nv, naux).T)
-        return pair_energy_from_ovov(ovov.view(ni, nv, nj, nv), eps_i, eps_j, eps_v, False)
+    jb_L = ovL_j.reshape(nj * nv, naux)
+    work = _RowWork(eps_j, eps_v)
     total = torch.zeros(2, dtype=torch.float64, device=ovL_i.device)
+    if not diagonal_block:
+        ovov = matmul(ovL_i.reshape(ni * nv, naux), jb_L.T).view(ni, nv, nj, nv)
+        for i in range(ni):
+            total += work.energy(ovov[i].permute(1, 0, 2), eps_i[i], 0, False)
+        return total
+    t_buffer = torch.empty(nj * nv * nv, dtype=ovL_i.dtype, device=ovL_i.device)
     for i in range(ni):
-        ovov = matmul(ovL_i[i], ovL_j[i:].reshape((nj - i) * nv, naux).T)  # (nv, (nj-i)*nv)
-        total += pair_energy_from_ovov(ovov.view(1, nv, nj - i, nv), eps_i[i : i + 1],
-                                       eps_j[i:], eps_v, True)
+        t_jba = t_buffer[: (nj - i) * nv * nv].view((nj - i) * nv, nv)
+        matmul(jb_L[i * nv :], ovL_i[i].T, out=t_jba)
+        total += work.energy(t_jba.view(nj - i, nv, nv), eps_i[i], i, True)
     return total
 
 
-def _pair_weights(ni: int, nj: int, diagonal_block: bool, device) -> torch.Tensor:
-    """(ni, nj) float64 weights: 2 for every pair, on a diagonal block 1 on and 0 below it."""
-    weight = torch.full((ni, nj), 2.0, dtype=torch.float64, device=device)
-    if diagonal_block:
-        weight = torch.triu(weight, diagonal=1) + torch.eye(ni, nj, dtype=torch.float64, device=device)
-    return weight
+class _RowWork:
+    """Reusable buffers and ``e_j - e_a - e_b`` for reducing rows of pairs (i, j >= j0).
+
+    Allocating fresh multi-megabyte temporaries per row costs page faults comparable to the
+    arithmetic, so the three (nj, nv, nv) work arrays are made once per op call.
+    """
+
+    def __init__(self, eps_j: torch.Tensor, eps_v: torch.Tensor):
+        nj, nv = eps_j.shape[0], eps_v.shape[0]
+        self.dtype = eps_v.dtype
+        self.base = (eps_j.view(nj, 1, 1) - eps_v.view(1, nv, 1)) - eps_v.view(1, 1, nv)
+        self.t = torch.empty_like(self.base)
+        self.w = torch.empty_like(self.base)
+        self.swap = torch.empty_like(self.base)
+
+    def energy(self, t_jab: torch.Tensor, eps_i, j0: int, first_is_diagonal: bool):
+        """Weighted [e_os, e_ss] of pairs (i, j0 + k) from T (nk, nv, nv) in any layout; the sums
+        are symmetric in a <-> b, so T or its transpose per pair both work. Every pair counts
+        twice, except the first when ``first_is_diagonal`` (the pair (i, i))."""
+        nk, nv, _ = t_jab.shape
+        if t_jab.dtype == self.dtype and t_jab.is_contiguous():
+            t = t_jab
+        else:
+            t = self.t[:nk].copy_(t_jab)
+        w = torch.add(self.base[j0:], eps_i, out=self.w[:nk])  # D
+        torch.div(t, w, out=w)  # W = T / D
+        w_row = w.view(nk, 1, nv * nv)
+        os_k = torch.bmm(w_row, t.reshape(nk, nv * nv, 1)).view(nk).to(torch.float64)
+        swap = self.swap[:nk].copy_(t.transpose(1, 2))
+        ex_k = torch.bmm(w_row, swap.view(nk, nv * nv, 1)).view(nk).to(torch.float64)
+        weight = torch.full((nk,), 2.0, dtype=torch.float64, device=t.device)
+        if first_is_diagonal and nk:
+            weight[0] = 1.0
+        e_os = torch.dot(weight, os_k)
+        return torch.stack([e_os, e_os - torch.dot(weight, ex_k)])
