@@ -110,6 +110,9 @@ def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
     _configure_logging(verbose, quiet)
     progress = _TerminalProgress(enabled=not quiet)
+    from .blas_env import tune_pyscf_openblas
+
+    logging.getLogger("dfmp2").info("PySCF BLAS: %s", tune_pyscf_openblas())
     try:
         from .api import run as run_dfmp2
         from .errors import DFMP2Error

@@ -1,0 +1,58 @@
+"""Let PySCF's bundled OpenBLAS use this CPU's kernels (called by the CLI only).
+
+PySCF wheels bundle OpenBLAS 0.3.3, which predates AMD Zen 3 and later: it falls back to its
+"Barcelona" kernels and runs DGEMM at about a third of the machine's rate (measured on this
+project's benchmark machine, an AMD EPYC family 0x1A). ``OPENBLAS_CORETYPE=Haswell`` selects the
+AVX2/FMA kernels these CPUs run well. The variable is read when a library loads, and numpy's own
+(newer) OpenBLAS detects the CPU correctly, so numpy, scipy and torch load first, the variable is
+set only while PySCF's library loads, and the previous environment is restored.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["tune_pyscf_openblas"]
+
+_ZEN3 = 0x19  # OpenBLAS 0.3.3 knows Zen 1/2 (family 0x17); 0x19 (Zen 3/4) and 0x1A (Zen 5) not
+
+
+def _cpu() -> tuple[str, int, set[str]]:
+    """(vendor, family, flags) of the first CPU from /proc/cpuinfo; ('', 0, set()) elsewhere."""
+    vendor, family, flags = "", 0, set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key == "cpu family" and not family:
+                    family = int(value.strip())
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+                if vendor and family and flags:
+                    break
+    except (OSError, ValueError):
+        pass
+    return vendor, family, flags
+
+
+def tune_pyscf_openblas() -> str:
+    """Load PySCF's libraries with ``OPENBLAS_CORETYPE=Haswell`` where that is right; return what
+    was done (for the result's provenance)."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (set by the user)"
+    vendor, family, flags = _cpu()
+    if vendor != "AuthenticAMD" or family < _ZEN3 or not {"avx2", "fma"} <= flags:
+        return "not needed on this CPU"
+    import numpy  # noqa: F401  - numpy, scipy and torch pick their own kernels first
+    import scipy.linalg  # noqa: F401
+    import torch  # noqa: F401
+
+    os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+    try:
+        import pyscf.lib  # noqa: F401  - loads the bundled libopenblas
+    finally:
+        del os.environ["OPENBLAS_CORETYPE"]
+    return f"Haswell for PySCF's bundled OpenBLAS (AMD family {family:#x})"

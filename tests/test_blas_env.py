@@ -1,0 +1,35 @@
+"""The CLI's PySCF OpenBLAS tuning: only on CPUs that need it, never over the user's choice."""
+
+from __future__ import annotations
+
+import dfmp2.blas_env as blas_env
+
+
+def test_user_setting_is_respected(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert "set by the user" in blas_env.tune_pyscf_openblas()
+    import os
+
+    assert os.environ["OPENBLAS_CORETYPE"] == "Zen"
+
+
+def test_not_applied_to_intel_or_old_amd(monkeypatch):
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    for cpu in [("GenuineIntel", 6, {"avx2", "fma"}), ("AuthenticAMD", 0x17, {"avx2", "fma"}),
+                ("AuthenticAMD", 0x1A, {"sse2"})]:
+        monkeypatch.setattr(blas_env, "_cpu", lambda cpu=cpu: cpu)
+        assert blas_env.tune_pyscf_openblas() == "not needed on this CPU"
+
+
+def test_applied_on_zen3_and_later_and_environment_restored(monkeypatch):
+    import os
+
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.setattr(blas_env, "_cpu", lambda: ("AuthenticAMD", 0x1A, {"avx2", "fma"}))
+    assert "Haswell" in blas_env.tune_pyscf_openblas()
+    assert "OPENBLAS_CORETYPE" not in os.environ
+
+
+def test_cpu_reader_returns_a_vendor_on_linux():
+    vendor, family, flags = blas_env._cpu()
+    assert isinstance(vendor, str) and isinstance(family, int) and isinstance(flags, set)
