@@ -28,9 +28,10 @@ __all__ = ["BlockPlan", "plan_blocks", "MB"]
 
 MB = 1024 * 1024
 _F64 = 8
-#: Unpacked int3c2e block size to aim for: larger blocks fall out of cache and were measured
-#: 4x slower to unpack and transform (C10H22 cc-pVDZ, 512 vs ~100 functions per block).
-_AUX_BLOCK_TARGET_BYTES = 48 * MB
+#: Auxiliary functions per int3c2e block to aim for. Measured (C10H22 and (H2O)16 cc-pVDZ):
+#: ~512 falls out of cache (unpacking 4x slower), ~40-96 multiplies int3c2e's per-call cost
+#: (int3c2e 1.5x slower); 160-192 was fastest for both.
+_AUX_BLOCK_FUNCTIONS = 192
 #: Largest occupied block: bigger ones stop paying off in GEMM efficiency.
 _MAX_OCC_BLOCK = 64
 
@@ -80,8 +81,7 @@ def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
             f"x naux {naux}) on disk the smallest blocks still need {smallest / MB:.1f} MB; "
             f"give at least {smallest / MB + 1:.0f} MB"
         )
-    cache_block = _AUX_BLOCK_TARGET_BYTES // (nao * nao * _F64)
-    aux_block = int(max(1, min(naux, free // per_aux, cache_block)))
+    aux_block = int(max(1, min(naux, free // per_aux, _AUX_BLOCK_FUNCTIONS)))
     fit_occ = int(max(1, min(nocc, free // per_fit_occ)))
     occ_block = _largest_occ_block(free, nocc, nvir, naux, b_itemsize if outcore else 0)
     return BlockPlan(aux_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
