@@ -10,9 +10,9 @@ mixed). The transformed integrals ``(ia|P)`` are always float64.
   int3c2e block plus the half- and full-transformed copies, ``8 p (1.5 n^2 + 2 n o + 2 o v)``
 * the fit of ``f`` occupied orbitals: the slab of ``(ia|P)`` rows and the fitted rows,
   ``2 * 8 f v X``
-* a pair block of ``b`` occupied orbitals against ``b``: the ``(ia|jb)`` block and the
-  reduction's temporaries, ``6 * 8 b^2 v^2``; out-of-core also the two B blocks read from disk,
-  ``2 w b v X``
+* a pair block of ``b`` occupied orbitals against ``b``: the ``(ia|jb)`` block, ``8 b^2 v^2``,
+  and the reduction's three row buffers, ``3 * 8 b v^2``; out-of-core also the two B blocks read
+  from disk, ``2 w b v X``
 
 B goes to a temporary HDF5 file when the in-core resident set does not leave room for the
 smallest blocks (or when ``force_outcore``).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "plan_blocks", "MB"]
+__all__ = ["BlockPlan", "plan_blocks", "pair_block_bytes", "MB"]
 
 MB = 1024 * 1024
 _F64 = 8
@@ -67,7 +67,7 @@ def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
     b_bytes = ovx * b_itemsize
     per_aux = (1.5 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir) * _F64
     per_fit_occ = 2 * nvir * naux * _F64
-    pair_ovov = 6 * nvir * nvir * _F64
+    pair_ovov = 4 * nvir * nvir * _F64  # b = 1: the (ia|jb) block and three row buffers
     resident = ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
     smallest = max(per_aux, per_fit_occ, pair_ovov)
     outcore = force_outcore or budget - resident < smallest
@@ -87,10 +87,16 @@ def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
     return BlockPlan(aux_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
 
 
+def pair_block_bytes(b: int, nvir: int, naux: int, b_itemsize: int) -> int:
+    """Working set of a b x b pair block: ``8 b^2 v^2 + 3 * 8 b v^2 + 2 w b v X`` (w = 0 when B
+    is in memory)."""
+    return _F64 * b * b * nvir * nvir + 3 * _F64 * b * nvir * nvir + 2 * b_itemsize * b * nvir * naux
+
+
 def _largest_occ_block(free: float, nocc: int, nvir: int, naux: int, b_itemsize: int) -> int:
-    """Largest b with ``6*8 b^2 v^2 + 2 w b v X <= free`` (w = 0 when B is in memory)."""
+    """Largest b (at most :data:`_MAX_OCC_BLOCK`) whose pair block fits in ``free``."""
     block = 1
     for b in range(1, min(nocc, _MAX_OCC_BLOCK) + 1):
-        if 6 * _F64 * b * b * nvir * nvir + 2 * b_itemsize * b * nvir * naux <= free:
+        if pair_block_bytes(b, nvir, naux, b_itemsize) <= free:
             block = b
     return block

@@ -7,7 +7,7 @@ from pyscf import gto
 
 import dfmp2
 from conftest import INPUTS
-from dfmp2.blocking import MB, plan_blocks
+from dfmp2.blocking import MB, pair_block_bytes, plan_blocks
 from dfmp2.errors import InputError, ResourceError
 from dfmp2.molecule import build_mole, parse_geometry, read_xyz
 from dfmp2.options import Options
@@ -75,12 +75,12 @@ def test_python_api_rejects_unknown_options():
 def test_planner_respects_the_budget_and_refuses_too_little():
     plan = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000)
     assert plan.b_bytes == 100 * 380 * 1680 * 8 and not plan.outcore
-    assert 6 * plan.occ_block**2 * 380**2 * 8 <= 4000 * MB - plan.b_bytes
+    assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= 4000 * MB - plan.b_bytes
     assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= 4000 * MB
     small = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
     assert small.outcore and small.resident_bytes == 0
-    b = small.occ_block
-    assert 6 * 8 * b * b * 380**2 + 2 * 8 * b * 380 * 1680 <= 400 * MB
+    assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= 400 * MB
+    assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > 400 * MB
     assert 2 * 8 * small.fit_occ * 380 * 1680 <= 400 * MB
     mixed = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000, b_itemsize=4)
     assert mixed.b_bytes == plan.b_bytes // 2

@@ -6,10 +6,10 @@ plain Python loops (fully unrolled by the compiler).
 """
 
 import nki
-import nki.isa as nisa
 import nki.language as nl
 
-from ._tiles import TILE_K, TILE_M, TILE_N
+from ._blocks import load_strip, matmul_strip_by_hbm, store_psum, tile_span
+from ._tiles import TILE_M, TILE_N
 
 __all__ = ["gemm_kernel"]
 
@@ -36,54 +36,31 @@ def gemm_kernel(a_km, b_kn):
     Steps
     -----
     1. For each M tile (128 rows of C): DMA the A^T strip ``a_km[:, m-tile]`` into SBUF
-       ``a_sb`` (ceil(K/128) tiles of (<=128, <=128) side by side on the free axis).
-    2. For each N tile (512 columns of C): allocate the PSUM tile ``c_ps`` (<=128, <=512) fp32.
-    3. For each K tile: DMA ``b_kn[k-tile, n-tile]`` into SBUF ``b_sb`` (<=128, <=512) and issue
-       ``nc_matmul(dst=c_ps, stationary=a_sb[k-tile], moving=b_sb)`` with ``accumulate=False``
-       for the first K tile and ``True`` after it.
-    4. ``tensor_copy`` PSUM ``c_ps`` -> SBUF ``c_sb``; ``dma_copy`` SBUF ``c_sb`` -> HBM ``c_mn``.
+       ``a_sb`` (``load_strip``: ceil(K/128) tiles of (<=128, <=128) side by side on the free
+       axis, K tile kt at free offset kt * 128).
+    2. For each N tile (512 columns of C), in ``matmul_strip_by_hbm``: allocate the PSUM tile
+       ``c_ps`` (<=128, <=512) fp32.
+    3. For each K tile: DMA ``b_kn[k-tile, n-tile]`` into SBUF ``mov_sb`` (<=128, <=512) and
+       issue ``nc_matmul(dst=c_ps, stationary=a_sb[k-tile], moving=mov_sb)`` with
+       ``accumulate=False`` for the first K tile and ``True`` after it.
+    4. ``store_psum``: ``tensor_copy`` PSUM ``c_ps`` -> SBUF; ``dma_copy`` SBUF -> HBM ``c_mn``.
 
     Matmuls issued: ceil(M/128) * ceil(N/512) * ceil(K/128).
     """
-    k_total = a_km.shape[0]
     m_total = a_km.shape[1]
     n_total = b_kn.shape[1]
-    n_kt = (k_total + TILE_K - 1) // TILE_K
     n_mt = (m_total + TILE_M - 1) // TILE_M
     n_nt = (n_total + TILE_N - 1) // TILE_N
     c_mn = nl.ndarray((m_total, n_total), dtype=nl.float32, buffer=nl.shared_hbm)
 
     for mt in nl.static_range(n_mt):
-        m0 = mt * TILE_M
-        msz = min(TILE_M, m_total - m0)
+        m0, msz = tile_span(mt, TILE_M, m_total)
         # Step 1: A^T strip of this M tile, K tile kt at free offset kt * TILE_M (SBUF).
-        a_sb = nl.ndarray((TILE_K, n_kt * TILE_M), dtype=nl.float32, buffer=nl.sbuf)
-        for kt in nl.static_range(n_kt):
-            k0 = kt * TILE_K
-            ksz = min(TILE_K, k_total - k0)
-            f0 = kt * TILE_M
-            nisa.dma_copy(dst=a_sb[0:ksz, f0:f0 + msz], src=a_km[k0:k0 + ksz, m0:m0 + msz])
-
+        a_sb = load_strip(a_km, m0, msz, TILE_M)
         for nt in nl.static_range(n_nt):
-            n0 = nt * TILE_N
-            nsz = min(TILE_N, n_total - n0)
-            # Step 2: one PSUM bank for this output tile.
-            c_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-            for kt in nl.static_range(n_kt):
-                k0 = kt * TILE_K
-                ksz = min(TILE_K, k_total - k0)
-                f0 = kt * TILE_M
-                # Step 3: moving tile (SBUF), then accumulate in PSUM.
-                b_sb = nl.ndarray((TILE_K, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_sb[0:ksz, 0:nsz], src=b_kn[k0:k0 + ksz, n0:n0 + nsz])
-                nisa.nc_matmul(
-                    dst=c_ps[0:msz, 0:nsz],
-                    stationary=a_sb[0:ksz, f0:f0 + msz],
-                    moving=b_sb[0:ksz, 0:nsz],
-                    accumulate=kt > 0,
-                )
+            n0, nsz = tile_span(nt, TILE_N, n_total)
+            # Steps 2-3: one PSUM bank for this output tile, accumulated over the K tiles.
+            c_ps = matmul_strip_by_hbm(a_sb, msz, TILE_M, b_kn, n0, nsz)
             # Step 4: PSUM -> SBUF -> HBM (dma_copy cannot read PSUM).
-            c_sb = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_sb[0:msz, 0:nsz], src=c_ps[0:msz, 0:nsz])
-            nisa.dma_copy(dst=c_mn[m0:m0 + msz, n0:n0 + nsz], src=c_sb[0:msz, 0:nsz])
+            store_psum(c_mn, m0, n0, c_ps, msz, nsz)
     return c_mn

@@ -14,7 +14,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from ._tiles import TILE_K, TILE_M, TILE_N
+from ._blocks import load_strip, matmul_strips, tile_span
+from ._tiles import TILE_M, TILE_N
 
 __all__ = ["mp2_pair_energy_kernel"]
 
@@ -52,13 +53,13 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     -----
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (a tile ta at
        free offset ta*ni*nj); ``memset`` SBUF accumulator ``acc_sb`` (128, 2*ni*nj*n_at) to 0.
-    2. For each i: DMA the strip ``b_i[:, i]`` -> SBUF ``bi_sb`` (K tile kt at free offset kt*nv).
-       For each j: DMA ``b_j[:, j]`` -> SBUF ``bj_sb`` the same way.
+    2. For each i: DMA the strip ``b_i[:, i]`` -> SBUF ``bi_sb`` (``load_strip``, K tile kt at
+       free offset kt*nv). For each j: DMA ``b_j[:, j]`` -> SBUF ``bj_sb`` the same way.
     3. T rows: for each a tile ta (<=128 rows) and b chunk (<=512 columns), accumulate
        ``nc_matmul(dst=t_ps, stationary=bi_sb[k-tile, a-tile], moving=bj_sb[k-tile, b-chunk])``
-       over the K tiles in PSUM ``t_ps`` (accumulate=False first, True after), then
-       ``tensor_copy`` PSUM -> SBUF ``t_sb`` (row tile ta at free offset ta*nv). T never leaves
-       the chip.
+       over the K tiles in PSUM ``t_ps`` (``matmul_strips``: accumulate=False first, True
+       after), then ``tensor_copy`` PSUM -> SBUF ``t_sb`` (row tile ta at free offset ta*nv).
+       T never leaves the chip.
     4. Per a tile: ``D = -e_b + d_col[a]`` by ``tensor_scalar(add)`` with a (P, 1) operand
        (SBUF ``d_sb``), ``R = 1/D`` by VectorE ``reciprocal`` (SBUF ``r_sb``), ``W = T*R``
        (``tensor_tensor``, SBUF ``w_sb``), ``W*T`` then ``tensor_reduce(add)`` over the free
@@ -77,7 +78,6 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     ni = b_i.shape[1] // nv
     nj = b_j.shape[1] // nv
     npairs = ni * nj
-    n_kt = (naux + TILE_K - 1) // TILE_K
     n_at = (nv + TILE_M - 1) // TILE_M
     n_bc = (nv + TILE_N - 1) // TILE_N
     ncol = npairs * n_at
@@ -88,8 +88,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     nisa.dma_copy(dst=negv_sb[0:TILE_M, 0:nv], src=neg_eps_row[0:TILE_M, 0:nv])
     dcol_sb = nl.ndarray((TILE_M, n_at * npairs), dtype=nl.float32, buffer=nl.sbuf)
     for ta in nl.static_range(n_at):
-        a0 = ta * TILE_M
-        asz = min(TILE_M, nv - a0)
+        a0, asz = tile_span(ta, TILE_M, nv)
         nisa.dma_copy(dst=dcol_sb[0:asz, ta * npairs:(ta + 1) * npairs],
                       src=d_col[a0:a0 + asz, 0:npairs])
     acc_sb = nl.ndarray((TILE_M, 2 * ncol), dtype=nl.float32, buffer=nl.sbuf)
@@ -97,45 +96,23 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
     for i in nl.static_range(ni):
         # Step 2: the B strip of orbital i stays in SBUF for all j.
-        bi_sb = nl.ndarray((TILE_K, n_kt * nv), dtype=nl.float32, buffer=nl.sbuf)
-        for kt in nl.static_range(n_kt):
-            k0 = kt * TILE_K
-            ksz = min(TILE_K, naux - k0)
-            nisa.dma_copy(dst=bi_sb[0:ksz, kt * nv:(kt + 1) * nv],
-                          src=b_i[k0:k0 + ksz, i * nv:(i + 1) * nv])
+        bi_sb = load_strip(b_i, i * nv, nv, nv)
         for j in nl.static_range(nj):
             pair = i * nj + j
-            bj_sb = nl.ndarray((TILE_K, n_kt * nv), dtype=nl.float32, buffer=nl.sbuf)
-            for kt in nl.static_range(n_kt):
-                k0 = kt * TILE_K
-                ksz = min(TILE_K, naux - k0)
-                nisa.dma_copy(dst=bj_sb[0:ksz, kt * nv:(kt + 1) * nv],
-                              src=b_j[k0:k0 + ksz, j * nv:(j + 1) * nv])
+            bj_sb = load_strip(b_j, j * nv, nv, nv)
 
             # Step 3: all row tiles of T = B_i^T B_j, PSUM-accumulated, kept in SBUF t_sb.
             t_sb = nl.ndarray((TILE_M, n_at * nv), dtype=nl.float32, buffer=nl.sbuf)
             for ta in nl.static_range(n_at):
-                a0 = ta * TILE_M
-                asz = min(TILE_M, nv - a0)
+                a0, asz = tile_span(ta, TILE_M, nv)
                 for bc in nl.static_range(n_bc):
-                    b0 = bc * TILE_N
-                    bsz = min(TILE_N, nv - b0)
-                    t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for kt in nl.static_range(n_kt):
-                        k0 = kt * TILE_K
-                        ksz = min(TILE_K, naux - k0)
-                        nisa.nc_matmul(
-                            dst=t_ps[0:asz, 0:bsz],
-                            stationary=bi_sb[0:ksz, kt * nv + a0:kt * nv + a0 + asz],
-                            moving=bj_sb[0:ksz, kt * nv + b0:kt * nv + b0 + bsz],
-                            accumulate=kt > 0,
-                        )
+                    b0, bsz = tile_span(bc, TILE_N, nv)
+                    t_ps = matmul_strips(bi_sb, a0, asz, bj_sb, b0, bsz, nv, naux)
                     nisa.tensor_copy(dst=t_sb[0:asz, ta * nv + b0:ta * nv + b0 + bsz],
                                      src=t_ps[0:asz, 0:bsz])
 
             for ta in nl.static_range(n_at):
-                a0 = ta * TILE_M
-                asz = min(TILE_M, nv - a0)
+                a0, asz = tile_span(ta, TILE_M, nv)
                 t_row = t_sb[0:asz, ta * nv:(ta + 1) * nv]
                 c_os = pair * n_at + ta
                 c_ex = ncol + c_os
@@ -158,8 +135,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                 # Step 5: T^T row tile from TensorE transposes of T blocks (b-tile, a-tile).
                 tt_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
                 for tb in nl.static_range(n_at):
-                    b0 = tb * TILE_M
-                    bsz = min(TILE_M, nv - b0)
+                    b0, bsz = tile_span(tb, TILE_M, nv)
                     tt_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
                     nisa.nc_transpose(dst=tt_ps[0:asz, 0:bsz],
                                       data=t_sb[0:bsz, tb * nv + a0:tb * nv + a0 + asz],

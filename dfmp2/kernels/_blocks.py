@@ -1,0 +1,167 @@
+"""Tile-level building blocks shared by the NKI 0.3.0 kernels (device-side helpers).
+
+Plain module-level functions that the kernels call while they are traced: the compiler inlines
+them, so every helper issues exactly the ``nki.isa`` instructions a kernel would have written in
+place, in the same order. They follow the kernels' rules (``nki.isa`` instructions,
+``nl.ndarray`` allocations, slices, ``nl.static_range`` loops, ``min`` for edge tiles) and are
+checked by the emulator's AST lint: each helper uses ``nisa``/``nl`` or is called by one that does.
+
+Imported only by the kernel modules, after ``nki`` is importable (the tile constants that host
+code needs stay in :mod:`._tiles`, which never imports ``nki``).
+
+Conventions: a *strip* is an SBUF tensor holding all 128-row K tiles (partition tiles) of an
+operand side by side on the free axis, K tile ``kt`` at free offset ``kt * stride``. Helpers that
+return an SBUF or PSUM tile allocate it themselves at the full tile shape and write only the
+``[0:rows, 0:cols]`` corner the caller names; edge tiles are sliced, never padded.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from ._tiles import TILE_K, TILE_M, TILE_N
+
+__all__ = [
+    "tile_span",
+    "load_block",
+    "load_tile",
+    "load_strip",
+    "matmul_tile",
+    "matmul_strips",
+    "matmul_strip_by_hbm",
+    "subtract_psum",
+    "store_psum",
+]
+
+
+def tile_span(t, tile, total):
+    """Start and size ``(t * tile, min(tile, total - t * tile))`` of tile ``t`` of an axis of
+    ``total`` elements cut into tiles of ``tile`` (the last one ragged). Trace-time integers only;
+    preconditions: ``0 <= t < ceil(total / tile)``."""
+    start = t * tile
+    return start, min(tile, total - start)
+
+
+def load_block(src_hbm):
+    """DMA a square diagonal block HBM ``src_hbm`` (nb, nb) into a new SBUF tile (128, 128).
+
+    Preconditions: ``1 <= nb <= 128``. Returns the SBUF tile, rows and columns ``0:nb`` written
+    (one ``dma_copy``).
+    """
+    nb = src_hbm.shape[0]
+    blk_sb = nl.ndarray((TILE_K, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=blk_sb[0:nb, 0:nb], src=src_hbm[0:nb, 0:nb])
+    return blk_sb
+
+
+def load_tile(src_hbm, r0, c0, rsz, csz):
+    """DMA the HBM tile ``src_hbm[r0:r0+rsz, c0:c0+csz]`` into a new SBUF tile (128, 512).
+
+    Preconditions: ``1 <= rsz <= 128`` (partitions), ``1 <= csz <= 512``. Returns the SBUF tile
+    with ``[0:rsz, 0:csz]`` written (one ``dma_copy``).
+    """
+    tile_sb = nl.ndarray((TILE_K, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile_sb[0:rsz, 0:csz], src=src_hbm[r0:r0 + rsz, c0:c0 + csz])
+    return tile_sb
+
+
+def load_strip(src_hbm, c0, csz, stride):
+    """DMA columns ``c0:c0+csz`` of HBM ``src_hbm`` (K, ...) into a new SBUF strip, one
+    ``dma_copy`` per 128-row K tile: K tile ``kt`` (rows ``kt*128 : kt*128 + ksz``) lands on
+    partitions ``0:ksz`` at free offset ``kt * stride``.
+
+    Preconditions: K = ``src_hbm.shape[0]`` >= 1 (ragged last tile allowed), ``1 <= csz <=
+    stride``. Returns the SBUF strip (128, ceil(K/128) * stride), ``ceil(K/128) * stride * 4``
+    bytes per partition.
+    """
+    k_total = src_hbm.shape[0]
+    n_kt = (k_total + TILE_K - 1) // TILE_K
+    strip_sb = nl.ndarray((TILE_K, n_kt * stride), dtype=nl.float32, buffer=nl.sbuf)
+    for kt in nl.static_range(n_kt):
+        k0, ksz = tile_span(kt, TILE_K, k_total)
+        f0 = kt * stride
+        nisa.dma_copy(dst=strip_sb[0:ksz, f0:f0 + csz], src=src_hbm[k0:k0 + ksz, c0:c0 + csz])
+    return strip_sb
+
+
+def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
+    """One-K-tile product into a new PSUM tile (128, 512):
+    ``dst[0:ssz, 0:nsz] = stat_sb[0:ksz, s0:s0+ssz].T @ mov_sb[0:ksz, n0:n0+nsz]``.
+
+    Operands: ``stat_sb`` (stationary) and ``mov_sb`` (moving) in SBUF, contraction on their
+    partitions ``0:ksz``. Preconditions: ``1 <= ksz <= 128``, ``1 <= ssz <= 128``,
+    ``1 <= nsz <= 512``. One ``nc_matmul`` with ``accumulate=False``; returns the PSUM tile.
+    """
+    dst_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz], stationary=stat_sb[0:ksz, s0:s0 + ssz],
+                   moving=mov_sb[0:ksz, n0:n0 + nsz], accumulate=False)
+    return dst_ps
+
+
+def matmul_strips(stat_sb, s0, ssz, mov_sb, n0, nsz, stride, k_total):
+    """Product of two SBUF strips accumulated over their K tiles into a new PSUM tile (128, 512):
+    ``dst[0:ssz, 0:nsz] = sum_kt stat_sb[kt][:, s0:s0+ssz].T @ mov_sb[kt][:, n0:n0+nsz]``.
+
+    Operands: ``stat_sb`` and ``mov_sb`` are SBUF strips (see :func:`load_strip`) with the same
+    ``stride`` and K = ``k_total`` rows. Preconditions: ``s0 + ssz <= stride``, ``n0 + nsz <=
+    stride``, ``1 <= ssz <= 128``, ``1 <= nsz <= 512``. One ``nc_matmul`` per K tile,
+    ``accumulate=False`` for the first and ``True`` after; returns the PSUM tile.
+    """
+    n_kt = (k_total + TILE_K - 1) // TILE_K
+    dst_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.static_range(n_kt):
+        _k0, ksz = tile_span(kt, TILE_K, k_total)
+        f0 = kt * stride
+        nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz],
+                       stationary=stat_sb[0:ksz, f0 + s0:f0 + s0 + ssz],
+                       moving=mov_sb[0:ksz, f0 + n0:f0 + n0 + nsz], accumulate=kt > 0)
+    return dst_ps
+
+
+def matmul_strip_by_hbm(stat_sb, ssz, stride, mov_hbm, n0, nsz):
+    """Product of an SBUF strip and HBM columns, accumulated over the K tiles into a new PSUM
+    tile (128, 512): ``dst[0:ssz, 0:nsz] = sum_kt stat_sb[kt][:, 0:ssz].T @ mov_hbm[k-tile,
+    n0:n0+nsz]``; each moving K tile is DMA'd HBM -> SBUF (:func:`load_tile`) just before its
+    matmul.
+
+    Operands: ``stat_sb`` an SBUF strip (see :func:`load_strip`) of the K = ``mov_hbm.shape[0]``
+    rows, ``mov_hbm`` (K, N) in HBM. Preconditions: ``1 <= ssz <= min(128, stride)``,
+    ``1 <= nsz <= 512``, ``n0 + nsz <= N``. Per K tile one ``dma_copy`` and one ``nc_matmul``
+    (``accumulate=False`` for the first, ``True`` after); returns the PSUM tile.
+    """
+    k_total = mov_hbm.shape[0]
+    n_kt = (k_total + TILE_K - 1) // TILE_K
+    dst_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+    for kt in nl.static_range(n_kt):
+        k0, ksz = tile_span(kt, TILE_K, k_total)
+        f0 = kt * stride
+        mov_sb = load_tile(mov_hbm, k0, n0, ksz, nsz)
+        nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz], stationary=stat_sb[0:ksz, f0:f0 + ssz],
+                       moving=mov_sb[0:ksz, 0:nsz], accumulate=kt > 0)
+    return dst_ps
+
+
+def subtract_psum(src_hbm, r0, c0, sub_ps, rsz, csz):
+    """``src_hbm[r0:r0+rsz, c0:c0+csz] - sub_ps[0:rsz, 0:csz]`` into a new SBUF tile (128, 512).
+
+    Operands: ``src_hbm`` in HBM (DMA'd to an SBUF tile first, :func:`load_tile`), ``sub_ps`` a
+    PSUM tile. Preconditions: ``1 <= rsz <= 128``, ``1 <= csz <= 512``. One ``dma_copy`` and one
+    VectorE ``tensor_tensor(subtract)`` (SBUF - PSUM); returns the SBUF tile, ``[0:rsz, 0:csz]``
+    written.
+    """
+    src_sb = load_tile(src_hbm, r0, c0, rsz, csz)
+    diff_sb = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=diff_sb[0:rsz, 0:csz], data1=src_sb[0:rsz, 0:csz],
+                       data2=sub_ps[0:rsz, 0:csz], op=nl.subtract)
+    return diff_sb
+
+
+def store_psum(dst_hbm, r0, c0, src_ps, rsz, csz):
+    """Write the PSUM tile corner ``src_ps[0:rsz, 0:csz]`` to HBM ``dst_hbm[r0:r0+rsz,
+    c0:c0+csz]`` through a new SBUF tile (128, 512): ``tensor_copy`` PSUM -> SBUF, then
+    ``dma_copy`` SBUF -> HBM (``dma_copy`` cannot read PSUM).
+
+    Preconditions: ``1 <= rsz <= 128``, ``1 <= csz <= 512``; ``dst_hbm`` a (shared) HBM tensor.
+    """
+    out_sb = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out_sb[0:rsz, 0:csz], src=src_ps[0:rsz, 0:csz])
+    nisa.dma_copy(dst=dst_hbm[r0:r0 + rsz, c0:c0 + csz], src=out_sb[0:rsz, 0:csz])
