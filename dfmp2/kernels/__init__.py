@@ -4,7 +4,8 @@ The kernel modules (``gemm``, ``trsm``, ``mp2_energy``) import ``nki`` at the to
 only after ``nki`` is importable: the real package from the Neuron index, or dfmp2's emulator
 installed by :func:`dfmp2.nki_emulator.install`. The host wrappers in
 :mod:`dfmp2.linalg.nki_ops` do that lazily. This package itself and :mod:`._tiles` never import
-``nki``.
+``nki``; :mod:`._blocks` (the tile-level helpers the kernels call, traced inline) does and is
+imported only by the kernel modules.
 
 Kernels
 -------

@@ -30,13 +30,15 @@ __all__ = [
     "matmul_strip_by_hbm",
     "subtract_psum",
     "store_psum",
+    "row_dot",
 ]
 
 
 def tile_span(t, tile, total):
     """Start and size ``(t * tile, min(tile, total - t * tile))`` of tile ``t`` of an axis of
-    ``total`` elements cut into tiles of ``tile`` (the last one ragged). Trace-time integers only;
-    preconditions: ``0 <= t < ceil(total / tile)``."""
+    ``total`` elements cut into tiles of ``tile`` (the last one ragged). Trace-time integer
+    arithmetic only, no HBM/SBUF/PSUM operands; preconditions: ``0 <= t < ceil(total / tile)``.
+    """
     start = t * tile
     return start, min(tile, total - start)
 
@@ -165,3 +167,16 @@ def store_psum(dst_hbm, r0, c0, src_ps, rsz, csz):
     out_sb = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out_sb[0:rsz, 0:csz], src=src_ps[0:rsz, 0:csz])
     nisa.dma_copy(dst=dst_hbm[r0:r0 + rsz, c0:c0 + csz], src=out_sb[0:rsz, 0:csz])
+
+
+def row_dot(dst_sb, x_sb, y_sb, rsz, fsz):
+    """Row-wise dot products ``dst_sb[p, 0] = sum_f x_sb[p, f] * y_sb[p, f]`` for ``p < rsz``.
+
+    Operands: ``x_sb``, ``y_sb`` (rsz, fsz) SBUF views, ``dst_sb`` a (rsz, 1) SBUF view (one
+    column of an accumulator; overwritten, not added to). Preconditions: ``1 <= rsz <= 128``,
+    ``fsz >= 1``. Allocates an SBUF product tile (128, fsz); one VectorE ``tensor_tensor``
+    (multiply) and one ``tensor_reduce(add)`` over the free axis.
+    """
+    prod_sb = nl.ndarray((TILE_M, fsz), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod_sb[0:rsz, 0:fsz], data1=x_sb, data2=y_sb, op=nl.multiply)
+    nisa.tensor_reduce(dst=dst_sb, op=nl.add, data=prod_sb[0:rsz, 0:fsz], axis=1, keepdims=True)

@@ -14,7 +14,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from ._blocks import load_strip, matmul_strips, tile_span
+from ._blocks import load_strip, matmul_strips, row_dot, tile_span
 from ._tiles import TILE_M, TILE_N
 
 __all__ = ["mp2_pair_energy_kernel"]
@@ -63,11 +63,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     4. Per a tile: ``D = -e_b + d_col[a]`` by ``tensor_scalar(add)`` with a (P, 1) operand
        (SBUF ``d_sb``), ``R = 1/D`` by VectorE ``reciprocal`` (SBUF ``r_sb``), ``W = T*R``
        (``tensor_tensor``, SBUF ``w_sb``), ``W*T`` then ``tensor_reduce(add)`` over the free
-       axis into column OS of ``acc_sb``.
+       axis into column OS of ``acc_sb`` (``row_dot``).
     5. Exchange: for each b tile tb (<=128), ``nc_transpose`` (TensorE) of the SBUF block
        ``t_sb[b-tile rows, a-tile columns of row tile tb]`` -> PSUM ``tt_ps`` (a, b) =
        ``T_ba``; ``tensor_copy`` PSUM -> SBUF row ``tt_sb``. Then ``W*T^T`` and
-       ``tensor_reduce(add)`` into column EX of ``acc_sb``.
+       ``tensor_reduce(add)`` into column EX of ``acc_sb`` (``row_dot``).
     6. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
 
     Per pair: ceil(nv/128) * ceil(nv/512) * ceil(naux/128) matmuls and ceil(nv/128)^2
@@ -126,11 +126,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                 w_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=w_sb[0:asz, 0:nv], data1=t_row, data2=r_sb[0:asz, 0:nv],
                                    op=nl.multiply)
-                p_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=p_sb[0:asz, 0:nv], data1=w_sb[0:asz, 0:nv], data2=t_row,
-                                   op=nl.multiply)
-                nisa.tensor_reduce(dst=acc_sb[0:asz, c_os:c_os + 1], op=nl.add,
-                                   data=p_sb[0:asz, 0:nv], axis=1, keepdims=True)
+                row_dot(acc_sb[0:asz, c_os:c_os + 1], w_sb[0:asz, 0:nv], t_row, asz, nv)
 
                 # Step 5: T^T row tile from TensorE transposes of T blocks (b-tile, a-tile).
                 tt_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
@@ -141,11 +137,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                                       data=t_sb[0:bsz, tb * nv + a0:tb * nv + a0 + asz],
                                       engine=nisa.engine.tensor)
                     nisa.tensor_copy(dst=tt_sb[0:asz, b0:b0 + bsz], src=tt_ps[0:asz, 0:bsz])
-                q_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=q_sb[0:asz, 0:nv], data1=w_sb[0:asz, 0:nv],
-                                   data2=tt_sb[0:asz, 0:nv], op=nl.multiply)
-                nisa.tensor_reduce(dst=acc_sb[0:asz, c_ex:c_ex + 1], op=nl.add,
-                                   data=q_sb[0:asz, 0:nv], axis=1, keepdims=True)
+                row_dot(acc_sb[0:asz, c_ex:c_ex + 1], w_sb[0:asz, 0:nv], tt_sb[0:asz, 0:nv], asz,
+                        nv)
 
     # Step 6: the partial sums are the only data written back to HBM.
     nisa.dma_copy(dst=partials[0:TILE_M, 0:2 * ncol], src=acc_sb[0:TILE_M, 0:2 * ncol])

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.nki_emulated
 
 KERNEL_DIR = Path(importlib.util.find_spec("dfmp2.kernels").origin).parent
 KERNEL_FILES = ["gemm.py", "trsm.py", "mp2_energy.py"]
+#: Device-side helpers the kernels call (traced inline); held to the same rules as the kernels.
+BLOCKS_FILE = "_blocks.py"
 
 #: nki.isa instructions the kernels may issue.
 ALLOWED_ISA = {"nc_matmul", "nc_transpose", "dma_copy", "tensor_copy", "tensor_tensor",
@@ -41,13 +43,32 @@ def _kernels(path: Path) -> list[ast.FunctionDef]:
     return found
 
 
-def _violations(kernel: ast.FunctionDef) -> list[str]:
+def _helpers() -> dict[str, ast.FunctionDef]:
+    """Module-level functions of the helper module ``_blocks.py``."""
+    tree = ast.parse((KERNEL_DIR / BLOCKS_FILE).read_text(), filename=BLOCKS_FILE)
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _imported_helpers(path: Path) -> set[str]:
+    """Names a kernel module imports from ``._blocks`` that ``_blocks.py`` defines as functions."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module == "_blocks":
+            names.update(a.name for a in node.names if a.asname is None)
+    return names & set(_helpers())
+
+
+def _violations(kernel: ast.FunctionDef, helpers: set[str] = frozenset(),
+                steps: bool = True) -> list[str]:
+    """Rule violations of a kernel (``steps``: its docstring has numbered Steps) or a helper;
+    plain calls other than ``min`` must name one of ``helpers``."""
     bad = []
     args = kernel.args
     if args.kwonlyargs or args.vararg or args.kwarg:
         bad.append("keyword-only, *args or **kwargs parameters")
-    if not ast.get_docstring(kernel) or "Steps" not in ast.get_docstring(kernel):
-        bad.append("docstring without numbered Steps")
+    if not ast.get_docstring(kernel) or (steps and "Steps" not in ast.get_docstring(kernel)):
+        bad.append("docstring without numbered Steps" if steps else "no docstring")
     for node in ast.walk(kernel):
         where = f"line {getattr(node, 'lineno', '?')}"
         if isinstance(node, FORBIDDEN_NODES):
@@ -74,7 +95,8 @@ def _violations(kernel: ast.FunctionDef) -> list[str]:
                     bad.append(f"nl.{name}(...) at {where} (experimental or outside the subset)")
                 elif module not in ("nisa", "nl"):
                     bad.append(f"call {module}.{name} at {where}")
-            elif isinstance(func, ast.Name) and func.id not in ALLOWED_BUILTINS:
+            elif (isinstance(func, ast.Name) and func.id not in ALLOWED_BUILTINS
+                  and func.id not in helpers):
                 bad.append(f"call {func.id}(...) at {where}")
     return bad
 
@@ -83,8 +105,29 @@ def _violations(kernel: ast.FunctionDef) -> list[str]:
 def test_kernels_stay_in_the_compiler_subset(filename):
     kernels = _kernels(KERNEL_DIR / filename)
     assert kernels, f"no @nki.jit kernel found in {filename}"
+    helpers = _imported_helpers(KERNEL_DIR / filename)
     for kernel in kernels:
-        assert _violations(kernel) == [], f"{filename}:{kernel.name}"
+        assert _violations(kernel, helpers) == [], f"{filename}:{kernel.name}"
+
+
+def test_block_helpers_stay_in_the_compiler_subset():
+    """The helpers the kernels call obey the kernels' rules; each docstring names the memory
+    space (HBM/SBUF/PSUM) of its operands."""
+    helpers = _helpers()
+    assert helpers, f"no helper found in {BLOCKS_FILE}"
+    for name, func in helpers.items():
+        assert _violations(func, set(helpers), steps=False) == [], f"{BLOCKS_FILE}:{name}"
+        doc = ast.get_docstring(func)
+        assert any(space in doc for space in ("HBM", "SBUF", "PSUM")), name
+
+
+def test_every_block_helper_is_checked_by_the_emulator_lint():
+    """The emulator lint checks a module-level function only if it uses nisa/nl or is called by
+    one that does; no helper may escape it."""
+    from dfmp2.nki_emulator.lint import checked_functions
+
+    tree = ast.parse((KERNEL_DIR / BLOCKS_FILE).read_text(), filename=BLOCKS_FILE)
+    assert {f.name for f in checked_functions(tree)} == set(_helpers())
 
 
 def test_tile_constants_match_nl_tile_size(emulator_trace):
@@ -102,4 +145,4 @@ def test_kernels_pass_the_emulator_lint():
     """The emulator's own AST lint of the compiler subset (dfmp2.nki_emulator.lint)."""
     from dfmp2.nki_emulator.lint import lint_paths
 
-    assert lint_paths([KERNEL_DIR / name for name in KERNEL_FILES]) == []
+    assert lint_paths([KERNEL_DIR / name for name in KERNEL_FILES + [BLOCKS_FILE]]) == []
