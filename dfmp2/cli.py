@@ -78,9 +78,9 @@ def main():
               help="Freeze the N lowest orbitals (instead of --frozen-core).")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto",
               show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
-@click.option("--cpu-blas", type=click.Choice(["auto", "torch", "numpy"]), default="auto",
+@click.option("--cpu-blas", type=click.Choice(["torch", "numpy"]), default="torch",
               show_default=True,
-              help="Whose BLAS runs CPU matrix products: auto times both once per run.")
+              help="Whose BLAS runs CPU matrix products (numpy: set OMP_WAIT_POLICY=PASSIVE).")
 @click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",

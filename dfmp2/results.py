@@ -110,12 +110,10 @@ class Result:
             f"  B storage {m['blocks']['storage']} ({m['blocks']['b_mb']} MB)  "
             f"max memory {m['max_memory_mb']} MB",
         ]
-        blas = b.get("cpu_blas", {})
-        if blas.get("selected"):
-            chosen = ", ".join(f"{dt} {lib}" for dt, lib in blas["selected"].items())
-            lines.append(f"  CPU products: {chosen} BLAS (choice {blas['choice']}; "
-                         f"torch = {blas['libraries']['torch']}, "
-                         f"numpy = {blas['libraries']['numpy']})")
+        blas = b.get("cpu_blas")
+        if blas and b["resolved"] == "pytorch":
+            lines.append(f"  CPU products through {blas['choice']} "
+                         f"({blas['libraries'][blas['choice']]})")
         for op, rec in b["ops"].items():
             note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""
             lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "

@@ -82,14 +82,14 @@ class DispatchPolicy:
     nki_simulator : run NKI kernels through the real ``nki.simulate``.
     nki_emulator : allow dfmp2's NumPy emulator when the real ``nki`` is absent (explicit opt-in).
     require_nki : turn every fallback from nki to pytorch into an error.
-    cpu_blas : 'auto', 'torch' or 'numpy': the library of the pytorch backend's CPU products.
+    cpu_blas : 'torch' or 'numpy': the library of the pytorch backend's CPU products.
     """
 
     backend: str = "auto"
     nki_simulator: bool = False
     nki_emulator: bool = False
     require_nki: bool = False
-    cpu_blas: str = "auto"
+    cpu_blas: str = "torch"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
