@@ -1,0 +1,329 @@
+"""Turn the raw measurements of ``run.py`` into summary rows, scaling fits and markdown."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+#: Energy agreement required between PySCF and dfmp2 (Hartree). It is a pass/fail test for
+#: 'fp64'; reduced precisions ('mixed', 'fp32') are shown against it but not failed.
+ENERGY_TOL = 1e-8
+
+
+def energy_fails(row: dict) -> bool:
+    """True when an fp64 row misses :data:`ENERGY_TOL`."""
+    return row["precision"] == "fp64" and not row["dE"] < ENERGY_TOL
+
+
+def _energy_cell(row: dict) -> str:
+    if row["dE"] < ENERGY_TOL:
+        return f"{row['dE']:.1e}"
+    return f"{row['dE']:.1e}" + (" FAIL" if energy_fails(row) else " (>1e-8)")
+
+
+def _rss_cell(peak, before) -> str:
+    """Peak RSS of the call and, in brackets, how far it rose above the RSS before the call."""
+    if not peak:
+        return "—"
+    return f"{peak:.0f} (+{max(0.0, peak - before):.0f})"
+
+
+def median(values) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def coretype_label(value) -> str:
+    """How a run's OPENBLAS_CORETYPE is shown: the value, or 'unset' (OpenBLAS auto-detects)."""
+    return value if value else "unset"
+
+
+def pair_flops(nocc: int, nvir: int, naux: int) -> float:
+    """Flops of the (ia|jb) GEMMs of a symmetric (i <= j) algorithm:
+    2 * nocc(nocc+1)/2 * nvir^2 * naux."""
+    return 2.0 * nocc * (nocc + 1) / 2 * nvir**2 * naux
+
+
+def gemm_dtype(precision: str) -> str:
+    """The dtype of the pair GEMMs of a precision: fp32 for 'fp32'/'mixed', fp64 otherwise."""
+    return "fp32" if precision in ("fp32", "mixed") else "fp64"
+
+
+def selected_blas(runs: list[dict], precision: str) -> str:
+    """Which library ran dfmp2's pair GEMMs, from its ``cpu_blas`` record, over the repetitions:
+    an explicit choice ('torch'/'numpy') is that library; 'auto' is what its calibration
+    selected for the dtype (torch when no product was large enough to calibrate). Several
+    answers are joined by '+'; 'torch?' when the package records nothing."""
+    key = "float32" if gemm_dtype(precision) == "fp32" else "float64"
+    names = set()
+    for run in runs:
+        record = run.get("cpu_blas") or {}
+        if not record.get("choice"):
+            names.add("torch?")
+        elif record["choice"] in ("torch", "numpy"):
+            names.add(record["choice"])
+        else:
+            names.add((record.get("selected") or {}).get(key) or "torch")
+    return "+".join(sorted(names))
+
+
+def _rate(rates: dict | None, library: str, dtype: str) -> float:
+    """Median GFLOP/s of ``library`` ('torch'/'numpy', or a '+' mix: the faster) at dtype."""
+    if not rates:
+        return float("nan")
+    libs = [lib.rstrip("?") for lib in library.split("+")]
+    values = [rates[f"{lib}_{dtype}"]["median"] for lib in libs if f"{lib}_{dtype}" in rates]
+    return max(values) if values else float("nan")
+
+
+def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
+    """One summary row per dfmp2 variant (precision, cpu_blas) of a molecule result (one
+    process, one coretype)."""
+    s = mol["sizes"]
+    flops = pair_flops(s["nocc"], s["nvir"], s["naux"])
+    pyscf_runs = mol["runs"]["pyscf"]
+    t_pyscf = median(r["seconds"] for r in pyscf_runs)
+    e_pyscf = pyscf_runs[0]["e_corr"]
+    gemm = gemm_by_core.get(coretype_label(mol["coretype"]))
+    rows = []
+    for key, runs in mol["runs"].items():
+        if not key.startswith("dfmp2:"):
+            continue
+        precision, _, choice = key.split(":", 1)[1].partition("/")
+        blas, dtype = selected_blas(runs, precision), gemm_dtype(precision)
+        stages = {k: median(r["stages"].get(k) for r in runs)
+                  for k in ("metric", "transform", "fit", "pair_energy")}
+        t = median(r["seconds"] for r in runs)
+        pair_rate = flops / stages["pair_energy"] / 1e9
+        shape_rate = _rate(mol["pair_gemm"], blas, dtype)
+        rows.append({
+            "molecule": mol["name"], "basis": mol["basis"], "nbasis": s["nbasis"],
+            "naux": s["naux"], "nocc": s["nocc"], "nvir": s["nvir"],
+            "coretype": coretype_label(mol["coretype"]), "precision": precision,
+            "cpu_blas_choice": choice or "default", "cpu_blas": blas,
+            "variant": precision + (f"/{choice}" if choice else ""),
+            "scf_s": mol["scf"]["seconds"],
+            "pyscf_s": t_pyscf, "dfmp2_s": t, "ratio": t_pyscf / t,
+            "pyscf_all_s": [r["seconds"] for r in pyscf_runs],
+            "dfmp2_all_s": [r["seconds"] for r in runs],
+            "dE": max(abs(r["e_corr"] - e_pyscf) for r in runs),
+            "stages": stages, "int3c2e_s": mol.get("int3c2e_seconds"),
+            "pair_gflops": pair_rate,
+            "pair_pct_gemm": 100.0 * pair_rate / _rate(gemm and gemm["rates"], blas, dtype),
+            "pair_pct_shape": 100.0 * pair_rate / shape_rate,
+            "pair_shape_gflops": shape_rate,
+            "pair_split": mol.get("pair_split") if precision == "fp64" else None,
+            "pyscf_stages": {k: median(r["stages"].get(k) for r in pyscf_runs)
+                             for k in pyscf_runs[0]["stages"]},
+            "pyscf_pair_gflops": flops / median(r["stages"]["pair"] for r in pyscf_runs) / 1e9,
+            "cpu_util_pyscf": median(r["cpu_s"] / r["seconds"] for r in pyscf_runs),
+            "cpu_util_dfmp2": median(r["cpu_s"] / r["seconds"] for r in runs),
+            "peak_rss_dfmp2_mb": max(r["peak_rss_mb"] or 0 for r in runs) or None,
+            "peak_rss_pyscf_mb": max(r["peak_rss_mb"] or 0 for r in pyscf_runs) or None,
+            "rss_before_mb": min(r["rss_before_mb"] for r in pyscf_runs + runs),
+            "process_peak_rss_mb": mol["process_peak_rss_mb"],
+            "loadavg": mol["loadavg"],
+        })
+    return rows
+
+
+def loglog_exponent(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of log(time) against log(nbasis); None with fewer than 3 sizes."""
+    points = [(x, y) for x, y in points if x > 0 and y > 0]
+    if len({x for x, _ in points}) < 3:
+        return None
+    xs = [math.log(x) for x, _ in points]
+    ys = [math.log(y) for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+            / sum((x - mx) ** 2 for x in xs))
+
+
+def scaling_fits(rows: list[dict], min_nbasis: int = 0) -> list[dict]:
+    """Time-vs-nbasis exponents per basis, coretype and method over the measured ladder."""
+    fits = []
+    groups = sorted({(r["basis"], r["coretype"], r["variant"]) for r in rows})
+    for basis, core, variant in groups:
+        sel = [r for r in rows if (r["basis"], r["coretype"], r["variant"]) == (basis, core, variant)
+               and r["nbasis"] >= min_nbasis]
+        nb = [r["nbasis"] for r in sel]
+        for method, key in ((f"dfmp2 {variant}", "dfmp2_s"), ("PySCF", "pyscf_s")):
+            if method == "PySCF" and variant != rows[0]["variant"]:
+                continue  # one PySCF fit per coretype, not one per dfmp2 variant
+            exp = loglog_exponent([(r["nbasis"], r[key]) for r in sel])
+            if exp is None:
+                continue
+            fits.append({"basis": basis, "coretype": core, "method": method, "points": len(sel),
+                         "nbasis": [min(nb), max(nb)] if nb else None, "min_nbasis": min_nbasis,
+                         "exponent": exp})
+    return sorted(fits, key=lambda f: (f["min_nbasis"], f["basis"], f["coretype"],
+                                       f["method"] != "PySCF", f["method"]))
+
+
+def _f(value, digits=3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.{digits}f}"
+
+
+def _table(header: list[str], lines: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in line) + " |" for line in lines]
+    return out
+
+
+def _split_cell(split: dict | None) -> str:
+    """Share of the reduction in one probed row of the fp64 pair step (GEMM + reduction)."""
+    if not split or "error" in split:
+        return "—"
+    return f"{100 * split['reduce_s'] / (split['reduce_s'] + split['gemm_s']):.0f}%"
+
+
+def _variant_cell(row: dict) -> str:
+    """Precision (and requested cpu_blas) with the library that ran the pair GEMMs."""
+    return f"{row['variant']} [{row['cpu_blas']}]"
+
+
+def main_table(rows: list[dict]) -> list[str]:
+    header = ["molecule", "basis", "nbf", "naux", "nocc", "nvir", "OPENBLAS_CORETYPE",
+              "prec [BLAS]", "SCF s", "PySCF s", "dfmp2 s", "PySCF/dfmp2", "max abs dE (Eh)",
+              "CPU/wall PySCF / dfmp2", "load 1m"]
+    return _table(header, [[
+        r["molecule"], r["basis"], r["nbasis"], r["naux"], r["nocc"], r["nvir"], r["coretype"],
+        _variant_cell(r), _f(r["scf_s"], 1), _f(r["pyscf_s"]), _f(r["dfmp2_s"]), _f(r["ratio"], 2),
+        _energy_cell(r), f"{_f(r['cpu_util_pyscf'], 1)} / {_f(r['cpu_util_dfmp2'], 1)}",
+        _f(r["loadavg"]["start"][0], 1)] for r in rows])
+
+
+def stage_table(rows: list[dict]) -> list[str]:
+    header = ["molecule", "basis", "CORETYPE", "prec [BLAS]", "metric", "transform", "(int3c2e)",
+              "fit", "pair_energy", "pair GFLOP/s", "% GEMM 2048", "% GEMM pair-shape",
+              "reduction share", "peak RSS dfmp2 MiB", "peak RSS PySCF MiB"]
+    lines = []
+    for r in rows:
+        st = r["stages"]
+        lines.append([
+            r["molecule"], r["basis"], r["coretype"], _variant_cell(r), _f(st["metric"]),
+            _f(st["transform"]), _f(r["int3c2e_s"]), _f(st["fit"]), _f(st["pair_energy"]),
+            _f(r["pair_gflops"], 1), _f(r["pair_pct_gemm"], 0), _f(r["pair_pct_shape"], 0),
+            _split_cell(r["pair_split"]), _rss_cell(r["peak_rss_dfmp2_mb"], r["rss_before_mb"]),
+            _rss_cell(r["peak_rss_pyscf_mb"], r["rss_before_mb"])])
+    return _table(header, lines)
+
+
+def pyscf_stage_table(rows: list[dict]) -> list[str]:
+    header = ["molecule", "basis", "CORETYPE", "j2c", "j3c", "xform", "save", "fit", "pair",
+              "pair GFLOP/s"]
+    lines, seen = [], set()
+    for r in rows:
+        key = (r["molecule"], r["basis"], r["coretype"])
+        if key in seen:
+            continue
+        seen.add(key)
+        st = r["pyscf_stages"]
+        lines.append([r["molecule"], r["basis"], r["coretype"]]
+                     + [_f(st.get(k)) for k in ("j2c", "j3c", "xform", "save", "fit", "pair")]
+                     + [_f(r["pyscf_pair_gflops"], 1)])
+    return _table(header, lines)
+
+
+def gemm_table(gemm_by_core: dict) -> list[str]:
+    header = ["OPENBLAS_CORETYPE", "torch fp64", "torch fp32", "numpy DGEMM", "numpy SGEMM",
+              "PySCF bundled DGEMM", "OpenBLAS kernels picked (library: arch)"]
+    lines = []
+    for core, g in gemm_by_core.items():
+        rates = g["rates"]
+        libs = g["blas"].get("libraries") or []
+        arch = ", ".join(f"{lib['prefix']} {lib.get('version') or '?'}: {lib['architecture']}"
+                         for lib in libs)
+        lines.append([coretype_label(core)] + [
+            f"{_f(rates[k]['median'], 1)} (best {_f(rates[k]['best'], 1)})"
+            if k in rates else "—"
+            for k in ("torch_fp64", "torch_fp32", "numpy_fp64", "numpy_fp32", "pyscf_fp64")]
+            + [arch])
+    return _table(header, lines)
+
+
+def e2e_table(e2e: list[dict]) -> list[str]:
+    header = ["molecule", "basis", "OPENBLAS_CORETYPE", "wall s", "SCF s", "DF-MP2 s",
+              "startup/other s", "E(MP2) Eh"]
+    lines = []
+    for e in e2e:
+        if "error" in e:
+            lines.append([e["name"], e["basis"], coretype_label(e["coretype"]), "error: "
+                          + e["error"][:60], "", "", "", ""])
+            continue
+        lines.append([e["name"], e["basis"], coretype_label(e["coretype"]), _f(e["wall_s"], 2),
+                      _f(e["scf_s"], 2), _f(e["mp2_s"], 2), _f(e["other_s"], 2),
+                      f"{e['e_tot']:.10f}"])
+    return _table(header, lines)
+
+
+def scaling_table(fits: list[dict]) -> list[str]:
+    header = ["basis", "OPENBLAS_CORETYPE", "method", "points", "nbasis range", "min nbasis",
+              "exponent"]
+    return _table(header, [[
+        f["basis"], f["coretype"], f["method"], f["points"],
+        f"{f['nbasis'][0]}–{f['nbasis'][1]}" if f["nbasis"] else "—", f["min_nbasis"],
+        _f(f["exponent"], 2)] for f in fits])
+
+
+def blas_lines(gemm_by_core: dict, machine: dict) -> list[str]:
+    """Machine and BLAS facts as a bullet list."""
+    first = next(iter(gemm_by_core.values()), {}) if gemm_by_core else {}
+    blas = first.get("blas", {})
+    out = [
+        (f"- CPU: {machine['cpu']}; {machine['cores']} cores "
+         f"(affinity {machine.get('affinity_cores')}); {machine.get('memory_gib')} GiB; "
+         f"flags {' '.join(machine.get('cpu_flags', []))}"),
+        (f"- Python {machine['python']}; torch threads {machine['torch_threads']}; "
+         f"PySCF threads (OpenMP) {blas.get('pyscf_num_threads')}; "
+         f"versions {machine['versions']}"),
+        f"- torch BLAS: {blas.get('torch_blas')} (mkl available: {blas.get('torch_mkl')})",
+        f"- BLAS environment inherited by the harness: {machine['env']}",
+        _source_line(machine),
+    ]
+    for core, g in gemm_by_core.items():
+        for lib in g["blas"].get("libraries") or []:
+            out.append(f"- [{coretype_label(core)}] {lib['prefix']} {lib.get('version') or '?'}"
+                       f" arch {lib['architecture']}, threads {lib['num_threads']} "
+                       f"({lib.get('threading_layer')}): {lib['filepath']}")
+    return out
+
+
+def _source_line(machine: dict) -> str:
+    """The dfmp2 code state, flagged when it changed between the start and the end of a run."""
+    start, end = machine.get("source_start"), machine.get("source_end")
+    if not start:
+        return "- dfmp2 sources: not recorded"
+    line = f"- dfmp2 sources: commit {start['commit']}, sha256 {start['dfmp2_sources_sha256']}"
+    if end and end != start:
+        line += (f"; CHANGED during the run (end: commit {end['commit']}, "
+                 f"sha256 {end['dfmp2_sources_sha256']})")
+    return line
+
+
+def markdown(data: dict) -> str:
+    """The whole report: machine, GEMM rates, timings, stages, end to end, scaling, skips."""
+    rows, fits = data["rows"], data["scaling"]
+    out = [f"# dfmp2 benchmark `{data['name']}`", "",
+           f"Command: `{data['command']}`  ",
+           (f"Started {data['started']}; wall {data['wall_s']:.0f} s; repeat {data['repeat']}, "
+            f"extra warm-up runs {data['warmup']}; precisions {', '.join(data['precisions'])}; "
+            f"max_memory {data['max_memory']} MB; 1-minute load average at start "
+            f"{data['machine']['loadavg'][0]:.1f}"), "",
+           "## Machine and BLAS", ""] + blas_lines(data["gemm"], data["machine"])
+    out += ["", "## GEMM rates (GFLOP/s, 2048^3, median of 5)", ""] + gemm_table(data["gemm"])
+    out += ["", "## DF-MP2: PySCF vs dfmp2 (medians, seconds)", ""] + main_table(rows)
+    out += ["", "## dfmp2 stages (medians, seconds) and pair-energy rate", ""] + stage_table(rows)
+    out += ["", "## PySCF stages (medians, seconds; pair = total − ao2mo stages)", ""]
+    out += pyscf_stage_table(rows)
+    if data.get("e2e"):
+        out += ["", "## End to end (`python3 -m dfmp2 run`, fresh process)", ""]
+        out += e2e_table(data["e2e"])
+    if fits:
+        out += ["", "## Scaling: time ∝ nbasis^k (log-log least squares)", ""]
+        out += scaling_table(fits)
+    if data.get("skipped"):
+        out += ["", "## Not measured", ""] + [f"- {s}" for s in data["skipped"]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,332 @@
+"""Benchmark dfmp2's DF-MP2 against PySCF's on a ladder of molecules.
+
+    python3 benchmarks/run.py --ladder quick            # a few minutes
+    python3 benchmarks/run.py --ladder full --budget-min 25
+    python3 benchmarks/run.py --molecules water,water4@cc-pvtz --basis cc-pvdz --repeat 3
+
+Each molecule runs in fresh worker processes (``benchmarks/worker.py``), one per
+OPENBLAS_CORETYPE setting (unset = OpenBLAS auto-detects; Haswell = forced), because the variable
+only acts before OpenBLAS loads. A worker builds the DF-RHF once, then times PySCF's DF-MP2 and
+dfmp2's (every precision in ``dfmp2.options.PRECISIONS``) alternately. Results go to stdout and
+to ``benchmarks/results/<name>.md`` and ``.json``; see ``benchmarks/README.md`` for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import machine
+import report
+
+#: Where xyz files are looked up, in order.
+MOLECULE_DIRS = (os.path.join(ROOT, "inputs"), "/work/shared/molecules")
+
+LADDERS = {
+    "quick": ["water", "water4", "water8", "C10H22"],
+    "full": ["water", "water2", "water4", "water8", "water12", "water16", "water20", "C10H22",
+             "C14H30", "C20H42", "caffeine", "water@cc-pvtz", "water4@cc-pvtz"],
+}
+#: Molecules timed end to end (``python3 -m dfmp2 run``) by default, per ladder.
+E2E = {"quick": ["water4", "C10H22"], "full": ["water8", "caffeine"]}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ladder", choices=sorted(LADDERS), help="a predefined list of molecules")
+    p.add_argument("--molecules", help="comma-separated names (xyz stems), name@basis allowed")
+    p.add_argument("--basis", default="cc-pvdz", help="orbital basis of entries without @basis")
+    p.add_argument("--auxbasis", help="MP2 fitting basis (default: <basis>-ri)")
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions of each side")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="untimed runs of each side on the molecule before timing (every worker "
+                        "first runs each side once on water, untimed, whatever this is)")
+    p.add_argument("--coretypes", default="unset,Haswell",
+                   help="OPENBLAS_CORETYPE values, one worker process each ('unset' removes it)")
+    p.add_argument("--precisions", help="dfmp2 precisions (default: all of options.PRECISIONS)")
+    p.add_argument("--cpu-blas",
+                   help="dfmp2 cpu_blas choices to time, comma-separated (e.g. torch,numpy); "
+                        "default: the package default only")
+    p.add_argument("--max-memory", type=int, default=4000, help="MB, both PySCF and dfmp2")
+    p.add_argument("--conv-tol", type=float, default=1e-10, help="SCF energy tolerance")
+    p.add_argument("--e2e", help="molecules for the end-to-end run (default: per ladder)")
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
+    p.add_argument("--budget-min", type=float,
+                   help="start no new measurement after this many minutes (the rest is skipped)")
+    p.add_argument("--timeout", type=int, default=2400, help="seconds per worker process")
+    p.add_argument("--name", help="results file name (default: the ladder name or 'custom')")
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    if not args.ladder and not args.molecules:
+        p.error("give --ladder or --molecules")
+    return args
+
+
+def find_xyz(name: str) -> str:
+    """The xyz file of a molecule name, from inputs/ first, then the shared molecule folder."""
+    for folder in MOLECULE_DIRS:
+        path = os.path.join(folder, name + ".xyz")
+        if os.path.exists(path):
+            return path
+    raise SystemExit(f"no {name}.xyz in {', '.join(MOLECULE_DIRS)}")
+
+
+def ri_basis(basis: str) -> str:
+    """The RI (MP2-fit) partner of an orbital basis: cc-pVXZ -> cc-pVXZ-RI."""
+    return basis.lower() + "-ri"
+
+
+def entries(names: list[str], basis: str, auxbasis: str | None) -> list[dict]:
+    """Molecule entries (name, basis, auxbasis, path, nbasis), smallest nbasis first."""
+    from pyscf import gto
+
+    out = []
+    for item in names:
+        name, _, own_basis = item.partition("@")
+        b = own_basis or basis
+        path = find_xyz(name)
+        nbasis = gto.M(atom=path, basis=b, verbose=0).nao_nr()
+        out.append({"name": name, "basis": b, "auxbasis": auxbasis or ri_basis(b),
+                    "path": path, "nbasis": nbasis})
+    return sorted(out, key=lambda e: e["nbasis"])
+
+
+def worker_env(coretype: str) -> dict:
+    """The environment of a worker: this one, with OPENBLAS_CORETYPE set or removed."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype != "unset":
+        env["OPENBLAS_CORETYPE"] = coretype
+    return env
+
+
+def run_worker(spec: dict, coretype: str, timeout: int) -> dict:
+    """Run ``worker.py`` on ``spec`` in a fresh process; its JSON result, or {'error': ...}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {**spec, "out": os.path.join(tmp, "out.json")}
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        cmd = [sys.executable, os.path.join(HERE, "worker.py"), spec_path]
+        try:
+            proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
+                                  text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s"}
+        if proc.returncode != 0 or not os.path.exists(spec["out"]):
+            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+        with open(spec["out"]) as handle:
+            return json.load(handle)
+
+
+def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
+    """``python3 -m dfmp2 run`` on one molecule in a fresh process: wall time, and the SCF and
+    DF-MP2 stage times it reports (SCF includes building the molecule)."""
+    base = {"name": entry["name"], "basis": entry["basis"],
+            "coretype": None if coretype == "unset" else coretype}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "dfmp2", "run", entry["path"], "--basis", entry["basis"],
+               "--auxbasis", entry["auxbasis"], "--backend", "pytorch", "--json", out, "-q"]
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
+                                  text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {**base, "error": f"timed out after {timeout} s"}
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            return {**base, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        with open(out) as handle:
+            result = json.load(handle)
+    timings = result["extras"]["timings"]
+    scf = timings.get("scf", 0.0)
+    mp2 = sum(v for k, v in timings.items() if k != "scf")
+    return {**base, "wall_s": wall, "scf_s": scf, "mp2_s": mp2, "other_s": wall - scf - mp2,
+            "timings": timings, "e_tot": result["properties"]["mp2_total_energy"],
+            "command": shlex.join(cmd)}
+
+
+def precisions(arg: str | None) -> list[str]:
+    """The dfmp2 precisions to time: the argument, or every one the package lists now."""
+    from dfmp2.options import PRECISIONS
+
+    return arg.split(",") if arg else list(PRECISIONS)
+
+
+class Budget:
+    """Wall-clock budget of ``minutes`` (None = unlimited).
+
+    ``ok(predicted)`` is False once the budget is spent, or when a measurement predicted to take
+    ``predicted`` seconds would end past it. Predictions scale the last worker's wall time by
+    (nbasis / its nbasis)^SCALING — deliberately steeper than the measured exponents (about 3).
+    """
+
+    SCALING = 4.0
+
+    def __init__(self, minutes: float | None):
+        self.start = time.perf_counter()
+        self.minutes = minutes
+        self.last: tuple[int, float] | None = None  # (nbasis, seconds) of the last worker
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def predict(self, nbasis: int) -> float:
+        if self.last is None:
+            return 0.0
+        return self.last[1] * (nbasis / self.last[0]) ** self.SCALING
+
+    def ok(self, predicted: float = 0.0) -> bool:
+        return self.minutes is None or self.elapsed() + predicted < 60 * self.minutes
+
+
+def source_state() -> dict:
+    """Which dfmp2 code ran: the git commit, and a sha256 over every dfmp2/**/*.py file as it is
+    on disk (the checkout may hold uncommitted edits, and other people may edit it mid-run)."""
+    import hashlib
+    import pathlib
+
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(ROOT, "dfmp2").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                capture_output=True, check=False).stdout.strip() or None
+    except OSError:
+        commit = None
+    return {"commit": commit, "dfmp2_sources_sha256": digest.hexdigest()[:16]}
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout carries the report)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def measure_gemm(cores: list[str]) -> dict:
+    """GEMM rates and BLAS facts of a fresh process per coretype (failures left out)."""
+    gemm = {}
+    for core in cores:
+        log(f"GEMM rates, OPENBLAS_CORETYPE={core}")
+        result = run_worker({"kind": "gemm"}, core, 600)
+        if "error" not in result:
+            gemm[core] = result
+    return gemm
+
+
+def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
+                skipped: list) -> list[dict]:
+    """End-to-end CLI runs of ``names`` for every coretype, while the budget lasts."""
+    out = []
+    for entry in entries(names, args.basis, args.auxbasis) if names else []:
+        for core in cores:
+            label = f"end to end {entry['name']}/{entry['basis']} [{core}]"
+            if not budget.ok():
+                skipped.append(f"{label}: budget")
+                continue
+            log(label)
+            out.append(run_e2e(entry, core, args.timeout))
+    return out
+
+
+def molecule_spec(entry: dict, args, precs: list[str]) -> dict:
+    """What a molecule worker needs (see ``worker.run_molecule``)."""
+    return {"kind": "molecule", **entry, "repeat": args.repeat, "warmup": args.warmup,
+            "warmup_path": find_xyz("water"), "precisions": precs,
+            "cpu_blas": args.cpu_blas.split(",") if args.cpu_blas else None,
+            "max_memory": args.max_memory, "conv_tol": args.conv_tol}
+
+
+def measure_ladder(mols: list[dict], args, cores: list[str], precs: list[str],
+                   budget: Budget, skipped: list) -> list[dict]:
+    """One worker per molecule and coretype, smallest first, while the budget lasts."""
+    raw = []
+    for entry in mols:
+        for core in cores:
+            label = f"{entry['name']}/{entry['basis']} (nbasis {entry['nbasis']}) [{core}]"
+            predicted = budget.predict(entry["nbasis"])
+            if not budget.ok(predicted):
+                skipped.append(f"{label}: not started at {budget.elapsed() / 60:.1f} min, "
+                               f"predicted {predicted / 60:.1f} min, "
+                               f"budget {args.budget_min:g} min")
+                continue
+            log(f"{label} ...")
+            t0 = time.perf_counter()
+            result = run_worker(molecule_spec(entry, args, precs), core, args.timeout)
+            if "error" in result:
+                skipped.append(f"{label}: {result['error']}")
+                log(f"{label} failed: {result['error']}")
+                continue
+            raw.append(result)
+            budget.last = (entry["nbasis"], time.perf_counter() - t0)
+            log(f"{label} done at {budget.elapsed():.0f} s")
+    return raw
+
+
+def collect(args: argparse.Namespace) -> dict:
+    """Run every measurement the arguments ask for; return the raw and summarised data."""
+    import dfmp2.results
+
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    budget = Budget(args.budget_min)
+    cores = args.coretypes.split(",")
+    precs = precisions(args.precisions)
+    names = args.molecules.split(",") if args.molecules else LADDERS[args.ladder]
+    mols = entries(names, args.basis, args.auxbasis)
+    info = {**machine.machine_info(), "versions": dfmp2.results.versions(),
+            "source_start": source_state()}
+    skipped: list[str] = []
+    gemm = measure_gemm(cores)
+    e2e_names = [] if args.no_e2e else (
+        args.e2e.split(",") if args.e2e else E2E.get(args.ladder, []))
+    e2e = measure_e2e(e2e_names, args, cores, budget, skipped)
+    raw = measure_ladder(mols, args, cores, precs, budget, skipped)
+    info["source_end"] = source_state()
+    if info["source_end"] != info["source_start"]:
+        log("warning: the dfmp2 sources changed during the run")
+    rows = [row for mol in raw for row in report.dfmp2_rows(mol, gemm)]
+    scaling = report.scaling_fits(rows) + report.scaling_fits(rows, min_nbasis=100)
+    return {"name": args.name or args.ladder or "custom", "command": _command(),
+            "started": started, "wall_s": budget.elapsed(), "repeat": args.repeat,
+            "warmup": args.warmup, "precisions": precs, "max_memory": args.max_memory,
+            "conv_tol": args.conv_tol, "machine": info, "gemm": gemm, "rows": rows,
+            "scaling": scaling, "e2e": e2e, "skipped": skipped, "raw": raw}
+
+
+def _command() -> str:
+    return "python3 " + shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+def write(data: dict, out_dir: str) -> str:
+    """Write <name>.md and <name>.json under ``out_dir``; return the markdown."""
+    os.makedirs(out_dir, exist_ok=True)
+    text = report.markdown(data)
+    with open(os.path.join(out_dir, data["name"] + ".md"), "w") as handle:
+        handle.write(text)
+    with open(os.path.join(out_dir, data["name"] + ".json"), "w") as handle:
+        json.dump(data, handle, indent=1, default=str)
+    return text
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data = collect(args)
+    print(write(data, args.out_dir))
+    return 1 if any(report.energy_fails(r) for r in data["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
