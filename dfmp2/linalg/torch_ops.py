@@ -141,7 +141,7 @@ class _RowWork:
             t = t_jab
         else:
             t = self.t[:nk].copy_(t_jab)
-        w = torch.add(self.base[j0:], eps_i, out=self.w[:nk])  # D
+        w = torch.add(self.base[j0 : j0 + nk], eps_i, out=self.w[:nk])  # D
         torch.div(t, w, out=w)  # W = T / D
         w_row = w.view(nk, 1, nv * nv)
         os_k = torch.bmm(w_row, t.reshape(nk, nv * nv, 1)).view(nk).to(torch.float64)
