@@ -7,6 +7,7 @@ The only place that reads ``DFMP2_*`` environment variables (through click's ``e
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -80,7 +81,8 @@ def main():
               show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
 @click.option("--cpu-blas", type=click.Choice(["torch", "numpy"]), default="torch",
               show_default=True,
-              help="Whose BLAS runs CPU matrix products (numpy: set OMP_WAIT_POLICY=PASSIVE).")
+              help="Whose BLAS runs CPU matrix products; numpy also sets OMP_WAIT_POLICY=PASSIVE "
+                   "unless it is set.")
 @click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
@@ -110,6 +112,10 @@ def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
     _configure_logging(verbose, quiet)
     progress = _TerminalProgress(enabled=not quiet)
+    if options["cpu_blas"] == "numpy":
+        # numpy's OpenBLAS threads and torch's OpenMP threads share the cores; torch's must not
+        # spin while OpenBLAS works. libgomp reads this once, when torch loads (not yet here).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .blas_env import tune_pyscf_openblas
 
     logging.getLogger("dfmp2").info("PySCF BLAS: %s", tune_pyscf_openblas())

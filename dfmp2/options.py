@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import InputError
-from .linalg.cpu_blas import CPU_BLAS_CHOICES
-from .linalg.registry import BACKENDS
+from ._names import BACKENDS, CPU_BLAS_CHOICES
 
 __all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
 

@@ -147,3 +147,25 @@ def test_error_subprocess_has_no_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
+
+
+def test_importing_the_cli_loads_neither_torch_nor_pyscf():
+    """The CLI sets environment read by torch's OpenMP runtime at load: torch must load later."""
+    code = "import sys, dfmp2, dfmp2.cli; print('torch' in sys.modules, 'pyscf' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+def test_cpu_blas_numpy_sets_passive_omp_before_torch_loads():
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('OMP_WAIT_POLICY', None)\n"
+        "from dfmp2.cli import main\n"
+        f"main(['run', {WATER!r}, '--cpu-blas', 'numpy', '-q'], standalone_mode=False)\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["PASSIVE", "True"]

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .._names import CPU_BLAS_CHOICES
+
 __all__ = ["CPU_BLAS_CHOICES", "CpuBlas", "numpy_matmul", "torch_matmul", "blas_libraries"]
 
-CPU_BLAS_CHOICES = ("torch", "numpy")
 
 
 def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):

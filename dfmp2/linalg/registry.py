@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable
 
+from .._names import BACKENDS
 from ..errors import BackendUnavailableError, NotPositiveDefiniteError, UnsupportedShapeError
 from . import torch_ops
 from .cpu_blas import CpuBlas
@@ -22,7 +23,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BACKENDS", "OPS", "HOST_OPS", "Impl", "DispatchPolicy", "OpRecord", "Dispatcher"]
 
-BACKENDS = ("auto", "pytorch", "nki")
 #: Ops that have an implementation per backend.
 OPS = ("gemm", "cholesky", "trsm", "mp2_pair_energy")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
