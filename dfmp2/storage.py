@@ -17,6 +17,14 @@ import torch
 __all__ = ["IncoreStore", "H5Store"]
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor allocated by numpy, which asks the kernel for transparent huge
+    pages on large arrays: the store is first written in strided blocks, and with 4 KiB pages
+    those first touches cost about a second per 200 MB on the benchmark machine."""
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+
+
 class IncoreStore:
     """Both tensors in memory. ``Pia`` and ``B`` share one buffer when the fit is in place."""
 
@@ -24,13 +32,14 @@ class IncoreStore:
 
     def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64):
         self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
-        self._ovP = torch.empty((nocc, nvir, naux), dtype=torch.float64)
+        self._ovP = _empty((nocc, nvir, naux), torch.float64)
         self._ovL = None
         self._dtype = dtype
 
     def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
-        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir)."""
-        self._ovP[:, :, p0:p1] = pia.permute(1, 2, 0)
+        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir). A numpy copy: see
+        :func:`dfmp2.pipeline.transform` for why no torch op runs between the GEMMs."""
+        np.copyto(self._ovP.numpy()[:, :, p0:p1], pia.numpy().transpose(1, 2, 0))
 
     def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
         """(i1 - i0) * nvir rows of (ia|P), shape ((i1-i0)*nvir, naux), float64."""
@@ -40,9 +49,10 @@ class IncoreStore:
         """Fitted rows for occupied i0:i1, shape ((i1-i0)*nvir, naux_fit)."""
         if self._ovL is None:
             in_place = self.naux_fit == self.naux and self._dtype == torch.float64
-            self._ovL = self._ovP if in_place else torch.empty(
-                (self.nocc, self.nvir, self.naux_fit), dtype=self._dtype)
-        self._ovL[i0:i1] = b_rows.view(i1 - i0, self.nvir, self.naux_fit).to(self._dtype)
+            self._ovL = self._ovP if in_place else _empty(
+                (self.nocc, self.nvir, self.naux_fit), self._dtype)
+        np.copyto(self._ovL[i0:i1].numpy(), b_rows.numpy().reshape(i1 - i0, self.nvir, -1),
+                  casting="same_kind")
 
     def finish_fit(self) -> None:
         if self._ovL is not self._ovP:

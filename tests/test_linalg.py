@@ -115,3 +115,76 @@ def test_numpy_blas_pipeline_equals_torch_blas():
     energies = [Dispatcher(DispatchPolicy("pytorch", cpu_blas=c)).mp2_pair_energy(
         ovL, ovL, eps_o, eps_o, eps_v, True) for c in ("torch", "numpy")]
     assert torch.allclose(energies[0], energies[1], atol=1e-13)
+
+
+def _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
+    """[e_os, e_ss] of a pair block by explicit loops over pairs (float64)."""
+    ovov = torch.einsum("iaP,jbP->iajb", ovL_i.double(), ovL_j.double())
+    eps_i, eps_j, eps_v = eps_i.double(), eps_j.double(), eps_v.double()
+    e = torch.zeros(2, dtype=torch.float64)
+    for i in range(ovov.shape[0]):
+        for j in range(i if diagonal_block else 0, ovov.shape[2]):
+            w = 1.0 if diagonal_block and i == j else 2.0
+            t = ovov[i, :, j, :]
+            d = eps_i[i] + eps_j[j] - eps_v[:, None] - eps_v[None, :]
+            e += w * torch.stack([(t * t / d).sum(), (t * (t - t.T) / d).sum()])
+    return e
+
+
+@pytest.mark.parametrize("diagonal_block", [True, False])
+@pytest.mark.parametrize("chunk_pairs", [1, 2, 100])
+@pytest.mark.parametrize("precision", ["fp64", "mixed", "fp32"])
+def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision, monkeypatch):
+    """The numpy-BLAS pair step: every chunking of the rows of j, every precision."""
+    from dfmp2.linalg import numpy_ops
+
+    ni, nj, nv, naux = 5, 5 if diagonal_block else 3, 6, 11
+    ovL_i = _rand(ni, nv, naux, seed=30)
+    ovL_j = ovL_i if diagonal_block else _rand(nj, nv, naux, seed=31)
+    eps_i, eps_j = -1 - _rand(ni, seed=32).abs(), -1 - _rand(nj, seed=33).abs()
+    eps_v = 1 + _rand(nv, seed=34).abs()
+    b_dtype = torch.float64 if precision == "fp64" else torch.float32
+    r_dtype = torch.float32 if precision == "fp32" else torch.float64
+    monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", chunk_pairs * nv * nv * r_dtype.itemsize)
+    got = numpy_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
+                                    eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block)
+    ref = _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+    assert got.dtype == torch.float64 and got.shape == (2,)
+    tol = {"fp64": TOL, "mixed": 1e-5, "fp32": 1e-4}[precision]
+    assert torch.allclose(got, ref, rtol=tol, atol=tol)
+    torch_got = torch_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
+                                          eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block)
+    assert torch.allclose(got, torch_got, rtol=tol, atol=tol)
+
+
+def test_dispatcher_routes_the_pair_step_to_numpy_only_when_chosen(monkeypatch):
+    from dfmp2.linalg import DispatchPolicy, Dispatcher, cpu_blas, numpy_ops
+
+    calls = []
+    real = numpy_ops.mp2_pair_energy
+    monkeypatch.setitem(cpu_blas._NUMPY_OPS, "mp2_pair_energy",
+                        lambda *a: calls.append(1) or real(*a))
+    ovL = _rand(3, 4, 5, seed=40)
+    eps_o, eps_v = -1 - _rand(3, seed=41).abs(), 1 + _rand(4, seed=42).abs()
+    for choice in ("torch", "numpy"):
+        Dispatcher(DispatchPolicy("pytorch", cpu_blas=choice)).mp2_pair_energy(
+            ovL, ovL, eps_o, eps_o, eps_v, True)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("column_block", [1, 3, 256])
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
+def test_fit_by_triangular_products_equals_trsm(column_block, cpu_blas, monkeypatch):
+    """The fit multiplies by L^{-T} column block by column block; it must equal the solve."""
+    from dfmp2 import pipeline
+    from dfmp2.linalg import DispatchPolicy, Dispatcher
+
+    monkeypatch.setattr(pipeline, "FIT_COLUMN_BLOCK", column_block)
+    la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
+    l_nn = torch.linalg.cholesky(_spd(10, seed=50))
+    rows = _rand(7, 10, seed=51)
+    upper = pipeline.fit_matrix(pipeline.MetricFactor(l_nn, None), la)
+    assert torch.allclose(torch.tril(upper, -1), torch.zeros(10, 10, dtype=torch.float64))
+    got = pipeline._times_upper(rows, upper, la)
+    assert torch.allclose(got, torch_ops.trsm(l_nn, rows), atol=1e-12)
+    assert torch.allclose(got @ l_nn.T, rows, atol=1e-10)

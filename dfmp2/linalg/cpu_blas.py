@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .._names import CPU_BLAS_CHOICES
+from . import numpy_ops
 
 __all__ = ["CPU_BLAS_CHOICES", "CpuBlas", "numpy_matmul", "torch_matmul", "blas_libraries"]
-
 
 
 def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
@@ -34,6 +34,10 @@ def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
 def torch_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
     """``a @ b`` through torch (``out`` as in :func:`numpy_matmul`)."""
     return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+
+
+#: Ops with their own implementation on numpy's BLAS.
+_NUMPY_OPS = {"mp2_pair_energy": numpy_ops.mp2_pair_energy}
 
 
 def blas_libraries() -> dict[str, str]:
@@ -61,6 +65,14 @@ class CpuBlas:
         if self.choice == "numpy" and a.device.type == "cpu":
             return numpy_matmul(a, b, out)
         return torch_matmul(a, b, out)
+
+    def run(self, op: str, torch_fn, args: tuple):
+        """Run a pytorch-backend op whose products go through this BLAS: the op's numpy
+        implementation when numpy is chosen and the operands are on the CPU (see
+        :mod:`dfmp2.linalg.numpy_ops`), else ``torch_fn(*args, matmul=self.matmul)``."""
+        if self.choice == "numpy" and op in _NUMPY_OPS and args[0].device.type == "cpu":
+            return _NUMPY_OPS[op](*args)
+        return torch_fn(*args, matmul=self.matmul)
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "libraries": blas_libraries()}

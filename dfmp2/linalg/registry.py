@@ -178,7 +178,7 @@ class Dispatcher:
 
     def _run_pytorch(self, op: str, args: tuple, mode: str):
         fn = REGISTRY[(op, "pytorch")].fn
-        result = fn(*args, matmul=self.cpu_blas.matmul) if op in MATMUL_OPS else fn(*args)
+        result = self.cpu_blas.run(op, fn, args) if op in MATMUL_OPS else fn(*args)
         self._record(op, "pytorch", mode)
         return result
 
