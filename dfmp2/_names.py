@@ -5,4 +5,4 @@ torch's OpenMP runtime reads at load time (see ``dfmp2.cli``).
 """
 
 BACKENDS = ("auto", "pytorch", "nki")
-CPU_BLAS_CHOICES = ("torch", "numpy")
+CPU_BLAS_CHOICES = ("auto", "torch", "numpy")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["tune_pyscf_openblas"]
+__all__ = ["tune_pyscf_openblas", "choose_cpu_blas"]
 
 _ZEN3 = 0x19  # OpenBLAS 0.3.3 knows Zen 1/2 (family 0x17); 0x19 (Zen 3/4) and 0x1A (Zen 5) not
 
@@ -56,3 +56,25 @@ def tune_pyscf_openblas() -> str:
     finally:
         del os.environ["OPENBLAS_CORETYPE"]
     return f"Haswell for PySCF's bundled OpenBLAS (AMD family {family:#x})"
+
+
+def _numpy_blas_name() -> str:
+    """numpy's BLAS as its build configuration names it (e.g. 'scipy-openblas'), lower case."""
+    import numpy as np
+
+    config = getattr(np.__config__, "CONFIG", {}) or {}
+    return str(config.get("Build Dependencies", {}).get("blas", {}).get("name", "")).lower()
+
+
+def choose_cpu_blas(requested: str) -> tuple[str, str]:
+    """Resolve ``cpu_blas``: ('torch' | 'numpy', why). 'auto' takes numpy's OpenBLAS on AMD CPUs,
+    where the MKL in torch's CPU wheel runs its generic AVX2 code (DGEMM 2048^3 on the AMD EPYC
+    Zen 5 benchmark machine: MKL 82-105 GFLOP/s, numpy's OpenBLAS 181-190), and torch's MKL
+    elsewhere. A rule, not a timing: a timed pick was fooled by thread contention."""
+    if requested != "auto":
+        return requested, f"requested --cpu-blas {requested}"
+    vendor, family, _ = _cpu()
+    blas = _numpy_blas_name()
+    if vendor == "AuthenticAMD" and "openblas" in blas:
+        return "numpy", f"auto: AMD CPU (family {family:#x}) and numpy's BLAS is {blas}"
+    return "torch", f"auto: {vendor or 'unknown CPU vendor'}, numpy's BLAS {blas or 'unknown'}"

@@ -12,9 +12,9 @@ import sys
 
 import click
 
+from ._names import BACKENDS as BACKEND_CHOICES
+from ._names import CPU_BLAS_CHOICES
 from ._version import __version__
-
-BACKEND_CHOICES = ("auto", "pytorch", "nki")
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
@@ -79,10 +79,10 @@ def main():
               help="Freeze the N lowest orbitals (instead of --frozen-core).")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto",
               show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
-@click.option("--cpu-blas", type=click.Choice(["torch", "numpy"]), default="torch",
+@click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default="auto",
               show_default=True,
-              help="Whose BLAS runs CPU matrix products; numpy also sets OMP_WAIT_POLICY=PASSIVE "
-                   "unless it is set.")
+              help="Whose BLAS runs CPU matrix products: auto = numpy's OpenBLAS on AMD CPUs, "
+                   "torch's MKL elsewhere. With numpy, OMP_WAIT_POLICY=PASSIVE is set unless set.")
 @click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
@@ -112,12 +112,12 @@ def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
     _configure_logging(verbose, quiet)
     progress = _TerminalProgress(enabled=not quiet)
-    if options["cpu_blas"] == "numpy":
+    from .blas_env import choose_cpu_blas, tune_pyscf_openblas
+
+    if choose_cpu_blas(options["cpu_blas"])[0] == "numpy":
         # numpy's OpenBLAS threads and torch's OpenMP threads share the cores; torch's must not
         # spin while OpenBLAS works. libgomp reads this once, when torch loads (not yet here).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .blas_env import tune_pyscf_openblas
-
     logging.getLogger("dfmp2").info("PySCF BLAS: %s", tune_pyscf_openblas())
     try:
         from .api import run as run_dfmp2

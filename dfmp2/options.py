@@ -28,8 +28,8 @@ class Options:
         (PySCF's ``frozen=`` semantics; may name virtual orbitals too).
     frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
-    cpu_blas : 'torch' (MKL in the CPU wheel) or 'numpy' (numpy's OpenBLAS): whose BLAS runs the
-        pytorch backend's CPU matrix products (see dfmp2.linalg.cpu_blas before choosing numpy).
+    cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs, else torch's), 'torch' (MKL in the CPU
+        wheel) or 'numpy': whose BLAS runs the pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
     max_memory : working-set budget of the MP2 step in MB.
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
@@ -51,7 +51,7 @@ class Options:
     frozen: int | tuple[int, ...] | None = None
     frozen_core: bool = False
     backend: str = "auto"
-    cpu_blas: str = "torch"
+    cpu_blas: str = "auto"
     fused_energy: bool = True
     nki_emulator: bool = False
     nki_simulator: bool = False

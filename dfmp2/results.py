@@ -113,7 +113,7 @@ class Result:
         blas = b.get("cpu_blas")
         if blas and b["resolved"] == "pytorch":
             lines.append(f"  CPU products through {blas['choice']} "
-                         f"({blas['libraries'][blas['choice']]})")
+                         f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
         for op, rec in b["ops"].items():
             note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""
             lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "

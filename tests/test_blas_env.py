@@ -33,3 +33,27 @@ def test_applied_on_zen3_and_later_and_environment_restored(monkeypatch):
 def test_cpu_reader_returns_a_vendor_on_linux():
     vendor, family, flags = blas_env._cpu()
     assert isinstance(vendor, str) and isinstance(family, int) and isinstance(flags, set)
+
+
+def test_cpu_blas_rule(monkeypatch):
+    """auto: numpy's OpenBLAS on AMD, torch's MKL otherwise; explicit choices pass through."""
+    amd, intel = ("AuthenticAMD", 0x1A, {"avx2"}), ("GenuineIntel", 6, {"avx2"})
+    for cpu, blas, expected in [(amd, "scipy-openblas", "numpy"), (amd, "accelerate", "torch"),
+                                (intel, "scipy-openblas", "torch"), (("", 0, set()), "", "torch")]:
+        monkeypatch.setattr(blas_env, "_cpu", lambda cpu=cpu: cpu)
+        monkeypatch.setattr(blas_env, "_numpy_blas_name", lambda blas=blas: blas)
+        choice, reason = blas_env.choose_cpu_blas("auto")
+        assert choice == expected and reason.startswith("auto: ")
+        for explicit in ("torch", "numpy"):
+            assert blas_env.choose_cpu_blas(explicit) == (explicit,
+                                                          f"requested --cpu-blas {explicit}")
+
+
+def test_cpu_blas_resolution_is_recorded(monkeypatch):
+    from dfmp2.linalg import DispatchPolicy, Dispatcher
+
+    monkeypatch.setattr(blas_env, "_cpu", lambda: ("AuthenticAMD", 0x19, {"avx2"}))
+    monkeypatch.setattr(blas_env, "_numpy_blas_name", lambda: "scipy-openblas")
+    record = Dispatcher(DispatchPolicy("pytorch")).cpu_blas.as_dict()
+    assert record["choice"] == "numpy" and "AMD CPU (family 0x19)" in record["reason"]
+    assert set(record["libraries"]) == {"torch", "numpy"}

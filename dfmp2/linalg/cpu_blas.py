@@ -1,12 +1,12 @@
-"""Which BLAS runs the pytorch backend's CPU matrix products: torch's (default) or numpy's.
+"""Which BLAS runs the pytorch backend's CPU matrix products: torch's MKL or numpy's OpenBLAS.
 
-The torch CPU wheel ships MKL and numpy ships OpenBLAS; on some CPUs numpy's is much faster in
-isolation (AMD Zen 5 here: 172 vs 95 GFLOP/s for a 2048^3 DGEMM, where MKL takes an AVX2 path).
-Inside the pipeline, though, OpenBLAS's threads and torch's OpenMP threads spin-wait against each
-other when GEMMs and torch reductions alternate: measured on C10H22 cc-pVDZ, the pair step took
-1.7 s through numpy against 0.9 s through torch, and 0.84 s through numpy only with
-``OMP_WAIT_POLICY=PASSIVE`` set before torch loads. A timed choice cannot see that interaction,
-so the library is an explicit option, recorded in the result.
+The torch CPU wheel ships MKL and numpy ships OpenBLAS; on AMD CPUs numpy's is much faster (Zen 5
+here: 181-190 against 82-105 GFLOP/s for a 2048^3 DGEMM, where MKL takes a generic AVX2 path).
+OpenBLAS's worker threads spin for a while after each call, so with numpy chosen, no torch op may
+run between two GEMMs (torch's OpenMP threads would share the cores with the spinning workers):
+the ops with products inside have numpy implementations (:mod:`dfmp2.linalg.numpy_ops`), and the
+pipeline's copies between GEMMs are numpy copies. ``auto`` picks by a rule
+(:func:`dfmp2.blas_env.choose_cpu_blas`), recorded in the result with its reason.
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ import numpy as np
 import torch
 
 from .._names import CPU_BLAS_CHOICES
+from ..blas_env import choose_cpu_blas
 from . import numpy_ops
 
-__all__ = ["CPU_BLAS_CHOICES", "CpuBlas", "numpy_matmul", "torch_matmul", "blas_libraries"]
+#: What ``auto`` resolves to.
+RESOLVED_CHOICES = ("torch", "numpy")
+
+__all__ = ["CPU_BLAS_CHOICES", "RESOLVED_CHOICES", "CpuBlas", "numpy_matmul", "torch_matmul", "blas_libraries"]
 
 
 def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
@@ -51,14 +55,24 @@ def blas_libraries() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class CpuBlas:
-    """The CPU matmul of one run: ``choice`` 'torch' or 'numpy' (CUDA tensors always use torch)."""
+    """The CPU matmul of one run: ``choice`` 'torch' or 'numpy' (CUDA tensors always use torch),
+    already resolved from 'auto' (:func:`resolve`); ``reason`` says why."""
 
     choice: str = "torch"
+    reason: str = ""
 
     def __post_init__(self):
-        if self.choice not in CPU_BLAS_CHOICES:
+        if self.choice not in RESOLVED_CHOICES:
             raise ValueError(
-                f"unknown cpu_blas {self.choice!r}; choose one of {', '.join(CPU_BLAS_CHOICES)}")
+                f"unknown cpu_blas {self.choice!r}; choose one of {', '.join(RESOLVED_CHOICES)}")
+
+    @classmethod
+    def resolve(cls, requested: str) -> "CpuBlas":
+        """The CpuBlas for ``requested`` ('auto', 'torch' or 'numpy')."""
+        if requested not in CPU_BLAS_CHOICES:
+            raise ValueError(
+                f"unknown cpu_blas {requested!r}; choose one of {', '.join(CPU_BLAS_CHOICES)}")
+        return cls(*choose_cpu_blas(requested))
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
         """``a @ b`` with the chosen library."""
@@ -75,4 +89,4 @@ class CpuBlas:
         return torch_fn(*args, matmul=self.matmul)
 
     def as_dict(self) -> dict:
-        return {"choice": self.choice, "libraries": blas_libraries()}
+        return {"choice": self.choice, "reason": self.reason, "libraries": blas_libraries()}

@@ -7,8 +7,8 @@ every torch copy or reduction between GEMMs several times slower. Here every ele
 is a single-threaded numpy ufunc in the calling thread, so the only thread pool in play is the
 BLAS's own, and no wait policy has to be set before torch loads.
 
-The reduction also works on a few pairs at a time (:data:`CHUNK_BYTES`): each GEMM writes
-``(ia|jb)`` for a handful of j, and the reduction reads it back while it is still in cache.
+The reduction also works a few pairs at a time (:data:`CHUNK_BYTES`): each GEMM writes
+``(ia|jb)`` for a handful of pairs, and the reduction reads it back while it is still in cache.
 """
 
 from __future__ import annotations
@@ -16,77 +16,91 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["mp2_pair_energy", "CHUNK_BYTES"]
+__all__ = ["mp2_pair_energy", "CHUNK_BYTES", "GROUP_ROWS"]
 
-#: Target size of one chunk of (ia|jb) in the reduction dtype. Measured on C20H42 cc-pVDZ
-#: (nvir 409, naux 1708, 2 cores): 1-4 pairs per chunk reduce at ~2 ns per element against
-#: ~4.5 ns for a whole row of 64 pairs, with the GEMMs at the same rate.
+#: Target size of the (ia|jb) block one GEMM writes. Measured on C20H42 cc-pVDZ (nvir 409,
+#: naux 1708, 2 cores): a few megabytes reduce at ~2 ns per element against ~4.5 ns for a whole
+#: row of 64 pairs, with the GEMMs at the same rate.
 CHUNK_BYTES = 4 * 1024 * 1024
+#: Occupied orbitals i per GEMM (its N = GROUP_ROWS * nvir). OpenBLAS ran B_J B_i^T at 150-165
+#: GFLOP/s with N = nvir = 409 and 178-187 with N = 4 * nvir (2048^3: 181-190). In a diagonal
+#: block a group computes the pairs j < i inside it too (GROUP_ROWS - 1 per group and j):
+#: 3.6% extra flops on C20H42, and fewer as nocc grows.
+GROUP_ROWS = 4
 
 
 def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                     eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool) -> torch.Tensor:
     """Same contract as :func:`dfmp2.linalg.torch_ops.mp2_pair_energy` (CPU tensors only).
 
-    For each i: GEMMs ``B_J[chunk] (k*nv, naux) x B_i^T (naux, nv)`` give ``T[k, b, a] =
-    (ia|jb)`` for a chunk of j (j >= i in a diagonal block), each reduced straight away.
+    For each group of occupied i (:data:`GROUP_ROWS`) and chunk of j (j >= the group's first i
+    in a diagonal block) one GEMM ``B_J[chunk] (k*nv, naux) x B_group^T (naux, g*nv)`` gives
+    ``(ia|jb)`` as ``[(j, b), (i, a)]``; each j's pairs are copied out contiguously (and to the
+    reduction dtype) and reduced while the block is in cache.
     """
     b_i, b_j = ovL_i.numpy(), ovL_j.numpy()
     ni, nv, naux = b_i.shape
     nj = b_j.shape[0]
     jb_rows = b_j.reshape(nj * nv, naux)
     e_i, e_j, e_v = eps_i.numpy(), eps_j.numpy(), eps_v.numpy()
-    chunk = int(max(1, min(nj, CHUNK_BYTES // (nv * nv * e_v.itemsize))))
-    rows = _Rows(chunk, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype)
+    group = min(GROUP_ROWS, ni)
+    chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nv * nv * b_i.itemsize))))
+    rows = _Rows(chunk, group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype)
     total = np.zeros(2)
-    for i in range(ni):
-        first = i if diagonal_block else 0
-        for k0 in range(first, nj, chunk):
+    for g0 in range(0, ni, group):
+        g1 = min(g0 + group, ni)
+        ai_t = b_i[g0:g1].reshape((g1 - g0) * nv, naux).T
+        for k0 in range(g0 if diagonal_block else 0, nj, chunk):
             k1 = min(k0 + chunk, nj)
-            t_kba = rows.gemm(jb_rows[k0 * nv : k1 * nv], b_i[i].T, k1 - k0)
-            pair_ij = e_i[i] + e_j[k0:k1]
-            total += rows.energy(t_kba, pair_ij, e_v, diagonal_block and k0 == i)
+            t_kbga = rows.gemm(jb_rows[k0 * nv : k1 * nv], ai_t)
+            for k in range(k0, k1):
+                # pairs (i, k) for i in the group, only i <= k in a diagonal block
+                g_end = min(g1, k + 1) if diagonal_block else g1
+                weight = np.full(g_end - g0, 2.0)
+                if diagonal_block and g0 <= k < g1:
+                    weight[k - g0] = 1.0
+                t_gba = rows.pairs(t_kbga[k - k0, :, : g_end - g0])
+                total += rows.energy(t_gba, e_i[g0:g_end] + e_j[k], e_v, weight)
     return torch.from_numpy(total)
 
 
 class _Rows:
-    """Buffers for one chunk of pairs, allocated once per op call: fresh multi-megabyte arrays
-    per chunk would cost page faults comparable to the arithmetic."""
+    """Buffers for one GEMM block and its pairs, allocated once per op call: fresh
+    multi-megabyte arrays per block would cost page faults comparable to the arithmetic."""
 
-    def __init__(self, chunk: int, nv: int, gemm_dtype, reduce_dtype):
+    def __init__(self, chunk: int, group: int, nv: int, gemm_dtype, reduce_dtype):
         self.nv = nv
-        self.t = np.empty((chunk, nv, nv), dtype=gemm_dtype)
-        self.t_reduce = self.t if gemm_dtype == reduce_dtype else np.empty(
-            (chunk, nv, nv), dtype=reduce_dtype)
-        self.w = np.empty((chunk, nv, nv), dtype=reduce_dtype)
-        self.swap = np.empty((chunk, nv, nv), dtype=reduce_dtype)
+        self.block = np.empty(chunk * nv * group * nv, dtype=gemm_dtype)
+        self.t = np.empty((group, nv, nv), dtype=reduce_dtype)
+        self.w = np.empty((group, nv, nv), dtype=reduce_dtype)
+        self.swap = np.empty((group, nv, nv), dtype=reduce_dtype)
 
-    def gemm(self, jb_rows: np.ndarray, ai_t: np.ndarray, nk: int) -> np.ndarray:
-        """(ia|jb) for nk pairs as T (nk, nb, na) in the GEMM dtype."""
-        out = self.t[:nk]
-        np.matmul(jb_rows, ai_t, out=out.reshape(nk * self.nv, self.nv))
-        return out
+    def gemm(self, jb_rows: np.ndarray, ai_t: np.ndarray) -> np.ndarray:
+        """``(ia|jb)`` as (nk, nb, ng, na) for the nk j of ``jb_rows`` and ng i of ``ai_t``."""
+        nk, ng = jb_rows.shape[0] // self.nv, ai_t.shape[1] // self.nv
+        out = self.block[: nk * self.nv * ng * self.nv].reshape(nk * self.nv, ng * self.nv)
+        np.matmul(jb_rows, ai_t, out=out)
+        return out.reshape(nk, self.nv, ng, self.nv)
 
-    def energy(self, t_kba: np.ndarray, pair_ij: np.ndarray, e_v: np.ndarray,
-               first_is_diagonal: bool) -> np.ndarray:
-        """[e_os, e_ss] (float64) of the pairs in ``t_kba``; ``pair_ij[k] = e_i + e_j[k]``.
-        Every pair counts twice except the first when ``first_is_diagonal`` (the pair (i, i)).
-        The sums are symmetric in a <-> b, so the (b, a) layout of T needs no transpose."""
-        nk, nv = t_kba.shape[0], self.nv
-        t = t_kba
-        if t.dtype != self.t_reduce.dtype:
-            t = self.t_reduce[:nk]
-            np.copyto(t, t_kba)
-        d = self.w[:nk]  # D = e_i + e_j - e_a - e_b, then W = T / D in place
+    def pairs(self, t_bga: np.ndarray) -> np.ndarray:
+        """One j's pairs as contiguous T (ng, nb, na) in the reduction dtype."""
+        t = self.t[: t_bga.shape[1]]
+        np.copyto(t, t_bga.transpose(1, 0, 2))
+        return t
+
+    def energy(self, t: np.ndarray, pair_ij: np.ndarray, e_v: np.ndarray,
+               weight: np.ndarray) -> np.ndarray:
+        """``sum_p weight[p] * [e_os, e_ss](pair p)`` (float64) from contiguous T (np, nv, nv),
+        with ``pair_ij[p] = e_i + e_j``. The sums are symmetric in a <-> b, so the layout of
+        each T (a, b) or (b, a) does not matter."""
+        npair, nv = t.shape[0], self.nv
+        d = self.w[:npair]  # D = e_i + e_j - e_a - e_b, then W = T / D in place
         np.subtract((pair_ij.astype(d.dtype)[:, None] - e_v)[:, :, None], e_v, out=d)
         np.divide(t, d, out=d)
-        w_rows = d.reshape(nk, 1, nv * nv)
-        direct = np.matmul(w_rows, t.reshape(nk, nv * nv, 1)).reshape(nk)
-        swap = self.swap[:nk]
+        w_rows = d.reshape(npair, 1, nv * nv)
+        direct = np.matmul(w_rows, t.reshape(npair, nv * nv, 1)).reshape(npair)
+        swap = self.swap[:npair]
         np.copyto(swap, t.transpose(0, 2, 1))
-        exchange = np.matmul(w_rows, swap.reshape(nk, nv * nv, 1)).reshape(nk)
-        weight = np.full(nk, 2.0)
-        if first_is_diagonal:
-            weight[0] = 1.0
+        exchange = np.matmul(w_rows, swap.reshape(npair, nv * nv, 1)).reshape(npair)
         e_os = float(weight @ direct.astype(np.float64))
         return np.array([e_os, e_os - float(weight @ exchange.astype(np.float64))])

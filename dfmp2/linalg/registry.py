@@ -82,14 +82,14 @@ class DispatchPolicy:
     nki_simulator : run NKI kernels through the real ``nki.simulate``.
     nki_emulator : allow dfmp2's NumPy emulator when the real ``nki`` is absent (explicit opt-in).
     require_nki : turn every fallback from nki to pytorch into an error.
-    cpu_blas : 'torch' or 'numpy': the library of the pytorch backend's CPU products.
+    cpu_blas : 'auto', 'torch' or 'numpy': the library of the pytorch backend's CPU products.
     """
 
     backend: str = "auto"
     nki_simulator: bool = False
     nki_emulator: bool = False
     require_nki: bool = False
-    cpu_blas: str = "torch"
+    cpu_blas: str = "auto"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -136,7 +136,7 @@ class Dispatcher:
     cpu_blas: CpuBlas = field(init=False)
 
     def __post_init__(self):
-        self.cpu_blas = CpuBlas(self.policy.cpu_blas)
+        self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
         requested = self.policy.backend
         if requested == "pytorch":
             self.backend, self.resolution = "pytorch", "requested --backend pytorch"
