@@ -49,21 +49,11 @@ def gemm_dtype(precision: str) -> str:
     return "fp32" if precision in ("fp32", "mixed") else "fp64"
 
 
-def selected_blas(runs: list[dict], precision: str) -> str:
-    """Which library ran dfmp2's pair GEMMs, from its ``cpu_blas`` record, over the repetitions:
-    an explicit choice ('torch'/'numpy') is that library; 'auto' is what its calibration
-    selected for the dtype (torch when no product was large enough to calibrate). Several
-    answers are joined by '+'; 'torch?' when the package records nothing."""
-    key = "float32" if gemm_dtype(precision) == "fp32" else "float64"
-    names = set()
-    for run in runs:
-        record = run.get("cpu_blas") or {}
-        if not record.get("choice"):
-            names.add("torch?")
-        elif record["choice"] in ("torch", "numpy"):
-            names.add(record["choice"])
-        else:
-            names.add((record.get("selected") or {}).get(key) or "torch")
+def selected_blas(runs: list[dict]) -> str:
+    """Which library ran dfmp2's pair GEMMs, from its ``cpu_blas`` record (the package records
+    the resolved choice, 'torch' or 'numpy') over the repetitions; several answers are joined
+    by '+', and 'torch?' stands for a run that recorded nothing."""
+    names = {(run.get("cpu_blas") or {}).get("choice") or "torch?" for run in runs}
     return "+".join(sorted(names))
 
 
@@ -90,7 +80,7 @@ def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
         if not key.startswith("dfmp2:"):
             continue
         precision, _, choice = key.split(":", 1)[1].partition("/")
-        blas, dtype = selected_blas(runs, precision), gemm_dtype(precision)
+        blas, dtype = selected_blas(runs), gemm_dtype(precision)
         stages = {k: median(r["stages"].get(k) for r in runs)
                   for k in ("metric", "transform", "fit", "pair_energy")}
         t = median(r["seconds"] for r in runs)

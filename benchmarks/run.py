@@ -29,6 +29,7 @@ sys.path.insert(0, HERE)
 
 import machine
 import report
+import worker
 
 #: Where xyz files are looked up, in order.
 MOLECULE_DIRS = (os.path.join(ROOT, "inputs"), "/work/shared/molecules")
@@ -53,8 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=0,
                    help="untimed runs of each side on the molecule before timing (every worker "
                         "first runs each side once on water, untimed, whatever this is)")
-    p.add_argument("--coretypes", default="unset,Haswell",
-                   help="OPENBLAS_CORETYPE values, one worker process each ('unset' removes it)")
+    p.add_argument("--coretypes", default="unset,pyscf-Haswell",
+                   help="OPENBLAS_CORETYPE values, one worker process each ('unset' removes it; "
+                        "'pyscf-Haswell': Haswell kernels for PySCF's bundled OpenBLAS only, "
+                        "as the dfmp2 CLI sets it up)")
     p.add_argument("--precisions", help="dfmp2 precisions (default: all of options.PRECISIONS)")
     p.add_argument("--cpu-blas",
                    help="dfmp2 cpu_blas choices to time, comma-separated (e.g. torch,numpy); "
@@ -104,10 +107,14 @@ def entries(names: list[str], basis: str, auxbasis: str | None) -> list[dict]:
 
 
 def worker_env(coretype: str) -> dict:
-    """The environment of a worker: this one, with OPENBLAS_CORETYPE set or removed."""
+    """The environment of a worker: this one, with OPENBLAS_CORETYPE set or removed; for
+    'pyscf-Haswell' removed, and the worker gives Haswell kernels to PySCF's library only."""
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
-    if coretype != "unset":
+    env.pop(worker.PYSCF_ONLY_FLAG, None)
+    if coretype == worker.PYSCF_ONLY_LABEL:
+        env[worker.PYSCF_ONLY_FLAG] = "1"
+    elif coretype != "unset":
         env["OPENBLAS_CORETYPE"] = coretype
     return env
 

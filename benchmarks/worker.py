@@ -22,6 +22,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import machine  # benchmarks/machine.py, next to this file
 
+#: Worker environment flag: load PySCF's bundled OpenBLAS with Haswell kernels the way the dfmp2
+#: CLI does (``dfmp2.blas_env``), leaving numpy's and torch's BLAS on their own detection.
+PYSCF_ONLY_FLAG = "DFMP2_BENCH_PYSCF_HASWELL"
+#: How that configuration is labelled in the results.
+PYSCF_ONLY_LABEL = "pyscf-Haswell"
+
+
+def coretype() -> str | None:
+    """The OPENBLAS_CORETYPE configuration of this process, as the results label it."""
+    if os.environ.get(PYSCF_ONLY_FLAG):
+        return PYSCF_ONLY_LABEL
+    return os.environ.get("OPENBLAS_CORETYPE")
+
+
 #: PySCF's DF-MP2 debug log line with the wall time of one ao2mo stage.
 _PYSCF_STAGE = re.compile(r"ao2mo CPU time for (\S+)\s+[-\d.]+ sec\s+wall time\s+([-\d.]+) sec")
 
@@ -105,7 +119,7 @@ def run_dfmp2(mf, auxbasis: str, max_memory: int, precision: str,
     return {"seconds": seconds, "e_corr": float(res.e_corr), "stages": dict(res.timings),
             "sizes": res.sizes, "blocks": res.method["blocks"],
             "precision": res.method.get("precision"), "backend": res.backend["resolved"],
-            "cpu_blas": {k: blas.get(k) for k in ("choice", "selected", "calibration_gflops")}}
+            "cpu_blas": {k: blas.get(k) for k in ("choice", "reason")}}
 
 
 def measured(fn, *args) -> dict:
@@ -236,7 +250,7 @@ def run_molecule(spec: dict) -> dict:
     sizes, blocks = runs[key][0]["sizes"], runs[key][0]["blocks"]
     return {
         "name": spec["name"], "basis": spec["basis"], "auxbasis": aux,
-        "coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "coretype": coretype(),
         "sizes": sizes, "blocks": blocks,
         "scf": {"seconds": scf_seconds, "e_tot": float(mf.e_tot),
                 "cycles": getattr(mf, "cycles", None)},
@@ -257,13 +271,17 @@ def run_molecule(spec: dict) -> dict:
 
 def run_gemm(spec: dict) -> dict:
     """GEMM rates and BLAS facts of a fresh process with this environment."""
-    out = {"coretype": os.environ.get("OPENBLAS_CORETYPE"),
+    out = {"coretype": coretype(),
            "rates": machine.gemm_rates(spec.get("n", 2048), spec.get("repeat", 5)),
            "blas": machine.blas_info(), "loadavg": list(os.getloadavg())}
     return out
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get(PYSCF_ONLY_FLAG):
+        from dfmp2.blas_env import tune_pyscf_openblas
+
+        print(f"PySCF BLAS: {tune_pyscf_openblas()}", file=sys.stderr)
     with open(argv[1]) as handle:
         spec = json.load(handle)
     result = run_molecule(spec) if spec["kind"] == "molecule" else run_gemm(spec)
