@@ -4,6 +4,8 @@ All sizes in bytes unless a name says MB. o, v, X: active occupied, active virtu
 functions; n: basis functions; ``w`` the item size of the stored B (8 for fp64, 4 for fp32 and
 mixed). The transformed integrals ``(ia|P)`` are always float64.
 
+* resident in memory throughout: the metric's factor ``L``, ``L^{-T}`` for the fit and, while
+  either is formed, the metric or the identity, ``3 * 8 X^2``
 * resident in memory (in-core only): ``(ia|P)``, overwritten in place by B in fp64,
   ``8 o v X``, plus a separate B of ``w o v X`` when B is stored in fp32
 * one auxiliary block of ``p`` functions during the transform: the packed and the unpacked
@@ -68,18 +70,20 @@ def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
     per_aux = (1.5 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir) * _F64
     per_fit_occ = 2 * nvir * naux * _F64
     pair_ovov = 4 * nvir * nvir * _F64  # b = 1: the (ia|jb) block and three row buffers
-    resident = ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
+    metric = 3 * naux * naux * _F64
+    resident = metric + ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
     smallest = max(per_aux, per_fit_occ, pair_ovov)
     outcore = force_outcore or budget - resident < smallest
     if outcore:
-        resident = 0
+        resident = metric
         smallest = max(smallest, pair_ovov + 2 * nvir * naux * b_itemsize)
     free = budget - resident
     if free < smallest:
+        need = (resident + smallest) / MB
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB is too small: with B (nocc {nocc} x nvir {nvir} "
-            f"x naux {naux}) on disk the smallest blocks still need {smallest / MB:.1f} MB; "
-            f"give at least {smallest / MB + 1:.0f} MB"
+            f"x naux {naux}) on disk the metric factors and the smallest blocks still need "
+            f"{need:.1f} MB; give at least {need + 1:.0f} MB"
         )
     aux_block = int(max(1, min(naux, free // per_aux, _AUX_BLOCK_FUNCTIONS)))
     fit_occ = int(max(1, min(nocc, free // per_fit_occ)))

@@ -240,6 +240,7 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
+    del j2c  # the planner counts the metric only until it is factored
     shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
     store = (H5Store(*shape, dtype=b_dtype, directory=scratch_dir) if plan.outcore
              else IncoreStore(*shape, dtype=b_dtype))

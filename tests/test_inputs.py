@@ -73,15 +73,17 @@ def test_python_api_rejects_unknown_options():
 
 
 def test_planner_respects_the_budget_and_refuses_too_little():
+    metric = 3 * 8 * 1680**2  # L, L^-T and the metric or identity while they are formed
     plan = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000)
     assert plan.b_bytes == 100 * 380 * 1680 * 8 and not plan.outcore
-    assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= 4000 * MB - plan.b_bytes
+    assert plan.resident_bytes == plan.b_bytes + metric
+    assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= 4000 * MB - plan.resident_bytes
     assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= 4000 * MB
     small = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
-    assert small.outcore and small.resident_bytes == 0
-    assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= 400 * MB
-    assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > 400 * MB
-    assert 2 * 8 * small.fit_occ * 380 * 1680 <= 400 * MB
+    assert small.outcore and small.resident_bytes == metric
+    assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= 400 * MB - metric
+    assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > 400 * MB - metric
+    assert 2 * 8 * small.fit_occ * 380 * 1680 <= 400 * MB - metric
     mixed = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000, b_itemsize=4)
     assert mixed.b_bytes == plan.b_bytes // 2
     with pytest.raises(ResourceError, match="give at least"):

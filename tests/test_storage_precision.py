@@ -27,10 +27,11 @@ def water4_scf():
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_outcore_equals_incore(water4_scf, tmp_path, fused):
-    incore = dfmp2.DFMP2(water4_scf, backend="pytorch").run()
-    outcore = dfmp2.DFMP2(water4_scf, backend="pytorch", max_memory=2, fused_energy=fused,
-                          scratch_dir=str(tmp_path)).run()
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
+def test_outcore_equals_incore(water4_scf, tmp_path, fused, cpu_blas):
+    incore = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas=cpu_blas).run()
+    outcore = dfmp2.DFMP2(water4_scf, backend="pytorch", max_memory=4, fused_energy=fused,
+                          cpu_blas=cpu_blas, scratch_dir=str(tmp_path)).run()
     blocks = outcore.result.method["blocks"]
     assert blocks["storage"] == "hdf5" and blocks["occ_block"] < outcore.result.sizes["nocc"]
     assert outcore.e_corr_os == pytest.approx(incore.e_corr_os, abs=TOL_OUTCORE)
