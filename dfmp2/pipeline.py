@@ -73,26 +73,41 @@ def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int, 
     into ``store`` (float64).
 
     Per block: half transform (P*nao, nao) x (nao, nocc), then full transform
-    (P*nocc, nao) x (nao, nvir), both through ``la.gemm``. The reorder between them is a numpy
-    copy into one reused buffer: single-threaded in the calling thread, so it neither page-faults
-    a fresh array per block nor wakes a second thread pool next to the BLAS's (see
-    :mod:`dfmp2.linalg.numpy_ops`).
+    (P*nocc, nao) x (nao, nvir), both through ``la.gemm``. Every intermediate lives in one
+    buffer reused by all blocks (fresh arrays of this size cost page faults comparable to the
+    GEMMs on the benchmark machine), and the reorder between the GEMMs is a numpy copy: no torch
+    thread pool wakes next to the BLAS's (see :mod:`dfmp2.linalg.numpy_ops`).
     """
     nocc, nvir, naux = space.nocc, space.nvir, auxmol.nao_nr()
     occ_coeff = torch.from_numpy(space.occ_coeff)
     vir_coeff = torch.from_numpy(space.vir_coeff)
     nao = occ_coeff.shape[0]
-    half_pim = np.empty((0, nocc, nao))
+    buffers = _Buffers()
     for p0, p1, j3c in iter_int3c2e(mol, auxmol, aux_block):
         nblk = p1 - p0
-        if nblk > half_pim.shape[0]:
-            half_pim = np.empty((nblk, nocc, nao))
-        half = la.gemm(torch.from_numpy(j3c).view(nblk * nao, nao), occ_coeff)  # (P*mu, i)
-        np.copyto(half_pim[:nblk], _as_numpy(half).reshape(nblk, nao, nocc).transpose(0, 2, 1))
-        block = torch.from_numpy(half_pim[:nblk]).view(nblk * nocc, nao)
-        full = la.gemm(block, vir_coeff)  # (P*i, a)
+        half = la.gemm(torch.from_numpy(j3c).view(nblk * nao, nao), occ_coeff,
+                       out=buffers.get("half", (nblk * nao, nocc)))  # (P*mu, i)
+        half_pim = buffers.get("half_pim", (nblk, nocc, nao))
+        half_pim.numpy()[...] = _as_numpy(half).reshape(nblk, nao, nocc).transpose(0, 2, 1)
+        full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff,
+                       out=buffers.get("full", (nblk * nocc, nvir)))  # (P*i, a)
         store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
+
+
+class _Buffers:
+    """Named float64 CPU work arrays, grown on demand and reused (allocated by numpy, which
+    asks for transparent huge pages)."""
+
+    def __init__(self):
+        self._flat: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        size = int(np.prod(shape))
+        flat = self._flat.get(name)
+        if flat is None or flat.size < size:
+            flat = self._flat[name] = np.empty(size)
+        return torch.from_numpy(flat[:size].reshape(shape))
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -119,30 +134,34 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
     occupied orbitals, read from and written to ``store``.
 
     ``L^{-T}`` is formed once; each block is then GEMMs through ``la.gemm`` that skip the zero
-    triangle column block by column block (a trsm per block ran at half the GEMM rate)."""
+    triangle column block by column block, in place in the rows read (a trsm per block ran at
+    half the GEMM rate)."""
     nocc = store.nocc
     matrix = fit_matrix(factor, la)
-    triangular = factor.lower is not None
+    buffers = _Buffers()
     for i0 in range(0, nocc, fit_occ):
         i1 = min(i0 + fit_occ, nocc)
         rows = store.read_ia_slab(i0, i1)  # ((i1-i0)*nvir, naux)
-        if triangular:
-            store.write_b(i0, i1, _times_upper(rows, matrix, la))
+        if factor.lower is not None:
+            store.write_b(i0, i1, _times_upper_in_place(rows, matrix, la, buffers))
         else:
             store.write_b(i0, i1, la.gemm(rows, matrix))
         progress("fit", i1, nocc)
     store.finish_fit()
 
 
-def _times_upper(rows: torch.Tensor, upper: torch.Tensor, la: Dispatcher) -> torch.Tensor:
-    """``rows (m, n) @ upper (n, n)`` for upper-triangular ``upper``: column block K needs only
-    rows 0..end(K) of ``upper``."""
-    n = upper.shape[1]
-    out = np.empty((rows.shape[0], n), dtype=np.float64)
-    for k0 in range(0, n, FIT_COLUMN_BLOCK):
+def _times_upper_in_place(rows: torch.Tensor, upper: torch.Tensor, la: Dispatcher,
+                          buffers: _Buffers) -> torch.Tensor:
+    """``rows (m, n) <- rows @ upper`` for upper-triangular ``upper`` (n, n). Column block K of
+    the product needs rows[:, :end(K)] only, so going from the last block to the first
+    overwrites nothing still needed."""
+    m, n = rows.shape
+    starts = list(range(0, n, FIT_COLUMN_BLOCK))
+    for k0 in reversed(starts):
         k1 = min(k0 + FIT_COLUMN_BLOCK, n)
-        np.copyto(out[:, k0:k1], _as_numpy(la.gemm(rows[:, :k1], upper[:k1, k0:k1])))
-    return torch.from_numpy(out)
+        block = la.gemm(rows[:, :k1], upper[:k1, k0:k1], out=buffers.get("fit", (m, k1 - k0)))
+        rows.numpy()[:, k0:k1] = _as_numpy(block)
+    return rows
 
 
 @dataclass(frozen=True)

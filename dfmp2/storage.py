@@ -42,7 +42,8 @@ class IncoreStore:
         np.copyto(self._ovP.numpy()[:, :, p0:p1], pia.numpy().transpose(1, 2, 0))
 
     def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
-        """(i1 - i0) * nvir rows of (ia|P), shape ((i1-i0)*nvir, naux), float64."""
+        """(i1 - i0) * nvir rows of (ia|P), shape ((i1-i0)*nvir, naux), float64: a view, which
+        the fit may overwrite with B."""
         return self._ovP[i0:i1].reshape((i1 - i0) * self.nvir, self.naux)
 
     def write_b(self, i0: int, i1: int, b_rows: torch.Tensor) -> None:
@@ -51,8 +52,10 @@ class IncoreStore:
             in_place = self.naux_fit == self.naux and self._dtype == torch.float64
             self._ovL = self._ovP if in_place else _empty(
                 (self.nocc, self.nvir, self.naux_fit), self._dtype)
-        np.copyto(self._ovL[i0:i1].numpy(), b_rows.numpy().reshape(i1 - i0, self.nvir, -1),
-                  casting="same_kind")
+        target = self._ovL[i0:i1]
+        if b_rows.data_ptr() != target.data_ptr():  # not already fitted in place
+            np.copyto(target.numpy(), b_rows.numpy().reshape(i1 - i0, self.nvir, -1),
+                      casting="same_kind")
 
     def finish_fit(self) -> None:
         if self._ovL is not self._ovP:

@@ -185,6 +185,21 @@ def test_fit_by_triangular_products_equals_trsm(column_block, cpu_blas, monkeypa
     rows = _rand(7, 10, seed=51)
     upper = pipeline.fit_matrix(pipeline.MetricFactor(l_nn, None), la)
     assert torch.allclose(torch.tril(upper, -1), torch.zeros(10, 10, dtype=torch.float64))
-    got = pipeline._times_upper(rows, upper, la)
-    assert torch.allclose(got, torch_ops.trsm(l_nn, rows), atol=1e-12)
+    expected = torch_ops.trsm(l_nn, rows)
+    work = rows.clone()
+    got = pipeline._times_upper_in_place(work, upper, la, pipeline._Buffers())
+    assert got is work  # in place
+    assert torch.allclose(got, expected, atol=1e-12)
     assert torch.allclose(got @ l_nn.T, rows, atol=1e-10)
+
+
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
+def test_gemm_writes_into_out(cpu_blas):
+    from dfmp2.linalg import DispatchPolicy, Dispatcher
+
+    la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
+    a, b = _rand(6, 4, seed=60), _rand(5, 4, seed=61)
+    out = torch.full((6, 5), float("nan"), dtype=torch.float64)
+    got = la.gemm(a, b, False, True, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.allclose(out, a @ b.T, atol=TOL)

@@ -22,11 +22,11 @@ def _fake_nki(monkeypatch, mode="emulator", reason=None, gemm_limit=None, gemm_r
     def probe(simulator=False, emulator=False):
         return (mode, None) if reason is None else (None, reason)
 
-    def gemm(a, b, trans_a=False, trans_b=False, *, mode):
+    def gemm(a, b, trans_a=False, trans_b=False, out=None, *, mode):
         calls.append(("gemm", mode))
         if gemm_raises:
             raise RuntimeError("kernel exploded")
-        return torch_ops.gemm(a, b, trans_a, trans_b)
+        return torch_ops.gemm(a, b, trans_a, trans_b, out)
 
     fake.probe = probe
     fake.gemm = gemm

@@ -113,20 +113,21 @@ def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
     return c_mn
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False, *,
-         mode: str) -> torch.Tensor:
+def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
+         out: torch.Tensor | None = None, *, mode: str) -> torch.Tensor:
     """``op(a) @ op(b)`` on the NKI gemm kernel (fp32 operands, fp32 PSUM accumulation).
 
     a : (m, k), or (k, m) with ``trans_a``; b : (k, n), or (n, k) with ``trans_b``.
-    Returns (m, n) float64 on ``a``'s device.
+    Returns (m, n) float64 on ``a``'s device, copied into ``out`` when given.
     """
     _gemm_shapes(a, b, trans_a, trans_b)
     a_km = _f32(a if trans_a else a.T)  # the kernel takes A transposed: K on partitions
     b_kn = _f32(b.T if trans_b else b)
-    return _out(_gemm_f32(a_km, b_kn, mode), a)
+    result = _out(_gemm_f32(a_km, b_kn, mode), a)
+    return result if out is None else out.copy_(result)
 
 
-def _gemm_supports(a, b, trans_a=False, trans_b=False) -> str | None:
+def _gemm_supports(a, b, trans_a=False, trans_b=False, out=None) -> str | None:
     if a.ndim != 2 or b.ndim != 2:
         return f"gemm needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}"
     return None  # any M, N, K: ragged edges are sliced, large K is split on the host

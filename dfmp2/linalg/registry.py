@@ -206,8 +206,8 @@ class Dispatcher:
         return {op: rec.as_dict() for op, rec in sorted(self.records.items())}
 
     # -- named ops (the signatures of torch_ops) --------------------------------------------
-    def gemm(self, a, b, trans_a: bool = False, trans_b: bool = False):
-        return self.call("gemm", a, b, trans_a, trans_b)
+    def gemm(self, a, b, trans_a: bool = False, trans_b: bool = False, out=None):
+        return self.call("gemm", a, b, trans_a, trans_b, out)
 
     def cholesky(self, a_nn):
         return self.call("cholesky", a_nn)

@@ -10,21 +10,23 @@ from __future__ import annotations
 import torch
 
 from ..errors import NotPositiveDefiniteError
+from .cpu_blas import torch_matmul
 
 __all__ = ["gemm", "cholesky", "eigh", "trsm", "mp2_pair_energy", "pair_energy_from_ovov"]
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
-         matmul=torch.matmul):
+         out: torch.Tensor | None = None, matmul=torch_matmul):
     """General matrix product ``op(a) @ op(b)`` where ``op(x)`` is ``x.T`` when asked.
 
     a : (m, k), or (k, m) with ``trans_a``; b : (k, n), or (n, k) with ``trans_b``.
-    Returns (m, n) in the operands' dtype. ``matmul`` : the 2-D product to use (the dispatcher
-    passes its CPU BLAS choice).
+    Returns (m, n) in the operands' dtype, written into ``out`` (contiguous, (m, n)) when given:
+    large fresh results cost page faults comparable to the product on some hosts.
+    ``matmul(a, b, out=None)`` : the 2-D product to use (the dispatcher passes its CPU BLAS).
     """
     a_mk = a.T if trans_a else a
     b_kn = b.T if trans_b else b
-    return matmul(a_mk, b_kn)
+    return matmul(a_mk, b_kn, out=out)
 
 
 def cholesky(a_nn: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""Peak memory of dfmp2's DF-MP2 step under ``--max-memory`` limits.
+
+    python3 benchmarks/memory.py --molecule water16 --limits 4000,300,150
+
+Builds the DF-RHF once, then for each limit (largest first) resets the process's peak-RSS mark
+(``/proc/self/clear_refs``), runs ``dfmp2.DFMP2(mf, max_memory=limit)`` and reports how far the
+peak rose above the resident set before the call, next to the limit, the planner's blocks and
+the energy difference from the first (largest-limit) run. Results go to stdout and to
+``benchmarks/results/<name>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import worker  # benchmarks/worker.py: SCF builder and RSS helpers
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--molecule", default="water16", help="xyz stem under shared/molecules or inputs")
+    p.add_argument("--basis", default="cc-pvdz")
+    p.add_argument("--limits", default="4000,300,150", help="MB, comma-separated")
+    p.add_argument("--precision", default="fp64")
+    p.add_argument("--name", default="memory")
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    return p.parse_args(argv)
+
+
+def molecule_path(stem: str) -> str:
+    for folder in (os.path.join(ROOT, "..", "shared", "molecules"), os.path.join(ROOT, "inputs")):
+        path = os.path.join(folder, f"{stem}.xyz")
+        if os.path.exists(path):
+            return os.path.abspath(path)
+    raise SystemExit(f"no {stem}.xyz under shared/molecules or inputs")
+
+
+def measure(mf, limit: int, precision: str) -> dict:
+    import dfmp2
+
+    if not worker.reset_peak_rss():
+        raise SystemExit("cannot reset the peak-RSS mark (/proc/self/clear_refs is not writable)")
+    before = worker.current_rss_mb()
+    start = time.perf_counter()
+    pt = dfmp2.DFMP2(mf, auxbasis=f"{mf.mol.basis}-ri", max_memory=limit,
+                     precision=precision).run()
+    seconds = time.perf_counter() - start
+    rise = worker.peak_rss_mb() - before
+    blocks = pt.result.method["blocks"]
+    return {"limit_mb": limit, "rss_before_mb": before, "peak_rise_mb": rise,
+            "over_limit_mb": rise - limit, "seconds": seconds, "blocks": blocks,
+            "e_corr": pt.e_corr, "cpu_blas": pt.result.backend["cpu_blas"]["choice"]}
+
+
+def markdown(spec: dict, rows: list[dict]) -> str:
+    ref = rows[0]["e_corr"]
+    lines = [f"# dfmp2 memory benchmark `{spec['name']}`", "",
+             f"Command: `{spec['command']}`  ",
+             f"{spec['molecule']} {spec['basis']} ({spec['nbasis']} basis functions), "
+             f"precision {spec['precision']}, SCF peak RSS {spec['scf_peak_mb']:.0f} MiB; "
+             "peak rise = peak RSS of the DF-MP2 call minus the RSS before it.", "",
+             "| max_memory MB | B storage | aux block | fit occ | occ block | resident MB | "
+             "peak rise MiB | over the limit MiB | s | E(corr) - first row (Eh) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["blocks"]
+        lines.append(f"| {r['limit_mb']} | {b['storage']} | {b['aux_block']} | {b['fit_occ']} | "
+                     f"{b['occ_block']} | {b['resident_mb']} | {r['peak_rise_mb']:.0f} | "
+                     f"{max(0.0, r['over_limit_mb']):.0f} | {r['seconds']:.1f} | "
+                     f"{r['e_corr'] - ref:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    limits = sorted((int(x) for x in args.limits.split(",")), reverse=True)
+    path = molecule_path(args.molecule)
+    mf = worker.build_scf(path, args.basis, 1e-10)
+    spec = {"name": args.name, "molecule": args.molecule, "basis": args.basis,
+            "nbasis": mf.mol.nao_nr(), "precision": args.precision,
+            "scf_peak_mb": worker.peak_rss_mb(),
+            "command": "python3 benchmarks/memory.py " + " ".join(argv)}
+    rows = [measure(mf, limit, args.precision) for limit in limits]
+    text = markdown(spec, rows)
+    print(text)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f"{args.name}.md"), "w") as handle:
+        handle.write(text)
+    with open(os.path.join(args.out_dir, f"{args.name}.json"), "w") as handle:
+        json.dump({"spec": spec, "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
