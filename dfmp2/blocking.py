@@ -30,10 +30,11 @@ __all__ = ["BlockPlan", "plan_blocks", "pair_block_bytes", "MB"]
 
 MB = 1024 * 1024
 _F64 = 8
-#: Auxiliary functions per int3c2e block to aim for. Measured (C10H22 and (H2O)16 cc-pVDZ):
-#: ~512 falls out of cache (unpacking 4x slower), ~40-96 multiplies int3c2e's per-call cost
-#: (int3c2e 1.5x slower); 160-192 was fastest for both.
-_AUX_BLOCK_FUNCTIONS = 192
+#: Auxiliary functions per int3c2e block to aim for. Measured on C20H42 cc-pVDZ (nao 490, the
+#: packed and unpacked blocks 94 + 188 MB at 128) inside repeated DF-MP2 runs: transform 4.6 s
+#: at 64 and at 192, 4.1 s at 96 and 128. Larger blocks fall out of cache and page-fault more
+#: fresh memory per run; smaller ones multiply int3c2e's per-call cost.
+_AUX_BLOCK_FUNCTIONS = 128
 #: Largest occupied block: bigger ones stop paying off in GEMM efficiency.
 _MAX_OCC_BLOCK = 64
 

@@ -61,17 +61,23 @@ def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, in
 
 def iter_int3c2e(mol, auxmol, max_functions: int):
     """Yield ``(p0, p1, j3c)`` with ``j3c[P, mu, nu] = (mu nu|P)`` for P in [p0, p1), float64,
-    shape (p1 - p0, nao, nao), C-contiguous. Computed with mu>=nu symmetry, then unpacked into
-    one buffer reused by every block: a yielded block is valid until the next one is requested."""
+    shape (p1 - p0, nao, nao), C-contiguous. Computed with mu>=nu symmetry, then unpacked. The
+    packed and the unpacked block each live in one buffer reused by every block (fresh arrays of
+    this size cost page faults comparable to the integrals on some hosts): a yielded block is
+    valid until the next one is requested."""
     pmol = mol + auxmol
     nbas, nao = mol.nbas, mol.nao_nr()
+    npair = nao * (nao + 1) // 2
     blocks = aux_shell_blocks(auxmol, max_functions)
-    buffer = np.empty(max(p1 - p0 for _, _, p0, p1 in blocks) * nao * nao)
+    largest = max(p1 - p0 for _, _, p0, p1 in blocks)
+    unpacked = np.empty(largest * nao * nao)
+    packed = np.empty(largest * npair)
     for shell0, shell1, p0, p1 in blocks:
         shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
-        packed = pmol.intor("int3c2e", aosym="s2ij", shls_slice=shls_slice)  # (npair, P) F-order
-        out = buffer[: (p1 - p0) * nao * nao].reshape(p1 - p0, nao, nao)
-        yield p0, p1, lib.unpack_tril(packed.T, out=out)
+        j3c_packed = pmol.intor("int3c2e", aosym="s2ij", shls_slice=shls_slice,
+                                out=packed[: (p1 - p0) * npair])  # (npair, P) F-order
+        out = unpacked[: (p1 - p0) * nao * nao].reshape(p1 - p0, nao, nao)
+        yield p0, p1, lib.unpack_tril(j3c_packed.T, out=out)
 
 
 def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False) -> np.ndarray:
