@@ -7,7 +7,7 @@ from pyscf import gto
 
 import dfmp2
 from conftest import INPUTS
-from dfmp2.blocking import MB, pair_block_bytes, plan_blocks
+from dfmp2.blocking import MB, pair_block_bytes, plan_blocks, usable_bytes
 from dfmp2.errors import InputError, ResourceError
 from dfmp2.molecule import build_mole, parse_geometry, read_xyz
 from dfmp2.options import Options
@@ -77,13 +77,16 @@ def test_planner_respects_the_budget_and_refuses_too_little():
     plan = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000)
     assert plan.b_bytes == 100 * 380 * 1680 * 8 and not plan.outcore
     assert plan.resident_bytes == plan.b_bytes + metric
-    assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= 4000 * MB - plan.resident_bytes
-    assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= 4000 * MB
+    usable = usable_bytes(4000)
+    assert usable < 4000 * MB
+    assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= usable - plan.resident_bytes
+    assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= usable
     small = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
+    free = usable_bytes(400) - metric
     assert small.outcore and small.resident_bytes == metric
-    assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= 400 * MB - metric
-    assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > 400 * MB - metric
-    assert 2 * 8 * small.fit_occ * 380 * 1680 <= 400 * MB - metric
+    assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= free
+    assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > free
+    assert 3 * 8 * small.fit_occ * 380 * 1680 <= free  # out of core: three copies of the slab
     mixed = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000, b_itemsize=4)
     assert mixed.b_bytes == plan.b_bytes // 2
     with pytest.raises(ResourceError, match="give at least"):
