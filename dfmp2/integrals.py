@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, lib
+from pyscf.gto import moleintor
 from pyscf.data.elements import chemcore
 from pyscf.lib.exceptions import BasisNotFoundError
 
@@ -22,6 +23,7 @@ __all__ = [
     "metric",
     "aux_shell_blocks",
     "iter_int3c2e",
+    "unpack_pairs",
     "frozen_mask",
     "orbital_space",
 ]
@@ -60,24 +62,35 @@ def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, in
 
 
 def iter_int3c2e(mol, auxmol, max_functions: int):
-    """Yield ``(p0, p1, j3c)`` with ``j3c[P, mu, nu] = (mu nu|P)`` for P in [p0, p1), float64,
-    shape (p1 - p0, nao, nao), C-contiguous. Computed with mu>=nu symmetry, then unpacked. The
-    packed and the unpacked block each live in one buffer reused by every block (fresh arrays of
-    this size cost page faults comparable to the integrals on some hosts): a yielded block is
-    valid until the next one is requested."""
+    """Yield ``(p0, p1, packed)`` for blocks of whole auxiliary shells, where
+    ``packed[P - p0, mu*(mu+1)/2 + nu] = (mu nu|P)`` for ``mu >= nu``: shape
+    (p1 - p0, nao*(nao+1)/2), float64, C-contiguous (:func:`unpack_pairs` gives the square).
+
+    One libcint optimiser serves every block, and every block is written into one reused buffer
+    (fresh arrays of this size cost page faults comparable to the integrals on some hosts): a
+    yielded block is valid until the next one is requested."""
     pmol = mol + auxmol
+    intor = pmol._add_suffix("int3c2e")
+    atm, bas, env = pmol._atm, pmol._bas, pmol._env
+    ao_loc = moleintor.make_loc(bas, intor)
+    cintopt = moleintor.make_cintopt(atm, bas, env, intor)
     nbas, nao = mol.nbas, mol.nao_nr()
     npair = nao * (nao + 1) // 2
     blocks = aux_shell_blocks(auxmol, max_functions)
-    largest = max(p1 - p0 for _, _, p0, p1 in blocks)
-    unpacked = np.empty(largest * nao * nao)
-    packed = np.empty(largest * npair)
+    packed = np.empty(max(p1 - p0 for _, _, p0, p1 in blocks) * npair)
     for shell0, shell1, p0, p1 in blocks:
         shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
-        j3c_packed = pmol.intor("int3c2e", aosym="s2ij", shls_slice=shls_slice,
-                                out=packed[: (p1 - p0) * npair])  # (npair, P) F-order
-        out = unpacked[: (p1 - p0) * nao * nao].reshape(p1 - p0, nao, nao)
-        yield p0, p1, lib.unpack_tril(j3c_packed.T, out=out)
+        j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
+                                  out=packed[: (p1 - p0) * npair])  # (npair, P), F-order
+        yield p0, p1, j3c.T
+
+
+def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Square symmetric blocks ``out[P, mu, nu]`` (n, nao, nao) from rows of
+    :func:`iter_int3c2e`'s packed block (n, nao*(nao+1)/2). Runs in the calling thread only:
+    an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers."""
+    with lib.with_omp_threads(1):
+        return lib.unpack_tril(packed, out=out)
 
 
 def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False) -> np.ndarray:

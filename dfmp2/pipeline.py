@@ -16,15 +16,14 @@ import torch
 
 from .blocking import BlockPlan
 from .errors import NotPositiveDefiniteError
-from .integrals import OrbitalSpace, iter_int3c2e, metric
+from .integrals import OrbitalSpace, iter_int3c2e, metric, unpack_pairs
 from .linalg import Dispatcher
 from .storage import H5Store, IncoreStore
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MetricFactor", "PairEnergies", "TensorB", "factor_metric", "transform", "fit_matrix",
-           "fit", "pair_energies", "dfmp2_pair_energies", "LINDEP_THRESHOLD", "PRECISION_DTYPES",
-           "FIT_COLUMN_BLOCK"]
+           "fit", "pair_energies", "dfmp2_pair_energies", "LINDEP_THRESHOLD", "PRECISION_DTYPES"]
 
 #: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
 LINDEP_THRESHOLD = 1e-10
@@ -67,28 +66,32 @@ def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
         return MetricFactor(None, u[:, keep] / torch.sqrt(w[keep]), ndropped)
 
 
-def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int, store,
-              progress: Progress = _no_progress) -> None:
+def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
+              unpack_block: int, store, progress: Progress = _no_progress) -> None:
     """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` streamed over auxiliary-shell blocks
     into ``store`` (float64).
 
-    Per block: half transform (P*nao, nao) x (nao, nocc), then full transform
-    (P*nocc, nao) x (nao, nvir), both through ``la.gemm``. Every intermediate lives in one
-    buffer reused by all blocks (fresh arrays of this size cost page faults comparable to the
-    GEMMs on the benchmark machine), and the reorder between the GEMMs is a numpy copy: no torch
-    thread pool wakes next to the BLAS's (see :mod:`dfmp2.linalg.numpy_ops`).
+    Per block of ``aux_block`` auxiliary functions: the packed integrals are unpacked
+    ``unpack_block`` functions at a time, each square matrix is half transformed into its slot of
+    ``(P, i, nu)`` by ``C_occ^T (mu nu|P)`` (the matrix is symmetric, so no transpose follows),
+    then one full transform ``(P*i, nu) x (nu, a)``; all products through ``la.gemm``. Every
+    intermediate lives in one buffer reused by all blocks (fresh arrays of this size cost page
+    faults comparable to the GEMMs on the benchmark machine).
     """
     nocc, nvir, naux = space.nocc, space.nvir, auxmol.nao_nr()
     occ_coeff = torch.from_numpy(space.occ_coeff)
     vir_coeff = torch.from_numpy(space.vir_coeff)
     nao = occ_coeff.shape[0]
     buffers = _Buffers()
-    for p0, p1, j3c in iter_int3c2e(mol, auxmol, aux_block):
+    for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block):
         nblk = p1 - p0
-        half = la.gemm(torch.from_numpy(j3c).view(nblk * nao, nao), occ_coeff,
-                       out=buffers.get("half", (nblk * nao, nocc)))  # (P*mu, i)
         half_pim = buffers.get("half_pim", (nblk, nocc, nao))
-        half_pim.numpy()[...] = _as_numpy(half).reshape(nblk, nao, nocc).transpose(0, 2, 1)
+        for s0 in range(0, nblk, unpack_block):
+            s1 = min(s0 + unpack_block, nblk)
+            square = buffers.get("square", (s1 - s0, nao, nao))
+            unpack_pairs(packed[s0:s1], out=square.numpy())
+            for q in range(s1 - s0):
+                la.gemm(occ_coeff, square[q], trans_a=True, out=half_pim[s0 + q])  # (i, nu)
         full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff,
                        out=buffers.get("full", (nblk * nocc, nvir)))  # (P*i, a)
         store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
@@ -110,15 +113,6 @@ class _Buffers:
         return torch.from_numpy(flat[:size].reshape(shape))
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
-
-
-#: Columns per block of the fit's triangular product ``rows @ L^{-T}``. Smaller blocks skip
-#: more of the zero triangle (26% extra flops at 256 for naux 1708) but run narrower GEMMs.
-FIT_COLUMN_BLOCK = 256
-
-
 def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:
     """The (naux, naux_fit) matrix the fit multiplies by: ``L^{-T}`` (upper triangular; from one
     ``la.trsm`` on the identity) or ``J^{-1/2}`` from the eigh fallback."""
@@ -133,35 +127,19 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
     """``B_ia^Q = sum_P (ia|P) [L^{-T}]_PQ`` (or ``(ia|P) J^{-1/2}``) for blocks of ``fit_occ``
     occupied orbitals, read from and written to ``store``.
 
-    ``L^{-T}`` is formed once; each block is then GEMMs through ``la.gemm`` that skip the zero
-    triangle column block by column block, in place in the rows read (a trsm per block ran at
-    half the GEMM rate)."""
+    ``L^{-T}`` is formed once; each block is then one ``la.trmm``, in place in the rows read
+    (a trsm per block ran at half the GEMM rate)."""
     nocc = store.nocc
     matrix = fit_matrix(factor, la)
-    buffers = _Buffers()
     for i0 in range(0, nocc, fit_occ):
         i1 = min(i0 + fit_occ, nocc)
         rows = store.read_ia_slab(i0, i1)  # ((i1-i0)*nvir, naux)
         if factor.lower is not None:
-            store.write_b(i0, i1, _times_upper_in_place(rows, matrix, la, buffers))
+            store.write_b(i0, i1, la.trmm(matrix, rows))
         else:
             store.write_b(i0, i1, la.gemm(rows, matrix))
         progress("fit", i1, nocc)
     store.finish_fit()
-
-
-def _times_upper_in_place(rows: torch.Tensor, upper: torch.Tensor, la: Dispatcher,
-                          buffers: _Buffers) -> torch.Tensor:
-    """``rows (m, n) <- rows @ upper`` for upper-triangular ``upper`` (n, n). Column block K of
-    the product needs rows[:, :end(K)] only, so going from the last block to the first
-    overwrites nothing still needed."""
-    m, n = rows.shape
-    starts = list(range(0, n, FIT_COLUMN_BLOCK))
-    for k0 in reversed(starts):
-        k1 = min(k0 + FIT_COLUMN_BLOCK, n)
-        block = la.gemm(rows[:, :k1], upper[:k1, k0:k1], out=buffers.get("fit", (m, k1 - k0)))
-        rows.numpy()[:, k0:k1] = _as_numpy(block)
-    return rows
 
 
 @dataclass(frozen=True)
@@ -261,10 +239,12 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c  # the planner counts the metric only until it is factored
     shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
-    store = (H5Store(*shape, dtype=b_dtype, directory=scratch_dir) if plan.outcore
-             else IncoreStore(*shape, dtype=b_dtype))
+    # the store's allocation (the first touch of its pages, in core) counts as transform time
+    store = timer.run("transform", lambda: H5Store(*shape, dtype=b_dtype, directory=scratch_dir)
+                      if plan.outcore else IncoreStore(*shape, dtype=b_dtype))
     try:
-        timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block, store, progress)
+        timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block,
+                  plan.unpack_block, store, progress)
         timer.run("fit", fit, store, factor, la, plan.fit_occ, progress)
         eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ)).to(reduce_dtype)
         eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir)).to(reduce_dtype)

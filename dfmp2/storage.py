@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -17,12 +18,27 @@ import torch
 __all__ = ["IncoreStore", "H5Store"]
 
 
-def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor allocated by numpy, which asks the kernel for transparent huge
-    pages on large arrays: the store is first written in strided blocks, and with 4 KiB pages
-    those first touches cost about a second per 200 MB on the benchmark machine."""
+#: Largest number of threads that zero a new in-memory store.
+_MAX_TOUCH_THREADS = 8
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor allocated by numpy, zeroed by one thread per available CPU (up to
+    :data:`_MAX_TOUCH_THREADS`). The zeroing is the first touch of every page: on the
+    benchmark machine (a VM) that costs about 1.2 s per 500 MB from one thread and half that
+    from two, since each vCPU takes its own page faults; written later by one thread in
+    strided blocks, as the transform does, the store cost the full second."""
     np_dtype = np.float32 if dtype == torch.float32 else np.float64
-    return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+    array = np.empty(shape, dtype=np_dtype)
+    flat = array.reshape(-1)
+    nthreads = max(1, min(len(os.sched_getaffinity(0)), _MAX_TOUCH_THREADS,
+                          flat.nbytes // (64 * 1024 * 1024)))
+    if nthreads == 1:
+        flat.fill(0)
+    else:
+        with ThreadPoolExecutor(nthreads) as pool:  # ndarray.fill releases the GIL
+            list(pool.map(lambda part: part.fill(0), np.array_split(flat, nthreads)))
+    return torch.from_numpy(array)
 
 
 class IncoreStore:
@@ -32,7 +48,7 @@ class IncoreStore:
 
     def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64):
         self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
-        self._ovP = _empty((nocc, nvir, naux), torch.float64)
+        self._ovP = _zeros((nocc, nvir, naux), torch.float64)
         self._ovL = None
         self._dtype = dtype
 
@@ -50,7 +66,7 @@ class IncoreStore:
         """Fitted rows for occupied i0:i1, shape ((i1-i0)*nvir, naux_fit)."""
         if self._ovL is None:
             in_place = self.naux_fit == self.naux and self._dtype == torch.float64
-            self._ovL = self._ovP if in_place else _empty(
+            self._ovL = self._ovP if in_place else _zeros(
                 (self.nocc, self.nvir, self.naux_fit), self._dtype)
         target = self._ovL[i0:i1]
         if b_rows.data_ptr() != target.data_ptr():  # not already fitted in place

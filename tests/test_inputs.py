@@ -80,7 +80,10 @@ def test_planner_respects_the_budget_and_refuses_too_little():
     usable = usable_bytes(4000)
     assert usable < 4000 * MB
     assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= usable - plan.resident_bytes
-    assert plan.aux_block * (1.5 * 480**2 + 2 * 480 * 100 + 2 * 100 * 380) * 8 <= usable
+    transform = (plan.aux_block * (480 * 481 / 2 + 480 * 100 + 100 * 380)
+                 + plan.unpack_block * 480**2) * 8
+    assert transform <= usable - plan.resident_bytes
+    assert 1 <= plan.unpack_block <= plan.aux_block
     small = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
     free = usable_bytes(400) - metric
     assert small.outcore and small.resident_bytes == metric

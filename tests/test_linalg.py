@@ -174,12 +174,13 @@ def test_dispatcher_routes_the_pair_step_to_numpy_only_when_chosen(monkeypatch):
 
 @pytest.mark.parametrize("column_block", [1, 3, 256])
 @pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
-def test_fit_by_triangular_products_equals_trsm(column_block, cpu_blas, monkeypatch):
-    """The fit multiplies by L^{-T} column block by column block; it must equal the solve."""
+def test_fit_by_trmm_equals_trsm(column_block, cpu_blas, monkeypatch):
+    """The fit multiplies by L^{-T} in place (numpy: one BLAS trmm; torch: column blocks of
+    GEMMs); it must equal the solve."""
     from dfmp2 import pipeline
     from dfmp2.linalg import DispatchPolicy, Dispatcher
 
-    monkeypatch.setattr(pipeline, "FIT_COLUMN_BLOCK", column_block)
+    monkeypatch.setattr(torch_ops, "TRMM_COLUMN_BLOCK", column_block)
     la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
     l_nn = torch.linalg.cholesky(_spd(10, seed=50))
     rows = _rand(7, 10, seed=51)
@@ -187,10 +188,22 @@ def test_fit_by_triangular_products_equals_trsm(column_block, cpu_blas, monkeypa
     assert torch.allclose(torch.tril(upper, -1), torch.zeros(10, 10, dtype=torch.float64))
     expected = torch_ops.trsm(l_nn, rows)
     work = rows.clone()
-    got = pipeline._times_upper_in_place(work, upper, la, pipeline._Buffers())
-    assert got is work  # in place
-    assert torch.allclose(got, expected, atol=1e-12)
-    assert torch.allclose(got @ l_nn.T, rows, atol=1e-10)
+    got = la.trmm(upper, work)
+    assert got.data_ptr() == work.data_ptr()  # in place
+    assert torch.allclose(work, expected, atol=1e-12)
+    assert torch.allclose(work @ l_nn.T, rows, atol=1e-10)
+    assert la.records["trmm"].backend == "pytorch"
+
+
+def test_numpy_trmm_handles_strided_rows():
+    from dfmp2.linalg import numpy_ops
+
+    upper = torch.triu(_rand(6, 6, seed=52))
+    wide = _rand(5, 9, seed=53)
+    view = wide[:, :6]  # not C-contiguous
+    expected = view @ upper
+    numpy_ops.trmm(upper, view)
+    assert torch.allclose(wide[:, :6], expected, atol=1e-12)
 
 
 @pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])

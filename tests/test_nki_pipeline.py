@@ -17,7 +17,7 @@ from dfmp2.linalg import DispatchPolicy, Dispatcher
 from dfmp2.molecule import build_mole
 
 pytestmark = pytest.mark.nki_emulated
-NKI_OPS = ("cholesky", "gemm", "trsm", "mp2_pair_energy")
+NKI_OPS = ("cholesky", "gemm", "trsm", "trmm", "mp2_pair_energy")
 
 
 @pytest.fixture(scope="module", params=["water", "benzene"])
@@ -37,7 +37,7 @@ def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
     backend = pt.result.backend
     assert backend["resolved"] == "nki" and backend["nki_mode"] == "emulator"
     ops = backend["ops"]
-    expected = ("cholesky", "gemm", "trsm", "mp2_pair_energy" if fused else "gemm")
+    expected = ("cholesky", "gemm", "trsm", "trmm", "mp2_pair_energy" if fused else "gemm")
     for op in expected:
         assert (ops[op]["backend"], ops[op]["mode"], ops[op]["fallback"]) == (
             "nki", "emulator", None), (op, ops[op])

@@ -26,10 +26,10 @@ from ..kernels._tiles import (
     TILE_N,
     ceil_div,
 )
-from . import nki_runtime
+from . import nki_runtime, torch_ops
 from .nki_runtime import probe
 
-__all__ = ["gemm", "cholesky", "trsm", "mp2_pair_energy", "probe", "SUPPORTS",
+__all__ = ["gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy", "probe", "SUPPORTS",
            "MAX_MATMULS_PER_CALL", "MAX_PAIRS_PER_CALL"]
 
 #: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
@@ -249,6 +249,21 @@ def _trsm_supports(l_nn, b_mn) -> str | None:
     return None
 
 
+def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
+    """``b_mn <- b_mn @ u_nn`` in place (u_nn upper triangular): the column blocks of
+    :func:`dfmp2.linalg.torch_ops.upper_product_in_place`, each one gemm-kernel product."""
+    _require_2d("u_nn", u_nn)
+    _require_2d("b_mn", b_mn)
+    return torch_ops.upper_product_in_place(
+        b_mn, u_nn, lambda a, b, out: gemm(a, b, out=out, mode=mode))
+
+
+def _trmm_supports(u_nn, b_mn) -> str | None:
+    if u_nn.ndim != 2 or b_mn.ndim != 2:
+        return f"trmm needs 2-D operands, got {tuple(u_nn.shape)} and {tuple(b_mn.shape)}"
+    return None  # column blocks of the gemm kernel, which takes any shape
+
+
 # -- fused pair energy ------------------------------------------------------------------------
 def _energy_sbuf_words(nv: int, naux: int, npairs: int) -> int:
     """fp32 words per partition one fused-energy launch may hold in SBUF at its peak.
@@ -367,5 +382,6 @@ SUPPORTS = {
     "gemm": _gemm_supports,
     "cholesky": _cholesky_supports,
     "trsm": _trsm_supports,
+    "trmm": _trmm_supports,
     "mp2_pair_energy": _energy_supports,
 }

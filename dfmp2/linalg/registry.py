@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKENDS", "OPS", "HOST_OPS", "Impl", "DispatchPolicy", "OpRecord", "Dispatcher"]
 
 #: Ops that have an implementation per backend.
-OPS = ("gemm", "cholesky", "trsm", "mp2_pair_energy")
+OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
 HOST_OPS = ("eigh", "pair_energy_from_ovov")
 #: pytorch ops whose matrix products go through the run's CPU BLAS choice.
-MATMUL_OPS = ("gemm", "mp2_pair_energy")
+MATMUL_OPS = ("gemm", "trmm", "mp2_pair_energy")
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,9 @@ class Dispatcher:
 
     def trsm(self, l_nn, b_mn):
         return self.call("trsm", l_nn, b_mn)
+
+    def trmm(self, u_nn, b_mn):
+        return self.call("trmm", u_nn, b_mn)
 
     def mp2_pair_energy(self, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block: bool):
         return self.call("mp2_pair_energy", ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)

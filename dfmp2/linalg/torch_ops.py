@@ -12,7 +12,12 @@ import torch
 from ..errors import NotPositiveDefiniteError
 from .cpu_blas import torch_matmul
 
-__all__ = ["gemm", "cholesky", "eigh", "trsm", "mp2_pair_energy", "pair_energy_from_ovov"]
+__all__ = ["gemm", "cholesky", "eigh", "trsm", "trmm", "mp2_pair_energy", "pair_energy_from_ovov",
+           "upper_product_in_place", "TRMM_COLUMN_BLOCK"]
+
+#: Columns per GEMM of the blocked :func:`trmm` (here and in the NKI wrapper). Smaller blocks skip
+#: more of the zero triangle (26% extra flops at 256 for n = 1708) but run narrower GEMMs.
+TRMM_COLUMN_BLOCK = 256
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
@@ -54,6 +59,32 @@ def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor) -> torch.Tensor:
     l_nn : (n, n) lower triangular; b_mn : (m, n). Returns x : (m, n).
     """
     return torch.linalg.solve_triangular(l_nn.T, b_mn, upper=True, left=False)
+
+
+def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor, matmul=torch_matmul) -> torch.Tensor:
+    """In-place product with an upper-triangular matrix: ``b_mn <- b_mn @ u_nn``; returns b_mn.
+
+    The DF fit ``B = (ia|P) L^{-T}`` with ``u_nn = L^{-T}``. u_nn : (n, n), zero below the
+    diagonal; b_mn : (m, n), overwritten. Blocked GEMMs (:func:`upper_product_in_place`);
+    ``matmul`` as in :func:`gemm`.
+    """
+    return upper_product_in_place(
+        b_mn, u_nn, lambda a, b, out: gemm(a, b, out=out, matmul=matmul))
+
+
+def upper_product_in_place(b_mn: torch.Tensor, u_nn: torch.Tensor, gemm_into) -> torch.Tensor:
+    """``b_mn <- b_mn @ u_nn`` for upper-triangular ``u_nn`` by column blocks of
+    :data:`TRMM_COLUMN_BLOCK`: block K of the product needs ``b[:, :end(K)]`` only, so going
+    from the last block to the first overwrites nothing still needed. ``gemm_into(a, b, out)``
+    computes ``a @ b`` into the contiguous ``out``."""
+    m, n = b_mn.shape
+    width = min(n, TRMM_COLUMN_BLOCK)
+    work = torch.empty(m * width, dtype=b_mn.dtype, device=b_mn.device)
+    for k0 in reversed(range(0, n, width)):
+        k1 = min(k0 + width, n)
+        block = gemm_into(b_mn[:, :k1], u_nn[:k1, k0:k1], work[: m * (k1 - k0)].view(m, k1 - k0))
+        b_mn[:, k0:k1].copy_(block)
+    return b_mn
 
 
 def pair_energy_from_ovov(
