@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .blocking import BlockPlan
+from .buffers import Buffers
 from .errors import NotPositiveDefiniteError
 from .integrals import OrbitalSpace, iter_int3c2e, metric, unpack_pairs
 from .linalg import Dispatcher
@@ -82,7 +83,7 @@ def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
     occ_coeff = torch.from_numpy(space.occ_coeff)
     vir_coeff = torch.from_numpy(space.vir_coeff)
     nao = occ_coeff.shape[0]
-    buffers = _Buffers()
+    buffers = Buffers()
     for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block):
         nblk = p1 - p0
         half_pim = buffers.get("half_pim", (nblk, nocc, nao))
@@ -96,21 +97,6 @@ def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
                        out=buffers.get("full", (nblk * nocc, nvir)))  # (P*i, a)
         store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
-
-
-class _Buffers:
-    """Named float64 CPU work arrays, grown on demand and reused (allocated by numpy, which
-    asks for transparent huge pages)."""
-
-    def __init__(self):
-        self._flat: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        size = int(np.prod(shape))
-        flat = self._flat.get(name)
-        if flat is None or flat.size < size:
-            flat = self._flat[name] = np.empty(size)
-        return torch.from_numpy(flat[:size].reshape(shape))
 
 
 def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:

@@ -10,35 +10,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from .buffers import zeros
+
 __all__ = ["IncoreStore", "H5Store"]
 
 
-#: Largest number of threads that zero a new in-memory store.
-_MAX_TOUCH_THREADS = 8
-
-
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor allocated by numpy, zeroed by one thread per available CPU (up to
-    :data:`_MAX_TOUCH_THREADS`). The zeroing is the first touch of every page: on the
-    benchmark machine (a VM) that costs about 1.2 s per 500 MB from one thread and half that
-    from two, since each vCPU takes its own page faults; written later by one thread in
-    strided blocks, as the transform does, the store cost the full second."""
-    np_dtype = np.float32 if dtype == torch.float32 else np.float64
-    array = np.empty(shape, dtype=np_dtype)
-    flat = array.reshape(-1)
-    nthreads = max(1, min(len(os.sched_getaffinity(0)), _MAX_TOUCH_THREADS,
-                          flat.nbytes // (64 * 1024 * 1024)))
-    if nthreads == 1:
-        flat.fill(0)
-    else:
-        with ThreadPoolExecutor(nthreads) as pool:  # ndarray.fill releases the GIL
-            list(pool.map(lambda part: part.fill(0), np.array_split(flat, nthreads)))
-    return torch.from_numpy(array)
+    return torch.from_numpy(zeros(shape, np.float32 if dtype == torch.float32 else np.float64))
 
 
 class IncoreStore:
