@@ -45,13 +45,12 @@ def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tenso
     e_i, e_j, e_v = eps_i.numpy(), eps_j.numpy(), eps_v.numpy()
     group = min(GROUP_ROWS, ni)
     chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nv * nv * b_i.itemsize))))
-    rows = _Rows(chunk, group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype)
+    rows = _Rows(max(chunk, group), group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype)
     total = np.zeros(2)
     for g0 in range(0, ni, group):
         g1 = min(g0 + group, ni)
         ai_t = b_i[g0:g1].reshape((g1 - g0) * nv, naux).T
-        for k0 in range(g0 if diagonal_block else 0, nj, chunk):
-            k1 = min(k0 + chunk, nj)
+        for k0, k1 in _chunks(g0, g1, nj, chunk, diagonal_block):
             t_kbga = rows.gemm(jb_rows[k0 * nv : k1 * nv], ai_t)
             for k in range(k0, k1):
                 # pairs (i, k) for i in the group, only i <= k in a diagonal block
@@ -62,6 +61,15 @@ def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tenso
                 t_gba = rows.pairs(t_kbga[k - k0, :, : g_end - g0])
                 total += rows.energy(t_gba, e_i[g0:g_end] + e_j[k], e_v, weight)
     return torch.from_numpy(total)
+
+
+def _chunks(g0: int, g1: int, nj: int, chunk: int, diagonal_block: bool):
+    """The (k0, k1) ranges of j for the group g0:g1. In a diagonal block the first range is the
+    group itself: ``B_group B_group^T`` has one operand twice, which numpy hands to the BLAS as
+    a symmetric rank-k update at half the flops of the GEMM."""
+    if not diagonal_block:
+        return [(k0, min(k0 + chunk, nj)) for k0 in range(0, nj, chunk)]
+    return [(g0, g1)] + [(k0, min(k0 + chunk, nj)) for k0 in range(g1, nj, chunk)]
 
 
 class _Rows:
