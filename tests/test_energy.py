@@ -65,3 +65,37 @@ def test_pipeline_matches_textbook_oracle():
                                  space.eps_vir)
     assert pt.e_corr_os == pytest.approx(e_os, abs=1e-10)
     assert pt.e_corr_ss == pytest.approx(e_ss, abs=1e-10)
+
+
+@pytest.mark.parametrize("max_functions", [1, 7, 1000])
+def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
+    """Every auxiliary block, unpacked, equals the slice of PySCF's whole (mu nu|P) tensor."""
+    from pyscf import df
+
+    from dfmp2.integrals import iter_int3c2e, unpack_pairs
+    from dfmp2.molecule import build_mole
+
+    mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", "cc-pvdz")
+    aux = make_auxmol(mol)
+    full = df.incore.aux_e2(mol, aux, "int3c2e", aosym="s1")  # (nao, nao, naux)
+    nao, naux = mol.nao_nr(), aux.nao_nr()
+    seen = 0
+    for p0, p1, packed in iter_int3c2e(mol, aux, max_functions):
+        assert p0 == seen and packed.shape == (p1 - p0, nao * (nao + 1) // 2)
+        square = unpack_pairs(packed, out=np.empty((p1 - p0, nao, nao)))
+        np.testing.assert_allclose(square, full[:, :, p0:p1].transpose(2, 0, 1), atol=1e-13)
+        seen = p1
+    assert seen == naux
+
+
+def test_zeros_are_zero_in_one_or_several_threads(monkeypatch):
+    from dfmp2 import buffers
+
+    for threshold in (1 << 40, 64):  # one thread; one per CPU
+        monkeypatch.setattr(buffers, "_THREAD_BYTES", threshold)
+        array = buffers.zeros((37, 5, 3), np.float32)
+        assert array.dtype == np.float32 and array.shape == (37, 5, 3)
+        assert array.flags.c_contiguous and array.flags.writeable and not array.any()
+        array[3, 2, 1] = 7.0
+        assert array.sum() == 7.0
+    assert buffers.zeros((0, 4)).shape == (0, 4)
