@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "plan_blocks", "pair_block_bytes", "transform_bytes_per_aux", "usable_bytes", "MB", "RESERVE"]
+__all__ = ["BlockPlan", "plan_blocks", "pair_block_bytes", "transform_bytes_per_aux",
+           "usable_bytes", "MB", "RESERVE"]
 
 MB = 1024 * 1024
 _F64 = 8

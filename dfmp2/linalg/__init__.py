@@ -1,8 +1,8 @@
 """dfmp2's vendored linear-algebra suite: one registry, a pytorch backend and an nki backend.
 
 Pipeline code creates one :class:`Dispatcher` per run and calls its ops (``gemm``, ``cholesky``,
-``eigh``, ``trsm``, ``trmm``, ``mp2_pair_energy``, ``pair_energy_from_ovov``); the dispatcher records which
-backend and execution mode ran each op.
+``eigh``, ``trsm``, ``trmm``, ``mp2_pair_energy``, ``pair_energy_from_ovov``); the dispatcher
+records which backend and execution mode ran each op.
 """
 
 from .registry import BACKENDS, HOST_OPS, OPS, REGISTRY, DispatchPolicy, Dispatcher, OpRecord
