@@ -12,10 +12,10 @@ from .blocking import plan_blocks
 from .energy import scs_energy
 from .errors import ConvergenceError, InputError
 from .integrals import frozen_mask, make_auxmol, orbital_space
-from .linalg import DispatchPolicy, Dispatcher
+from .linalg import DispatchPolicy, Dispatcher, numpy_ops
 from .molecule import build_mole
 from .options import Options
-from .pipeline import StageTimer, dfmp2_pair_energies
+from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
 from .results import Result, versions
 from .scf import run_scf
 
@@ -114,6 +114,9 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     backend = {"requested": opts.backend, "resolved": la.backend, "nki_mode": la.nki_mode,
                "resolution": la.resolution, "ops": la.summary(),
                "cpu_blas": la.cpu_blas.as_dict()}
+    if la.backend == "pytorch" and la.cpu_blas.choice == "numpy" and opts.fused_energy:
+        backend["cpu_blas"]["pair_reduction"] = numpy_ops.pair_reduction(
+            PRECISION_DTYPES[opts.precision][1])
     molecule = {
         "symbols": [mol.atom_pure_symbol(k) for k in range(mol.natm)],
         "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),

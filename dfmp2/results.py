@@ -114,6 +114,8 @@ class Result:
         if blas and b["resolved"] == "pytorch":
             lines.append(f"  CPU products through {blas['choice']} "
                          f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
+            if blas.get("pair_reduction"):
+                lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
         for op, rec in b["ops"].items():
             note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""
             lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "

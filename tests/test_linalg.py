@@ -134,8 +134,11 @@ def _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
 @pytest.mark.parametrize("diagonal_block", [True, False])
 @pytest.mark.parametrize("chunk_pairs", [1, 2, 100])
 @pytest.mark.parametrize("precision", ["fp64", "mixed", "fp32"])
-def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision, monkeypatch):
-    """The numpy-BLAS pair step: every chunking of the rows of j, every precision."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy-reduction"])
+def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision, compiled,
+                                          monkeypatch):
+    """The numpy-BLAS pair step: every chunking of the rows of j, every precision, both
+    reductions (the compiled one must be built: see tests/test_pair_reduce.py)."""
     from dfmp2.linalg import numpy_ops
 
     ni, nj, nv, naux = 5, 5 if diagonal_block else 3, 6, 11
@@ -147,7 +150,8 @@ def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision
     r_dtype = torch.float32 if precision == "fp32" else torch.float64
     monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", chunk_pairs * nv * nv * r_dtype.itemsize)
     got = numpy_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
-                                    eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block)
+                                    eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block,
+                                    compiled=compiled)
     ref = _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
     assert got.dtype == torch.float64 and got.shape == (2,)
     tol = {"fp64": TOL, "mixed": 1e-5, "fp32": 1e-4}[precision]

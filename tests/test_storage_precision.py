@@ -39,6 +39,18 @@ def test_outcore_equals_incore(water4_scf, tmp_path, fused, cpu_blas):
     assert os.listdir(tmp_path) == []  # the temporary file is gone
 
 
+@pytest.mark.parametrize("precision, reduction", [("fp64", "compiled single pass"),
+                                                  ("mixed", "compiled single pass"),
+                                                  ("fp32", "numpy ufuncs")])
+def test_the_pair_reduction_that_ran_is_recorded(water4_scf, precision, reduction):
+    result = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="numpy",
+                         precision=precision).run().result
+    assert result.backend["cpu_blas"]["pair_reduction"].startswith(reduction)
+    assert "pair-energy reduction: " + reduction in result.summary()
+    torch_blas = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="torch").run().result
+    assert "pair_reduction" not in torch_blas.backend["cpu_blas"]
+
+
 def test_forced_outcore_cleans_up_after_an_error(water4_scf, tmp_path, monkeypatch):
     import dfmp2.pipeline
 

@@ -9,6 +9,8 @@ BLAS's own, and no wait policy has to be set before torch loads.
 
 The reduction also works a few pairs at a time (:data:`CHUNK_BYTES`): each GEMM writes
 ``(ia|jb)`` for a handful of pairs, and the reduction reads it back while it is still in cache.
+It is one compiled pass over the block (``dfmp2/linalg/_pair_reduce.c``, built at install when a
+C compiler is present) or, without it, numpy ufuncs; :data:`PAIR_REDUCTION` says which.
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["mp2_pair_energy", "trmm", "CHUNK_BYTES", "GROUP_ROWS"]
+try:
+    from . import _pair_reduce
+except ImportError as exc:  # the optional C extension was not built (no C compiler at install)
+    _pair_reduce = None
+    _MISSING = str(exc)
+
+__all__ = ["mp2_pair_energy", "pair_reduction", "trmm", "CHUNK_BYTES", "GROUP_ROWS",
+           "PAIR_REDUCTION"]
+
+#: How this install reduces (ia|jb) blocks to pair energies, for the run's record.
+PAIR_REDUCTION = ("compiled single pass (dfmp2.linalg._pair_reduce)" if _pair_reduce is not None
+                  else f"numpy ufuncs (compiled extension not built: {_MISSING})")
 
 #: Target size of the (ia|jb) block one GEMM writes. Measured on C20H42 cc-pVDZ (nvir 409,
 #: naux 1708, 2 cores): a few megabytes reduce at ~2 ns per element against ~4.5 ns for a whole
@@ -30,37 +43,68 @@ GROUP_ROWS = 4
 
 
 def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
-                    eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool) -> torch.Tensor:
+                    eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool,
+                    compiled: bool | None = None) -> torch.Tensor:
     """Same contract as :func:`dfmp2.linalg.torch_ops.mp2_pair_energy` (CPU tensors only).
 
     For each group of occupied i (:data:`GROUP_ROWS`) and chunk of j (j >= the group's first i
     in a diagonal block) one GEMM ``B_J[chunk] (k*nv, naux) x B_group^T (naux, g*nv)`` gives
-    ``(ia|jb)`` as ``[(j, b), (i, a)]``; each j's pairs are copied out contiguously (and to the
-    reduction dtype) and reduced while the block is in cache.
+    ``(ia|jb)`` as ``[(j, b), (i, a)]``, reduced while the block is in cache: by the compiled
+    pass (``compiled`` None or True, float64 reductions only: fp64 and mixed precision) or by
+    numpy ufuncs (``compiled=False``, and the fp32 precision, whose reduction is float32).
     """
     b_i, b_j = ovL_i.numpy(), ovL_j.numpy()
     ni, nv, naux = b_i.shape
     nj = b_j.shape[0]
     jb_rows = b_j.reshape(nj * nv, naux)
     e_i, e_j, e_v = eps_i.numpy(), eps_j.numpy(), eps_v.numpy()
+    if compiled is None:
+        compiled = _pair_reduce is not None and e_v.dtype == np.float64
+    elif compiled and _pair_reduce is None:
+        raise RuntimeError(f"the compiled pair reduction is not built here: {PAIR_REDUCTION}")
     group = min(GROUP_ROWS, ni)
     chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nv * nv * b_i.itemsize))))
-    rows = _Rows(max(chunk, group), group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype)
+    rows = _Rows(max(chunk, group), group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype,
+                 numpy_reduction=not compiled)
+    e_v64 = np.ascontiguousarray(e_v, dtype=np.float64)
     total = np.zeros(2)
     for g0 in range(0, ni, group):
         g1 = min(g0 + group, ni)
         ai_t = b_i[g0:g1].reshape((g1 - g0) * nv, naux).T
         for k0, k1 in _chunks(g0, g1, nj, chunk, diagonal_block):
             t_kbga = rows.gemm(jb_rows[k0 * nv : k1 * nv], ai_t)
-            for k in range(k0, k1):
-                # pairs (i, k) for i in the group, only i <= k in a diagonal block
-                g_end = min(g1, k + 1) if diagonal_block else g1
-                weight = np.full(g_end - g0, 2.0)
-                if diagonal_block and g0 <= k < g1:
-                    weight[k - g0] = 1.0
-                t_gba = rows.pairs(t_kbga[k - k0, :, : g_end - g0])
-                total += rows.energy(t_gba, e_i[g0:g_end] + e_j[k], e_v, weight)
+            pair_e, weight = _pair_weights(e_i[g0:g1], e_j[k0:k1], g0, k0, diagonal_block)
+            if compiled:
+                total += _pair_reduce.pair_sums(t_kbga, k1 - k0, nv, g1 - g0, pair_e, weight,
+                                                e_v64)
+                continue
+            for k in range(k1 - k0):
+                # the pairs used are a prefix of the group: i <= j in a diagonal block
+                used = int(np.count_nonzero(weight[k]))
+                t_gba = rows.pairs(t_kbga[k, :, :used])
+                total += rows.energy(t_gba, pair_e[k, :used], e_v, weight[k, :used])
     return torch.from_numpy(total)
+
+
+def pair_reduction(reduce_dtype: torch.dtype) -> str:
+    """How :func:`mp2_pair_energy` reduces by default for this reduction dtype, for the record."""
+    if reduce_dtype == torch.float64 and _pair_reduce is not None:
+        return PAIR_REDUCTION
+    if _pair_reduce is not None:
+        return f"numpy ufuncs ({reduce_dtype} reduction; the compiled pass sums in float64)"
+    return PAIR_REDUCTION
+
+
+def _pair_weights(e_g: np.ndarray, e_k: np.ndarray, g0: int, k0: int, diagonal_block: bool):
+    """``pair_e[k, g] = e_i + e_j`` and ``weight[k, g]`` (float64, (nk, ng)) for the pairs of
+    i = g0 + g with j = k0 + k: 2 for i < j (or any pair of an off-diagonal block), 1 for i == j,
+    0 for the pairs j < i that a diagonal block computes but does not use."""
+    pair_e = np.add.outer(e_k.astype(np.float64), e_g.astype(np.float64))
+    if not diagonal_block:
+        return pair_e, np.full(pair_e.shape, 2.0)
+    i = np.arange(g0, g0 + len(e_g))
+    j = np.arange(k0, k0 + len(e_k))[:, None]
+    return pair_e, np.where(i < j, 2.0, np.where(i == j, 1.0, 0.0))
 
 
 def _chunks(g0: int, g1: int, nj: int, chunk: int, diagonal_block: bool):
@@ -76,12 +120,14 @@ class _Rows:
     """Buffers for one GEMM block and its pairs, allocated once per op call: fresh
     multi-megabyte arrays per block would cost page faults comparable to the arithmetic."""
 
-    def __init__(self, chunk: int, group: int, nv: int, gemm_dtype, reduce_dtype):
+    def __init__(self, chunk: int, group: int, nv: int, gemm_dtype, reduce_dtype,
+                 numpy_reduction: bool):
         self.nv = nv
         self.block = np.empty(chunk * nv * group * nv, dtype=gemm_dtype)
-        self.t = np.empty((group, nv, nv), dtype=reduce_dtype)
-        self.w = np.empty((group, nv, nv), dtype=reduce_dtype)
-        self.swap = np.empty((group, nv, nv), dtype=reduce_dtype)
+        if numpy_reduction:
+            self.t = np.empty((group, nv, nv), dtype=reduce_dtype)
+            self.w = np.empty((group, nv, nv), dtype=reduce_dtype)
+            self.swap = np.empty((group, nv, nv), dtype=reduce_dtype)
 
     def gemm(self, jb_rows: np.ndarray, ai_t: np.ndarray) -> np.ndarray:
         """``(ia|jb)`` as (nk, nb, ng, na) for the nk j of ``jb_rows`` and ng i of ``ai_t``."""
