@@ -15,6 +15,8 @@ C compiler is present) or, without it, numpy ufuncs; :data:`PAIR_REDUCTION` says
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
 
@@ -22,14 +24,15 @@ try:
     from . import _pair_reduce
 except ImportError as exc:  # the optional C extension was not built (no C compiler at install)
     _pair_reduce = None
-    _MISSING = str(exc)
+    _MISSING = (str(exc) if importlib.util.find_spec(f"{__package__}._pair_reduce") else
+                "not built at install, as no C compiler was found; reinstall with one")
 
 __all__ = ["mp2_pair_energy", "pair_reduction", "trmm", "CHUNK_BYTES", "GROUP_ROWS",
            "PAIR_REDUCTION"]
 
 #: How this install reduces (ia|jb) blocks to pair energies, for the run's record.
 PAIR_REDUCTION = ("compiled single pass (dfmp2.linalg._pair_reduce)" if _pair_reduce is not None
-                  else f"numpy ufuncs (compiled extension not built: {_MISSING})")
+                  else f"numpy ufuncs (the compiled pass is {_MISSING})")
 
 #: Target size of the (ia|jb) block one GEMM writes. Measured on C20H42 cc-pVDZ (nvir 409,
 #: naux 1708, 2 cores): a few megabytes reduce at ~2 ns per element against ~4.5 ns for a whole
