@@ -119,7 +119,7 @@ def run_dfmp2(mf, auxbasis: str, max_memory: int, precision: str,
     return {"seconds": seconds, "e_corr": float(res.e_corr), "stages": dict(res.timings),
             "sizes": res.sizes, "blocks": res.method["blocks"],
             "precision": res.method.get("precision"), "backend": res.backend["resolved"],
-            "cpu_blas": {k: blas.get(k) for k in ("choice", "reason")}}
+            "cpu_blas": {k: blas.get(k) for k in ("choice", "reason", "pair_reduction")}}
 
 
 def measured(fn, *args) -> dict:
@@ -159,32 +159,58 @@ def pair_gemm_rates(nvir: int, naux: int, occ_block: int, cap: int = 2048) -> di
             "numpy_fp32": machine.numpy_gemm_rate(m, 1, k=naux, dtype="float32")}
 
 
-def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, repeat: int = 3) -> dict | None:
-    """Where dfmp2's fp64 pair step spends its time, on random data of the molecule's shapes:
-    one row of a diagonal block as ``mp2_pair_energy`` runs it — the GEMM
-    (nvir, naux) x (naux, b*nvir) and the reduction ``pair_energy_from_ovov`` of its
-    (1, nvir, b, nvir) result — timed apart (median seconds). {'error': ...} if the op API
-    changed."""
+def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | None,
+               repeat: int = 3) -> dict | None:
+    """Where dfmp2's fp64 pair step spends its time, on random data of the molecule's shapes,
+    GEMM and reduction timed apart (median seconds), for the path the run took:
+
+    - numpy's BLAS (``cpu_blas`` 'numpy'): one GEMM block of ``numpy_ops.mp2_pair_energy``,
+      ``B_J[chunk] x B_group^T``, alone and with its reduction (the op on one group of i and one
+      chunk of j of an off-diagonal block); the reduction is the difference;
+    - torch: one row of a diagonal block, the GEMM (nvir, naux) x (naux, b*nvir) and
+      ``pair_energy_from_ovov`` of its (1, nvir, b, nvir) result.
+
+    {'error': ...} if the op API changed."""
     import torch
 
     try:
-        from dfmp2.linalg.torch_ops import pair_energy_from_ovov
-        b = max(1, min(occ_block, nocc))
         gen = torch.Generator().manual_seed(0)
-        ovl = torch.rand((b, nvir, naux), dtype=torch.float64, generator=gen)
-        eps_o = -1.0 - torch.rand(b, dtype=torch.float64, generator=gen)
         eps_v = 0.5 + torch.rand(nvir, dtype=torch.float64, generator=gen)
-        rest = ovl.reshape(b * nvir, naux).T
-        ovov = ovl[0] @ rest
-        gemm = machine.timed(lambda: ovl[0] @ rest, repeat)
-        view = ovov.view(1, nvir, b, nvir)
-        reduce = machine.timed(
-            lambda: pair_energy_from_ovov(view, eps_o[:1], eps_o, eps_v, True), repeat)
+        if cpu_blas == "numpy":
+            from dfmp2.linalg import numpy_ops
+
+            ng = min(numpy_ops.GROUP_ROWS, nocc)
+            nk = max(1, min(nocc, numpy_ops.CHUNK_BYTES // (ng * nvir * nvir * 8)))
+            b_i = torch.rand((ng, nvir, naux), dtype=torch.float64, generator=gen)
+            b_j = torch.rand((nk, nvir, naux), dtype=torch.float64, generator=gen)
+            eps_i = -1.0 - torch.rand(ng, dtype=torch.float64, generator=gen)
+            eps_j = -1.0 - torch.rand(nk, dtype=torch.float64, generator=gen)
+            rows_j, group_t = b_j.numpy().reshape(nk * nvir, naux), b_i.numpy().reshape(-1, naux).T
+            out = np.empty((nk * nvir, ng * nvir))
+            gemm = machine.timed(lambda: np.matmul(rows_j, group_t, out=out), repeat)
+            both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
+                b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
+            gemm_s = float(np.median(gemm))
+            reduce_s = max(0.0, float(np.median(both)) - gemm_s)
+            flops, how = 2.0 * nk * nvir * naux * ng * nvir, numpy_ops.pair_reduction(
+                torch.float64)
+            shape = {"group": ng, "chunk": nk}
+        else:
+            from dfmp2.linalg.torch_ops import pair_energy_from_ovov
+            b = max(1, min(occ_block, nocc))
+            ovl = torch.rand((b, nvir, naux), dtype=torch.float64, generator=gen)
+            eps_o = -1.0 - torch.rand(b, dtype=torch.float64, generator=gen)
+            rest = ovl.reshape(b * nvir, naux).T
+            ovov = ovl[0] @ rest
+            gemm_s = float(np.median(machine.timed(lambda: ovl[0] @ rest, repeat)))
+            view = ovov.view(1, nvir, b, nvir)
+            reduce_s = float(np.median(machine.timed(
+                lambda: pair_energy_from_ovov(view, eps_o[:1], eps_o, eps_v, True), repeat)))
+            flops, how, shape = 2.0 * nvir * naux * b * nvir, "torch", {"b": b}
     except (ImportError, TypeError, ValueError, RuntimeError) as exc:  # diagnostic only
         return {"error": f"{type(exc).__name__}: {exc}"}
-    flops = 2.0 * nvir * naux * b * nvir
-    return {"b": b, "gemm_s": float(np.median(gemm)), "reduce_s": float(np.median(reduce)),
-            "gemm_gflops": flops / float(np.median(gemm)) / 1e9}
+    return {**shape, "gemm_s": gemm_s, "reduce_s": reduce_s, "gemm_gflops": flops / gemm_s / 1e9,
+            "reduction": how}
 
 
 def alternating(methods: dict, repeat: int, between=None) -> tuple[dict, list]:
@@ -261,7 +287,8 @@ def run_molecule(spec: dict) -> dict:
                       for dt in probes[0]},
         "pair_gemm_probes": probes,
         "pair_split": pair_split(sizes["nvir"], sizes["naux"],
-                                 blocks.get("occ_block", sizes["nocc"]), sizes["nocc"]),
+                                 blocks.get("occ_block", sizes["nocc"]), sizes["nocc"],
+                                 (runs[key][0].get("cpu_blas") or {}).get("choice")),
         "process_peak_rss_mb": peak_rss_mb(),
         "blas": machine.blas_info(),
         "torch_threads": torch.get_num_threads(),
