@@ -160,13 +160,13 @@ def pair_gemm_rates(nvir: int, naux: int, occ_block: int, cap: int = 2048) -> di
 
 
 def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | None,
-               repeat: int = 3) -> dict | None:
+               repeat: int = 9) -> dict | None:
     """Where dfmp2's fp64 pair step spends its time, on random data of the molecule's shapes,
     GEMM and reduction timed apart (median seconds), for the path the run took:
 
     - numpy's BLAS (``cpu_blas`` 'numpy'): one GEMM block of ``numpy_ops.mp2_pair_energy``,
-      ``B_J[chunk] x B_group^T``, alone and with its reduction (the op on one group of i and one
-      chunk of j of an off-diagonal block); the reduction is the difference;
+      ``B_J[chunk] x B_group^T``, and the compiled reduction of that block (without the
+      extension: the op on the same block, less the GEMM);
     - torch: one row of a diagonal block, the GEMM (nvir, naux) x (naux, b*nvir) and
       ``pair_energy_from_ovov`` of its (1, nvir, b, nvir) result.
 
@@ -187,11 +187,18 @@ def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | 
             eps_j = -1.0 - torch.rand(nk, dtype=torch.float64, generator=gen)
             rows_j, group_t = b_j.numpy().reshape(nk * nvir, naux), b_i.numpy().reshape(-1, naux).T
             out = np.empty((nk * nvir, ng * nvir))
-            gemm = machine.timed(lambda: np.matmul(rows_j, group_t, out=out), repeat)
-            both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
-                b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
-            gemm_s = float(np.median(gemm))
-            reduce_s = max(0.0, float(np.median(both)) - gemm_s)
+            gemm_s = float(np.median(machine.timed(
+                lambda: np.matmul(rows_j, group_t, out=out), repeat)))
+            if numpy_ops._pair_reduce is not None:  # the compiled pass, on the GEMM's block
+                pair_e = np.add.outer(eps_j.numpy(), eps_i.numpy())
+                weight = np.full((nk, ng), 2.0)
+                reduce_s = float(np.median(machine.timed(
+                    lambda: numpy_ops._pair_reduce.pair_sums(out, nk, nvir, ng, pair_e, weight,
+                                                             eps_v.numpy()), repeat)))
+            else:  # the numpy passes: the op on the same block, less its GEMM
+                both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
+                    b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
+                reduce_s = max(0.0, float(np.median(both)) - gemm_s)
             flops, how = 2.0 * nk * nvir * naux * ng * nvir, numpy_ops.pair_reduction(
                 torch.float64)
             shape = {"group": ng, "chunk": nk}
