@@ -57,12 +57,14 @@ def selected_blas(runs: list[dict]) -> str:
     return "+".join(sorted(names))
 
 
-def _rate(rates: dict | None, library: str, dtype: str) -> float:
-    """Median GFLOP/s of ``library`` ('torch'/'numpy', or a '+' mix: the faster) at dtype."""
+def _rate(rates: dict | None, library: str, dtype: str, suffix: str = "") -> float:
+    """Median GFLOP/s of ``library`` ('torch'/'numpy', or a '+' mix: the faster) at dtype
+    (``suffix`` '_2048': the in-worker 2048^3 probe)."""
     if not rates:
         return float("nan")
     libs = [lib.rstrip("?") for lib in library.split("+")]
-    values = [rates[f"{lib}_{dtype}"]["median"] for lib in libs if f"{lib}_{dtype}" in rates]
+    keys = [f"{lib}_{dtype}{suffix}" for lib in libs]
+    values = [rates[key]["median"] for key in keys if key in rates]
     return max(values) if values else float("nan")
 
 
@@ -101,6 +103,7 @@ def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
             "pair_gflops": pair_rate,
             "pair_pct_gemm": 100.0 * pair_rate / _rate(gemm and gemm["rates"], blas, dtype),
             "pair_pct_shape": 100.0 * pair_rate / shape_rate,
+            "pair_pct_gemm_here": 100.0 * pair_rate / _rate(mol["pair_gemm"], blas, dtype, "_2048"),
             "pair_shape_gflops": shape_rate,
             "pair_split": mol.get("pair_split") if precision == "fp64" else None,
             "pyscf_stages": {k: median(r["stages"].get(k) for r in pyscf_runs)
@@ -187,7 +190,8 @@ def main_table(rows: list[dict]) -> list[str]:
 
 def stage_table(rows: list[dict]) -> list[str]:
     header = ["molecule", "basis", "CORETYPE", "prec [BLAS]", "metric", "transform", "(int3c2e)",
-              "fit", "pair_energy", "pair GFLOP/s", "% GEMM 2048", "% GEMM pair-shape",
+              "fit", "pair_energy", "pair GFLOP/s", "% GEMM 2048", "% GEMM 2048 in worker",
+              "% GEMM pair-shape",
               "reduction share", "peak RSS dfmp2 MiB", "peak RSS PySCF MiB"]
     lines = []
     for r in rows:
@@ -195,7 +199,8 @@ def stage_table(rows: list[dict]) -> list[str]:
         lines.append([
             r["molecule"], r["basis"], r["coretype"], _variant_cell(r), _f(st["metric"]),
             _f(st["transform"]), _f(r["int3c2e_s"]), _f(st["fit"]), _f(st["pair_energy"]),
-            _f(r["pair_gflops"], 1), _f(r["pair_pct_gemm"], 0), _f(r["pair_pct_shape"], 0),
+            _f(r["pair_gflops"], 1), _f(r["pair_pct_gemm"], 0), _f(r["pair_pct_gemm_here"], 0),
+            _f(r["pair_pct_shape"], 0),
             _split_cell(r["pair_split"]), _rss_cell(r["peak_rss_dfmp2_mb"], r["rss_before_mb"]),
             _rss_cell(r["peak_rss_pyscf_mb"], r["rss_before_mb"])])
     return _table(header, lines)

@@ -150,13 +150,19 @@ def int3c2e_seconds(mol, auxbasis: str, aux_block: int) -> float:
 def pair_gemm_rates(nvir: int, naux: int, occ_block: int, cap: int = 2048) -> dict:
     """torch.matmul and numpy matmul rates at the pair-energy GEMM's shape,
     (b*nvir, naux) x (naux, b*nvir),
-    with b*nvir capped at ``cap`` to keep the probe short (k = naux is kept). One timed call
-    per dtype after a warm-up: :func:`alternating` runs it between repetitions."""
+    with b*nvir capped at ``cap`` to keep the probe short (k = naux is kept), and at 2048^3
+    (keys ``*_2048``). One timed call per dtype after a warm-up: :func:`alternating` runs it
+    between repetitions."""
     m = max(1, min(occ_block * nvir, cap))
     return {"torch_fp64": machine.torch_gemm_rate(m, naux, m, "float64", 1),
             "torch_fp32": machine.torch_gemm_rate(m, naux, m, "float32", 1),
             "numpy_fp64": machine.numpy_gemm_rate(m, 1, k=naux),
-            "numpy_fp32": machine.numpy_gemm_rate(m, 1, k=naux, dtype="float32")}
+            "numpy_fp32": machine.numpy_gemm_rate(m, 1, k=naux, dtype="float32"),
+            # the 2048^3 reference again, here, under the same load as the timed runs
+            "torch_fp64_2048": machine.torch_gemm_rate(2048, 2048, 2048, "float64", 1),
+            "torch_fp32_2048": machine.torch_gemm_rate(2048, 2048, 2048, "float32", 1),
+            "numpy_fp64_2048": machine.numpy_gemm_rate(2048, 1),
+            "numpy_fp32_2048": machine.numpy_gemm_rate(2048, 1, dtype="float32")}
 
 
 def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | None,
