@@ -91,11 +91,9 @@ def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tenso
 
 def pair_reduction(reduce_dtype: torch.dtype) -> str:
     """How :func:`mp2_pair_energy` reduces by default for this reduction dtype, for the record."""
-    if reduce_dtype == torch.float64 and _pair_reduce is not None:
+    if _pair_reduce is None or reduce_dtype == torch.float64:
         return PAIR_REDUCTION
-    if _pair_reduce is not None:
-        return f"numpy ufuncs ({reduce_dtype} reduction; the compiled pass sums in float64)"
-    return PAIR_REDUCTION
+    return f"numpy ufuncs ({reduce_dtype} reduction; the compiled pass sums in float64)"
 
 
 def _pair_weights(e_g: np.ndarray, e_k: np.ndarray, g0: int, k0: int, diagonal_block: bool):
