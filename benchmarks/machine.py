@@ -14,7 +14,7 @@ import numpy as np
 
 #: Environment variables that change which BLAS kernels or how many threads run.
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "OPENBLAS_L2_SIZE")
+            "OPENBLAS_L2_SIZE", "OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY")
 
 
 def cpu_model() -> str:
@@ -90,6 +90,7 @@ def blas_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "pyscf_num_threads": pyscf_lib.num_threads(),
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "OPENBLAS_THREAD_TIMEOUT": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
     }
     try:
         import threadpoolctl

@@ -276,6 +276,8 @@ def blas_lines(gemm_by_core: dict, machine: dict) -> list[str]:
          f"versions {machine['versions']}"),
         f"- torch BLAS: {blas.get('torch_blas')} (mkl available: {blas.get('torch_mkl')})",
         f"- BLAS environment inherited by the harness: {machine['env']}",
+        (f"- workers (both sides): OPENBLAS_THREAD_TIMEOUT="
+         f"{blas.get('OPENBLAS_THREAD_TIMEOUT') or 'unset (OpenBLAS default 28)'}"),
         _source_line(machine),
     ]
     for core, g in gemm_by_core.items():

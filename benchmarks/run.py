@@ -58,6 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="OPENBLAS_CORETYPE values, one worker process each ('unset' removes it; "
                         "'pyscf-Haswell': Haswell kernels for PySCF's bundled OpenBLAS only, "
                         "as the dfmp2 CLI sets it up)")
+    p.add_argument("--thread-timeout", default=None,
+                   help="OPENBLAS_THREAD_TIMEOUT of the workers (both sides): default what the "
+                        "dfmp2 CLI sets (dfmp2.blas_env.OPENBLAS_THREAD_TIMEOUT) unless the "
+                        "harness's environment has it; 'unset' removes it (OpenBLAS: 28)")
     p.add_argument("--precisions", help="dfmp2 precisions (default: all of options.PRECISIONS)")
     p.add_argument("--cpu-blas",
                    help="dfmp2 cpu_blas choices to time, comma-separated (e.g. torch,numpy); "
@@ -106,9 +110,20 @@ def entries(names: list[str], basis: str, auxbasis: str | None) -> list[dict]:
     return sorted(out, key=lambda e: e["nbasis"])
 
 
+def thread_timeout(arg: str | None) -> str | None:
+    """The workers' OPENBLAS_THREAD_TIMEOUT: the argument ('unset' -> None), else this
+    environment's, else the value the dfmp2 CLI sets (``dfmp2.blas_env``)."""
+    from dfmp2.blas_env import OPENBLAS_THREAD_TIMEOUT
+
+    if arg is not None:
+        return None if arg == "unset" else arg
+    return os.environ.get("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
+
+
 def worker_env(coretype: str) -> dict:
     """The environment of a worker: this one, with OPENBLAS_CORETYPE set or removed; for
-    'pyscf-Haswell' removed, and the worker gives Haswell kernels to PySCF's library only."""
+    'pyscf-Haswell' removed, and the worker gives Haswell kernels to PySCF's library only.
+    OPENBLAS_THREAD_TIMEOUT is inherited (``main`` sets it from --thread-timeout)."""
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop(worker.PYSCF_ONLY_FLAG, None)
@@ -309,7 +324,9 @@ def collect(args: argparse.Namespace) -> dict:
     return {"name": args.name or args.ladder or "custom", "command": _command(),
             "started": started, "wall_s": budget.elapsed(), "repeat": args.repeat,
             "warmup": args.warmup, "precisions": precs, "max_memory": args.max_memory,
-            "conv_tol": args.conv_tol, "machine": info, "gemm": gemm, "rows": rows,
+            "conv_tol": args.conv_tol,
+            "worker_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+            "machine": info, "gemm": gemm, "rows": rows,
             "scaling": scaling, "e2e": e2e, "skipped": skipped, "raw": raw}
 
 
@@ -330,6 +347,10 @@ def write(data: dict, out_dir: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    timeout = thread_timeout(args.thread_timeout)
+    os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)  # the workers inherit this environment
+    if timeout is not None:
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = timeout
     data = collect(args)
     print(write(data, args.out_dir))
     return 1 if any(report.energy_fails(r) for r in data["rows"]) else 0

@@ -1,18 +1,32 @@
-"""Let PySCF's bundled OpenBLAS use this CPU's kernels (called by the CLI only).
+"""BLAS environment the ``dfmp2`` command sets up before the libraries load (the CLI only).
 
+**PySCF's kernels.**
 PySCF wheels bundle OpenBLAS 0.3.3, which predates AMD Zen 3 and later: it falls back to its
 "Barcelona" kernels and runs DGEMM at about a third of the machine's rate (measured on this
 project's benchmark machine, an AMD EPYC family 0x1A). ``OPENBLAS_CORETYPE=Haswell`` selects the
 AVX2/FMA kernels these CPUs run well. The variable is read when a library loads, and numpy's own
 (newer) OpenBLAS detects the CPU correctly, so numpy, scipy and torch load first, the variable is
 set only while PySCF's library loads, and the previous environment is restored.
+
+**OpenBLAS's idle workers.** After each call OpenBLAS's worker threads spin for
+``2^OPENBLAS_THREAD_TIMEOUT`` cycles (default 2^28, about 0.1 s) before they sleep. The
+transform alternates GEMMs with int3c2e blocks computed by libcint's OpenMP threads, which then
+share the cores with the spinning workers: on (H2O)20 cc-pVDZ (13 int3c2e blocks) the integrals
+took 1.8-2.1 s after GEMMs against 1.45-1.6 s alone, and 1.5-1.7 s with a timeout of 2^20
+cycles (:data:`OPENBLAS_THREAD_TIMEOUT`). Sleeping workers cost a wake-up (microseconds) at the
+next call, nothing next to the GEMMs of this program. The variable is read when OpenBLAS loads.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-__all__ = ["tune_pyscf_openblas", "choose_cpu_blas"]
+__all__ = ["tune_pyscf_openblas", "shorten_openblas_spin", "choose_cpu_blas",
+           "OPENBLAS_THREAD_TIMEOUT", "openblas_thread_timeout"]
+
+#: The ``OPENBLAS_THREAD_TIMEOUT`` the CLI sets (log2 of the cycles an idle worker spins).
+OPENBLAS_THREAD_TIMEOUT = "20"
 
 _ZEN3 = 0x19  # OpenBLAS 0.3.3 knows Zen 1/2 (family 0x17); 0x19 (Zen 3/4) and 0x1A (Zen 5) not
 
@@ -56,6 +70,23 @@ def tune_pyscf_openblas() -> str:
     finally:
         del os.environ["OPENBLAS_CORETYPE"]
     return f"Haswell for PySCF's bundled OpenBLAS (AMD family {family:#x})"
+
+
+def shorten_openblas_spin() -> str:
+    """Set ``OPENBLAS_THREAD_TIMEOUT`` to :data:`OPENBLAS_THREAD_TIMEOUT` unless it is set or
+    numpy (and with it its OpenBLAS) has already loaded; return what was done."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (set by the user)"
+    if "numpy" in sys.modules:
+        return "OPENBLAS_THREAD_TIMEOUT unset: numpy had loaded before the CLI could set it"
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+    return f"OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} (idle OpenBLAS workers sleep sooner)"
+
+
+def openblas_thread_timeout() -> str:
+    """The ``OPENBLAS_THREAD_TIMEOUT`` of this process's environment, as the result records it."""
+    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    return value if value is not None else "unset (OpenBLAS default: 28)"
 
 
 def _numpy_blas_name() -> str:

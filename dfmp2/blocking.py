@@ -43,7 +43,7 @@ _AUX_BLOCK_FUNCTIONS = 128
 #: cc-pVDZ (nao 480): 16 matrices (29 MB) at a time, each half transformed into its slot, took
 #: 0.075 s per 100 auxiliary functions against 0.095 s for unpacking the whole block and one
 #: (P*mu, nu) x (nu, i) product with a transpose after it.
-_UNPACK_BYTES = 32 * MB
+_UNPACK_BYTES = 8 * MB
 #: Fraction of ``max_memory`` the block formulas may not use. Measured on (H2O)16 cc-pVDZ with
 #: B out of core under 150 MB: the working set exceeded the formulas' total by 17 MB (11%).
 RESERVE = 0.15

@@ -112,8 +112,9 @@ def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
     _configure_logging(verbose, quiet)
     progress = _TerminalProgress(enabled=not quiet)
-    from .blas_env import choose_cpu_blas, tune_pyscf_openblas
+    from .blas_env import choose_cpu_blas, shorten_openblas_spin, tune_pyscf_openblas
 
+    logging.getLogger("dfmp2").info("OpenBLAS workers: %s", shorten_openblas_spin())
     if choose_cpu_blas(options["cpu_blas"])[0] == "numpy":
         # numpy's OpenBLAS threads and torch's OpenMP threads share the cores; torch's must not
         # spin while OpenBLAS works. libgomp reads this once, when torch loads (not yet here).

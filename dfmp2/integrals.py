@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pyscf import df, lib
+from pyscf import df, gto, lib
 from pyscf.gto import moleintor
 from pyscf.data.elements import chemcore
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -18,6 +18,7 @@ from .errors import InputError
 from .molecule import first_line, quiet_pyscf
 
 __all__ = [
+    "INT3C_EXPCUTOFF",
     "OrbitalSpace",
     "make_auxmol",
     "metric",
@@ -27,6 +28,12 @@ __all__ = [
     "frozen_mask",
     "orbital_space",
 ]
+
+
+#: libcint's primitive screening for int3c2e: primitive pairs whose Gaussian product prefactor
+#: is below exp(-INT3C_EXPCUTOFF) are skipped (libcint's default is 60). Measured on (H2O)20
+#: cc-pVDZ: int3c2e 11% faster at 40, largest change of an integral 4e-19 (2e-14 at 30).
+INT3C_EXPCUTOFF = 40
 
 
 def make_auxmol(mol, auxbasis=None):
@@ -70,6 +77,8 @@ def iter_int3c2e(mol, auxmol, max_functions: int):
     (fresh arrays of this size cost page faults comparable to the integrals on some hosts): a
     yielded block is valid until the next one is requested."""
     pmol = mol + auxmol
+    if not pmol._env[gto.PTR_EXPCUTOFF]:  # unset (0): libcint's default; a user's value stays
+        pmol._env[gto.PTR_EXPCUTOFF] = INT3C_EXPCUTOFF  # pmol is new: mol keeps its own _env
     intor = pmol._add_suffix("int3c2e")
     atm, bas, env = pmol._atm, pmol._bas, pmol._env
     ao_loc = moleintor.make_loc(bas, intor)

@@ -116,6 +116,9 @@ class Result:
                          f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
             if blas.get("pair_reduction"):
                 lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
+            if blas["choice"] == "numpy" and blas.get("openblas_thread_timeout"):
+                lines.append("  numpy's OpenBLAS: OPENBLAS_THREAD_TIMEOUT="
+                             f"{blas['openblas_thread_timeout']}")
         for op, rec in b["ops"].items():
             note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""
             lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "

@@ -57,3 +57,17 @@ def test_cpu_blas_resolution_is_recorded(monkeypatch):
     record = Dispatcher(DispatchPolicy("pytorch")).cpu_blas.as_dict()
     assert record["choice"] == "numpy" and "AMD CPU (family 0x19)" in record["reason"]
     assert set(record["libraries"]) == {"torch", "numpy"}
+
+
+def test_thread_timeout_respects_the_user_and_a_loaded_numpy(monkeypatch):
+    import os
+
+    import numpy  # noqa: F401  - loaded, as in any test process
+
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "24")
+    assert "set by the user" in blas_env.shorten_openblas_spin()
+    assert blas_env.openblas_thread_timeout() == "24"
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT")
+    assert "numpy had loaded" in blas_env.shorten_openblas_spin()
+    assert "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+    assert blas_env.openblas_thread_timeout().startswith("unset")

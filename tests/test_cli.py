@@ -157,6 +157,33 @@ def test_importing_the_cli_loads_neither_torch_nor_pyscf():
     assert proc.stdout.split() == ["False", "False"], proc.stderr
 
 
+def test_cli_shortens_openblas_spin_before_numpy_loads(tmp_path):
+    """OPENBLAS_THREAD_TIMEOUT is set before numpy's OpenBLAS reads it (asked of the loaded
+    library where it exports openblas_thread_timeout), and the JSON records it."""
+    out = tmp_path / "r.json"
+    code = (
+        "import ctypes, json, os, sys\n"
+        "os.environ.pop('OPENBLAS_THREAD_TIMEOUT', None)\n"
+        "from dfmp2.cli import main\n"
+        f"main(['run', {WATER!r}, '--cpu-blas', 'numpy', '-q', '--json', {str(out)!r}],"
+        " standalone_mode=False)\n"
+        "libs = {line.split()[-1] for line in open('/proc/self/maps')"
+        " if 'openblas' in line and 'numpy' in line}\n"
+        "read = [ctypes.CDLL(p).openblas_thread_timeout() for p in libs"
+        " if hasattr(ctypes.CDLL(p), 'openblas_thread_timeout')]\n"
+        "blas = json.load(open(" + repr(str(out)) + "))['extras']['backend']['cpu_blas']\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], blas['openblas_thread_timeout'], read)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    value, recorded, read = proc.stdout.splitlines()[-1].split(maxsplit=2)
+    from dfmp2.blas_env import OPENBLAS_THREAD_TIMEOUT
+
+    assert value == recorded == OPENBLAS_THREAD_TIMEOUT
+    assert read.strip() in ("[]", f"[{OPENBLAS_THREAD_TIMEOUT}]")  # [] where numpy's is not OpenBLAS
+
+
 def test_cpu_blas_numpy_sets_passive_omp_before_torch_loads():
     code = (
         "import os, sys\n"

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._names import CPU_BLAS_CHOICES
-from ..blas_env import choose_cpu_blas
+from ..blas_env import choose_cpu_blas, openblas_thread_timeout
 from . import numpy_ops
 
 #: What ``auto`` resolves to.
@@ -89,4 +89,5 @@ class CpuBlas:
         return torch_fn(*args, matmul=self.matmul)
 
     def as_dict(self) -> dict:
-        return {"choice": self.choice, "reason": self.reason, "libraries": blas_libraries()}
+        return {"choice": self.choice, "reason": self.reason, "libraries": blas_libraries(),
+                "openblas_thread_timeout": openblas_thread_timeout()}
