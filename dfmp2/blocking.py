@@ -40,9 +40,9 @@ _F64 = 8
 #: fresh memory per run; smaller ones multiply int3c2e's per-call cost.
 _AUX_BLOCK_FUNCTIONS = 128
 #: Bytes of square ``(mu nu|P)`` matrices the transform unpacks at a time. Measured on (H2O)20
-#: cc-pVDZ (nao 480): 16 matrices (29 MB) at a time, each half transformed into its slot, took
-#: 0.075 s per 100 auxiliary functions against 0.095 s for unpacking the whole block and one
-#: (P*mu, nu) x (nu, i) product with a transpose after it.
+#: cc-pVDZ (nao 480), unpacking and both transforms of a 126-function block: 0.080-0.086 s with
+#: 2-8 matrices at a time (4 at this size), 0.095-0.099 s with 16 (29 MB, out of the 2 MB L2),
+#: 0.088-0.110 s for one (P*mu, nu) x (nu, i) product per group and a transposed copy.
 _UNPACK_BYTES = 8 * MB
 #: Fraction of ``max_memory`` the block formulas may not use. Measured on (H2O)16 cc-pVDZ with
 #: B out of core under 150 MB: the working set exceeded the formulas' total by 17 MB (11%).
