@@ -1,4 +1,5 @@
-"""BLAS environment the ``dfmp2`` command sets up before the libraries load (the CLI only).
+"""The BLAS environment: what the ``dfmp2`` command sets before the libraries load, and which
+CPU BLAS runs dfmp2's products (:func:`choose_cpu_blas`).
 
 **PySCF's kernels.**
 PySCF wheels bundle OpenBLAS 0.3.3, which predates AMD Zen 3 and later: it falls back to its
