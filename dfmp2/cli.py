@@ -82,7 +82,8 @@ def main():
 @click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default="auto",
               show_default=True,
               help="Whose BLAS runs CPU matrix products: auto = numpy's OpenBLAS on AMD CPUs, "
-                   "torch's MKL elsewhere. With numpy, OMP_WAIT_POLICY=PASSIVE is set unless set.")
+                   "torch's MKL elsewhere. With numpy, OMP_WAIT_POLICY=PASSIVE is set unless "
+                   "set; OPENBLAS_THREAD_TIMEOUT=20 is set unless set.")
 @click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
