@@ -15,6 +15,10 @@ __all__ = [
     "UnsupportedShapeError",
     "ResourceError",
     "NotPositiveDefiniteError",
+    "KernelError",
+    "OrbitalError",
+    "PrecisionError",
+    "Interrupted",
 ]
 
 
@@ -44,3 +48,30 @@ class ResourceError(DFMP2Error, MemoryError):
 
 class NotPositiveDefiniteError(DFMP2Error, ArithmeticError):
     """A Cholesky factorisation met a non-positive pivot (the matrix is not positive definite)."""
+
+
+
+class KernelError(DFMP2Error, RuntimeError):
+    """A kernel crashed while running (not a refusal of its shape): the message names the op,
+    the backend and execution mode, and the original error."""
+
+
+class OrbitalError(InputError):
+    """The reference orbitals are not what the MP2 formulas assume (orthonormal, canonical,
+    converged); the message names the largest offending element."""
+
+
+class PrecisionError(DFMP2Error, ArithmeticError):
+    """A reduced-precision path cannot keep the energy within its stated tolerance on this input;
+    the message says what to run instead."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; ``signum`` is its number and the CLI
+    exits with status 128 + signum. Like ``KeyboardInterrupt`` it is no ``Exception``, so no
+    ``except Exception`` swallows it; ``finally`` blocks (the temporary HDF5 file) still run."""
+
+    def __init__(self, signum: int, name: str):
+        super().__init__(f"interrupted by {name}")
+        self.signum = signum
+        self.name = name

@@ -1,17 +1,10 @@
-"""Shared fixtures and named tolerances."""
+"""Shared fixtures (the named tolerances live in ``tolerances.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-#: fp64 agreement with references and with PySCF (Hartree).
-TOL_FP64 = 1e-8
-#: Literals published to 8 decimals carry up to 5e-9 of rounding on top of TOL_FP64's budget.
-TOL_8DP = 1e-8
-#: fp32 and NKI paths against the fp64 result (Hartree).
-TOL_FP32 = 1e-5
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
 

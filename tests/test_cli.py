@@ -9,7 +9,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import INPUTS, TOL_FP64
+from conftest import INPUTS
+from tolerances import TOL_FP64
 from dfmp2.cli import main
 
 WATER = str(INPUTS / "water.xyz")

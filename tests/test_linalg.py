@@ -7,8 +7,7 @@ import torch
 
 from dfmp2.errors import NotPositiveDefiniteError
 from dfmp2.linalg import torch_ops
-
-TOL = 1e-12
+from tolerances import TOL_MATRIX_REL
 
 
 def _rand(*shape, seed=0):
@@ -27,13 +26,13 @@ def test_gemm(trans_a, trans_b):
     a, b = _rand(7, 5, seed=1), _rand(5, 9, seed=2)
     got = torch_ops.gemm(a.T.contiguous() if trans_a else a, b.T.contiguous() if trans_b else b,
                          trans_a, trans_b)
-    assert torch.allclose(got, torch.einsum("mk,kn->mn", a, b), atol=TOL)
+    assert torch.allclose(got, torch.einsum("mk,kn->mn", a, b), atol=TOL_MATRIX_REL)
 
 
 def test_cholesky_and_failure():
     a = _spd(12, seed=3)
     l_nn = torch_ops.cholesky(a)
-    assert torch.allclose(l_nn, torch.linalg.cholesky(a), atol=TOL)
+    assert torch.allclose(l_nn, torch.linalg.cholesky(a), atol=TOL_MATRIX_REL)
     assert torch.allclose(l_nn @ l_nn.T, a, atol=1e-10)
     singular = torch.ones(4, 4, dtype=torch.float64)
     with pytest.raises(NotPositiveDefiniteError, match="pivot"):
@@ -44,7 +43,7 @@ def test_eigh():
     a = _spd(8, seed=4)
     w, v = torch_ops.eigh(a)
     assert torch.allclose(v @ torch.diag(w) @ v.T, a, atol=1e-10)
-    assert torch.allclose(w, torch.linalg.eigvalsh(a), atol=TOL)
+    assert torch.allclose(w, torch.linalg.eigvalsh(a), atol=TOL_MATRIX_REL)
 
 
 def test_trsm_is_right_solve_with_transposed_lower():
@@ -67,7 +66,7 @@ def test_fused_equals_unfused(diagonal_block):
     ovov = torch.einsum("iaP,jbP->iajb", ovL_i, ovL_j)
     unfused = torch_ops.pair_energy_from_ovov(ovov, eps_i, eps_j, eps_v, diagonal_block)
     assert fused.dtype == torch.float64 and fused.shape == (2,)
-    assert torch.allclose(fused, unfused, atol=TOL)
+    assert torch.allclose(fused, unfused, atol=TOL_MATRIX_REL)
     # explicit pair loop with weights
     e = torch.zeros(2, dtype=torch.float64)
     for i in range(ni):
@@ -78,7 +77,7 @@ def test_fused_equals_unfused(diagonal_block):
             t = ovov[i, :, j, :]
             d = eps_i[i] + eps_j[j] - eps_v[:, None] - eps_v[None, :]
             e += w * torch.stack([(t * t / d).sum(), (t * (t - t.T) / d).sum()])
-    assert torch.allclose(fused, e, atol=TOL)
+    assert torch.allclose(fused, e, atol=TOL_MATRIX_REL)
 
 
 def test_mixed_precision_operands_reduce_in_float64():
@@ -154,7 +153,7 @@ def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision
                                     compiled=compiled)
     ref = _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
     assert got.dtype == torch.float64 and got.shape == (2,)
-    tol = {"fp64": TOL, "mixed": 1e-5, "fp32": 1e-4}[precision]
+    tol = {"fp64": TOL_MATRIX_REL, "mixed": 1e-5, "fp32": 1e-4}[precision]
     assert torch.allclose(got, ref, rtol=tol, atol=tol)
     torch_got = torch_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
                                           eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block)
@@ -219,4 +218,4 @@ def test_gemm_writes_into_out(cpu_blas):
     out = torch.full((6, 5), float("nan"), dtype=torch.float64)
     got = la.gemm(a, b, False, True, out=out)
     assert got.data_ptr() == out.data_ptr()
-    assert torch.allclose(out, a @ b.T, atol=TOL)
+    assert torch.allclose(out, a @ b.T, atol=TOL_MATRIX_REL)

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from pyscf import scf
 
 import dfmp2
-from conftest import INPUTS, TOL_FP32
+from conftest import INPUTS
+from tolerances import TOL_FP32
 from dfmp2.cli import main
 from dfmp2.errors import BackendUnavailableError
 from dfmp2.linalg import DispatchPolicy, Dispatcher

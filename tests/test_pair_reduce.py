@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from dfmp2.linalg import numpy_ops
-
-TOL = 1e-12
+from tolerances import TOL_MATRIX_REL
 
 
 def _reduce():
@@ -48,7 +47,7 @@ def test_pair_sums_equal_explicit_sums(nv, dtype):
     weight = np.array([[2.0, 1.0], [0.0, 2.0], [1.0, 0.0]])
     got = _reduce().pair_sums(block, nk, nv, ng, pair_e, weight, e_v)
     ref = _explicit_sums(block, pair_e, weight, e_v)
-    assert np.allclose(got, ref, rtol=TOL, atol=0)
+    assert np.allclose(got, ref, rtol=TOL_MATRIX_REL, atol=0)
 
 
 def test_pair_sums_skips_zero_weights_and_empty_blocks():
@@ -94,7 +93,7 @@ def test_compiled_and_numpy_reductions_agree(diagonal_block, group_rows, monkeyp
     args = (ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
     compiled = numpy_ops.mp2_pair_energy(*args, compiled=True)
     ufuncs = numpy_ops.mp2_pair_energy(*args, compiled=False)
-    assert torch.allclose(compiled, ufuncs, rtol=TOL, atol=0)
+    assert torch.allclose(compiled, ufuncs, rtol=TOL_MATRIX_REL, atol=0)
 
 
 def test_requesting_a_missing_extension_is_an_error(monkeypatch):

@@ -9,13 +9,9 @@ import pytest
 from pyscf import scf
 
 import dfmp2
-from conftest import INPUTS, TOL_FP32, TOL_FP64
+from conftest import INPUTS
+from tolerances import TOL_FP32, TOL_FP64, TOL_OUTCORE, TOL_PRECISION
 from dfmp2.molecule import build_mole
-
-#: out-of-core and in-core must agree far below the fp64 tolerance: same arithmetic, other storage
-TOL_OUTCORE = 1e-10
-#: the issue's bound for mixed and fp32 precision on the ladder (observed values are far smaller)
-TOL_PRECISION = 1e-6
 
 
 @pytest.fixture(scope="module")

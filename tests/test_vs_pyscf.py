@@ -6,7 +6,8 @@ import pytest
 from pyscf import df, scf
 
 import dfmp2
-from conftest import INPUTS, TOL_FP64, pyscf_dfmp2
+from conftest import INPUTS, pyscf_dfmp2
+from tolerances import TOL_FP64
 from dfmp2.molecule import build_mole
 
 MOLECULES = ["water", "ammonia", "methane", "water4", "benzene"]

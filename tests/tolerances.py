@@ -1,0 +1,22 @@
+"""Every named tolerance of the test suite (Hartree unless a name says otherwise), in one place.
+
+Tests import what they need: ``from tolerances import TOL_FP64``. Each value says what it bounds
+and why it is that size.
+"""
+
+#: fp64 agreement with references and with PySCF (architecture.md: 1e-8 Eh).
+TOL_FP64 = 1e-8
+#: Literals published to 8 decimals carry up to 5e-9 of rounding on top of TOL_FP64's budget.
+TOL_8DP = 1e-8
+#: fp32 and NKI paths against the fp64 result.
+TOL_FP32 = 1e-5
+#: The same fp64 arithmetic reached by two routes (in core and out of core, blocked orders).
+TOL_OUTCORE = 1e-10
+#: `--precision mixed` against fp64 (fp32 pair GEMMs, fp64 reduction).
+TOL_PRECISION = 1e-6
+#: Relative error of float64 matrix kernels against an independent float64 route.
+TOL_MATRIX_REL = 1e-12
+#: Identities of printed quantities (E_tot = E_HF + E_corr, ...) in float64.
+TOL_IDENTITY = 1e-12
+#: What "equals PySCF to the last printed digit" means: 12 decimals are printed.
+TOL_PRINTED = 1e-14
