@@ -1,155 +1,328 @@
-"""Python API: ``run(geometry, ...) -> Result`` and the PySCF-shaped ``DFMP2(mf).run()``."""
+"""Python API: ``run(geometry, ...) -> Result`` and the PySCF-shaped ``DFMP2(mf).run()``.
+
+``run`` builds the molecule, plans the MP2 step and checks its resources (all before the SCF, so
+no SCF is computed only to be lost), runs the SCF and hands over to :func:`compute`, the
+functional core that ``DFMP2`` also calls. Every setting given is applied or refused, never
+ignored.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
+from pyscf import df as pyscf_df
+from pyscf import dft, gto
 from pyscf import scf as pyscf_scf
 
-from .blocking import plan_blocks
+from .blocking import MB, BlockPlan, plan_blocks
 from .energy import scs_energy
-from .errors import ConvergenceError, InputError
-from .integrals import frozen_mask, make_auxmol, orbital_space
+from .errors import (ConvergenceError, InputError, NotComputedError, OrbitalError,
+                     ResourceError)
+from .integrals import INT3C_EXPCUTOFF, frozen_mask, make_auxmol, orbital_space
 from .linalg import DispatchPolicy, Dispatcher, numpy_ops
-from .molecule import build_mole
+from .molecule import (auxbasis_record, basis_record, build_mole, ecp_record,
+                       molecule_record)
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
-from .results import Result, versions
-from .scf import run_scf
+from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
+from .scf import run_scf, scf_fit_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run", "compute", "DFMP2"]
+__all__ = ["run", "compute", "DFMP2", "RunPlan", "plan_run", "check_orbitals",
+           "ORTHONORMALITY_TOL", "LOOSE_CONV_TOL"]
+
+#: Largest |C^T S C - 1| element accepted: canonical SCF orbitals are orthonormal to ~1e-13.
+ORTHONORMALITY_TOL = 1e-8
+#: An SCF converged more loosely than this (energy change, Eh) gets a WARNING.
+LOOSE_CONV_TOL = 1e-8
+#: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
+_MOLE_SETTINGS = ("basis", "charge", "spin", "ecp")
 
 
-def run(geometry, progress=None, **options) -> Result:
-    """DF-MP2 from a geometry: build the molecule, run the SCF, then the MP2 pipeline.
+def run(geometry, progress=None, environment: dict | None = None, **options) -> Result:
+    """DF-MP2 from a geometry: build the molecule, plan, run the SCF, then the MP2 pipeline.
 
-    geometry : xyz path, atom string or pyscf ``Mole``; options : fields of :class:`Options`
-    (``basis``, ``auxbasis``, ``frozen_core``, ``backend``, ...); progress : optional callback
-    ``progress(stage, done, total)``.
+    geometry : xyz path, atom string or pyscf ``Mole`` (its basis, charge, spin and ECP are kept
+    unless given here, and then applied to a copy); options : fields of :class:`Options`;
+    progress : optional callback ``progress(stage, done, total)``; environment : the record of
+    what the ``dfmp2`` command set in the process environment, stored in the result.
     """
     opts = Options.from_kwargs(**options)
     start = time.perf_counter()
-    mol = build_mole(geometry, opts.basis, opts.charge, opts.spin)
+    if isinstance(geometry, gto.Mole):
+        mol = build_mole(geometry, **{k: options[k] for k in _MOLE_SETTINGS if k in options})
+    else:
+        mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
+                         ecp=opts.ecp)
+    _check_closed_shell(mol, opts)
     auxmol = make_auxmol(mol, opts.auxbasis)
-    if opts.resolved_reference == "rhf" and mol.spin == 0:
-        # catch a bad frozen list or a too small memory limit before the SCF runs
-        nocc = mol.nelectron // 2
-        _plan(mol, auxmol, np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc)), opts)
+    nocc = mol.nelectron // 2
+    plan = plan_run(mol, auxmol, np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc)), opts)
+    check_scratch(plan, opts, auxmol.nao_nr())
     mf = run_scf(mol, opts)
     return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
-                   auxmol=auxmol)
+                   auxmol=auxmol, plan=plan, own_scf=True, environment=environment)
 
 
-def _plan(mol, auxmol, mo_occ, opts: Options):
-    """The active-orbital mask and block plan for occupations ``mo_occ``."""
+def _check_closed_shell(mol, opts: Options) -> None:
+    reference = opts.reference or ("rhf" if mol.spin == 0 else "uhf")
+    if reference != "rhf" or mol.spin != 0:
+        raise InputError(
+            f"only closed-shell RHF references are implemented (got reference {reference!r}, "
+            f"2S = {mol.spin}); open shells (UHF, ROHF-MBPT(2)) are not available yet")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The MP2 step of one run, decided once: ``active`` (nmo,) mask of correlated orbitals,
+    active occupied/virtual counts, and the block plan (None when there are no pairs)."""
+
+    active: np.ndarray
+    nocc: int
+    nvir: int
+    nocc_total: int
+    blocks: BlockPlan | None
+
+    @property
+    def has_pairs(self) -> bool:
+        return self.nocc > 0 and self.nvir > 0
+
+
+def plan_run(mol, auxmol, mo_occ: np.ndarray, opts: Options) -> RunPlan:
+    """The active orbitals and block sizes for occupations ``mo_occ`` (raises
+    :class:`ResourceError` when ``max_memory`` is too small)."""
     active = frozen_mask(mol, mo_occ, opts.frozen, opts.frozen_core)
     occupied = mo_occ > 0
     nocc = int(np.count_nonzero(occupied & active))
     nvir = int(np.count_nonzero(~occupied & active))
-    plan = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory,
-                       b_itemsize=8 if opts.precision == "fp64" else 4,
-                       force_outcore=opts.force_outcore)
-    return active, plan
+    blocks = None
+    if nocc and nvir:
+        blocks = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory,
+                             b_itemsize=8 if opts.precision == "fp64" else 4,
+                             force_outcore=opts.force_outcore)
+    return RunPlan(active, nocc, nvir, int(np.count_nonzero(occupied)), blocks)
 
 
-def _check_reference(mf) -> None:
-    if not isinstance(mf, pyscf_scf.hf.RHF) or isinstance(mf, pyscf_scf.rohf.ROHF):
-        raise InputError(
-            f"DFMP2 needs a closed-shell RHF reference; got {type(mf).__name__} "
-            "(UHF and ROHF references are not implemented yet)"
-        )
-    if mf.mo_coeff is None:
-        raise InputError("the SCF object has no orbitals: run mf.kernel() first")
-    if not mf.converged:
-        raise ConvergenceError("the SCF object is not converged; DF-MP2 needs a converged SCF")
+def scratch_bytes(plan: RunPlan, naux: int) -> int:
+    """Bytes of the temporary HDF5 file: (ia|P) in fp64 plus B in the stored precision."""
+    if plan.blocks is None or not plan.blocks.outcore:
+        return 0
+    return plan.nocc * plan.nvir * naux * 8 + plan.blocks.b_bytes
 
 
-def _scf_auxbasis(mf):
-    with_df = getattr(mf, "with_df", None)
-    return None if with_df is None else with_df.auxbasis
+def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
+    """Before the SCF: the scratch directory of an out-of-core run exists, is writable and has
+    room for the planned HDF5 file."""
+    if plan.blocks is None or not plan.blocks.outcore:
+        return
+    directory = opts.scratch_dir or tempfile.gettempdir()
+    if not os.path.isdir(directory):
+        raise InputError(f"scratch directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"scratch directory {directory!r} is not writable; choose another "
+                         "with --scratch-dir")
+    need = scratch_bytes(plan, naux)
+    free = shutil.disk_usage(directory).free
+    if need > free:
+        raise ResourceError(
+            f"scratch directory {directory!r} has {free / MB:.0f} MB free; the out-of-core "
+            f"integrals need {need / MB:.0f} MB; free space, choose another --scratch-dir or "
+            "raise --max-memory")
 
 
 def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
-            auxmol=None) -> Result:
-    """The DF-MP2 step on a converged RHF object ``mf`` (the functional core behind the API)."""
-    _check_reference(mf)
+            auxmol=None, plan: RunPlan | None = None, own_scf: bool = False,
+            environment: dict | None = None) -> Result:
+    """The DF-MP2 step on a converged closed-shell RHF or RKS object ``mf``.
+
+    auxmol, plan : from :func:`run` (built before the SCF) or made here; own_scf : the orbitals
+    come from dfmp2's own SCF (their canonical form is then known, and only the cheap checks
+    run); environment : stored in the result.
+    """
+    kind, xc = _check_reference(mf)
     mol = mf.mol
+    orbital_check = check_orbitals(mf, fock=not own_scf)
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
-    active, plan = _plan(mol, auxmol, mf.mo_occ, opts)
-    space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, active)
+    if plan is None or plan.active.shape != mf.mo_occ.shape or plan.nocc_total != int(
+            np.count_nonzero(mf.mo_occ > 0)):
+        plan = plan_run(mol, auxmol, mf.mo_occ, opts)
+    space = None
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                    opts.require_nki, opts.cpu_blas))
-    kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
-              "scratch_dir": opts.scratch_dir}
-    if progress is not None:
-        kwargs["progress"] = progress
-    energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan, la, **kwargs)
-    nocc_total = int(np.count_nonzero(mf.mo_occ > 0))
-    sizes = {
-        "natom": mol.natm, "nbasis": mol.nao_nr(), "nmo": len(mf.mo_energy),
-        "naux": auxmol.nao_nr(), "naux_fit": factor.naux_fit, "naux_dropped": factor.ndropped,
-        "nocc": space.nocc, "nvir": space.nvir, "nalpha": nocc_total, "nbeta": nocc_total,
-        "nfrozen": space.nfrozen_occ + space.nfrozen_vir,
-        "nfrozen_occ": space.nfrozen_occ, "nfrozen_vir": space.nfrozen_vir,
-        "npairs": energies.npairs,
-    }
-    method = {
-        "reference": "rhf", "basis": _basis_name(mol.basis), "auxbasis": _basis_name(
-            opts.auxbasis or auxmol.basis),
-        "scf_type": "df" if _scf_auxbasis(mf) is not None else "conv",
-        "scf_auxbasis": _basis_name(_scf_auxbasis(mf)), "fused_energy": opts.fused_energy,
-        "precision": opts.precision,
-        "nki_precision": "fp32 on the device, fp64 host sums" if la.backend == "nki" else None,
-        "os_scale": opts.os_scale, "ss_scale": opts.ss_scale,
-        "metric": "cholesky" if factor.lower is not None else "eigh",
-        "blocks": plan.as_dict(), "max_memory_mb": opts.max_memory,
-    }
-    backend = {"requested": opts.backend, "resolved": la.backend, "nki_mode": la.nki_mode,
-               "resolution": la.resolution, "ops": la.summary(),
-               "cpu_blas": la.cpu_blas.as_dict()}
-    if la.backend == "pytorch" and la.cpu_blas.choice == "numpy" and opts.fused_energy:
-        backend["cpu_blas"]["pair_reduction"] = numpy_ops.pair_reduction(
+    if plan.has_pairs:
+        space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, plan.active)
+        kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
+                  "scratch_dir": opts.scratch_dir}
+        if progress is not None:
+            kwargs["progress"] = progress
+        energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan.blocks, la, **kwargs)
+        e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
+        naux_fit, ndropped = factor.naux_fit, factor.ndropped
+        metric = "cholesky" if factor.lower is not None else "eigh"
+        note = None
+    else:
+        e_os = e_ss = 0.0
+        npairs, naux_fit, ndropped, metric = 0, auxmol.nao_nr(), 0, "not needed"
+        note = (f"no {'active occupied' if plan.nocc == 0 else 'virtual'} orbitals "
+                f"({plan.nocc} occupied x {plan.nvir} virtual active): E(corr) = 0")
+        log.warning("%s", note)
+    nfrozen_occ = plan.nocc_total - plan.nocc
+    nfrozen_vir = len(mf.mo_occ) - plan.nocc_total - plan.nvir
+    sizes = Sizes(
+        natom=mol.natm, nbasis=mol.nao_nr(), nmo=len(mf.mo_energy), naux=auxmol.nao_nr(),
+        naux_fit=naux_fit, naux_dropped=ndropped, nocc=plan.nocc, nvir=plan.nvir,
+        nalpha=plan.nocc_total, nbeta=plan.nocc_total, nfrozen_occ=nfrozen_occ,
+        nfrozen_vir=nfrozen_vir, npairs=npairs)
+    cpu_blas = la.cpu_blas.as_dict()
+    if plan.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
+            and opts.fused_energy:
+        cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
-    molecule = {
-        "symbols": [mol.atom_pure_symbol(k) for k in range(mol.natm)],
-        "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),
-        "molecular_charge": mol.charge, "molecular_multiplicity": mol.spin + 1,
-    }
+    method = Method(
+        reference=kind, basis_name=mol.basis if isinstance(mol.basis, str) else None,
+        basis=basis_record(mol), auxbasis_name=_name(opts.auxbasis),
+        auxbasis=auxbasis_record(mol, opts.auxbasis), ecp=ecp_record(mol),
+        scf_type="df" if getattr(mf, "with_df", None) is not None else "conv",
+        scf_auxbasis=scf_fit_record(mf), fused_energy=opts.fused_energy,
+        precision=opts.precision, os_scale=opts.os_scale, ss_scale=opts.ss_scale, metric=metric,
+        int3c2e_expcutoff=float(mol._env[gto.PTR_EXPCUTOFF] or INT3C_EXPCUTOFF),
+        blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
+        max_memory_mb=opts.max_memory, note=note)
+    backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
+                          resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas)
     return Result(
-        e_hf=float(mf.e_tot), e_corr_os=energies.e_os, e_corr_ss=energies.e_ss, e_singles=0.0,
-        e_scs=scs_energy(energies.e_os, energies.e_ss, opts.os_scale, opts.ss_scale),
+        e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=0.0,
+        e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale),
+        molecule=_molecule_info(mol), scf=_scf_info(mf, kind, xc, orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
-        versions=versions(), molecule=molecule,
+        versions=versions(), environment=environment,
     )
 
 
-def _basis_name(basis):
-    """A readable name for a PySCF basis spec (a name, or a per-element dict of names)."""
-    if basis is None or isinstance(basis, str):
-        return basis
-    if isinstance(basis, dict):
-        names = sorted({v for v in basis.values() if isinstance(v, str)})
-        return names[0] if len(names) == 1 else ", ".join(names) if names else "custom"
-    return "custom"
+def _name(basis):
+    return basis if basis is None or isinstance(basis, str) else None
+
+
+def _check_reference(mf) -> tuple[str, str | None]:
+    """('rhf' | 'rks', xc) for a usable reference; an error naming the problem otherwise."""
+    if not isinstance(mf, pyscf_scf.hf.RHF) or isinstance(mf, pyscf_scf.rohf.ROHF):
+        raise InputError(
+            f"DFMP2 needs a closed-shell RHF or RKS reference; got {type(mf).__name__} "
+            "(UHF and ROHF references are not implemented yet)")
+    if mf.mo_coeff is None or mf.mo_energy is None or mf.mo_occ is None:
+        raise InputError("the SCF object has no orbitals: run mf.kernel() first")
+    if not mf.converged:
+        raise ConvergenceError("the SCF object is not converged; DF-MP2 needs a converged SCF")
+    occ = np.asarray(mf.mo_occ)
+    if not np.all((occ == 0) | (occ == 2)):
+        raise OrbitalError(f"mo_occ must hold only 0 and 2 for a closed-shell reference; got "
+                           f"{sorted(set(occ.tolist()))}")
+    if isinstance(mf, dft.rks.KohnShamDFT):
+        return "rks", str(mf.xc)
+    return "rhf", None
+
+
+def check_orbitals(mf, fock: bool = True) -> str:
+    """Refuse orbitals the formulas do not describe; return what was checked.
+
+    Always: ``mo_coeff`` orthonormal in the overlap metric (largest |C^T S C - 1| element
+    below :data:`ORTHONORMALITY_TOL`), occupations in aufbau order. With ``fock``: the
+    occupied-occupied and virtual-virtual blocks of the Fock matrix in the MO basis are diagonal
+    and equal to ``mo_energy``, to a tolerance tied to the SCF's convergence (ten times its
+    orbital-gradient threshold, at least 1e-6 Eh). A loosely converged SCF gets a WARNING that
+    states the expected error."""
+    c = np.asarray(mf.mo_coeff)
+    s = mf.get_ovlp()
+    dev = c.T @ s @ c - np.eye(c.shape[1])
+    k = np.unravel_index(np.argmax(np.abs(dev)), dev.shape)
+    if abs(dev[k]) > ORTHONORMALITY_TOL:
+        raise OrbitalError(
+            f"mo_coeff is not orthonormal: (C^T S C - 1)[{k[0]}, {k[1]}] = {dev[k]:.3e} "
+            f"(tolerance {ORTHONORMALITY_TOL:.0e}); pass the SCF's own canonical orbitals")
+    occ = np.asarray(mf.mo_occ) > 0
+    if occ.any() and not occ[: int(occ.sum())].all():
+        raise OrbitalError("the occupied orbitals are not the lowest ones (mo_occ is not in "
+                           "aufbau order); pass the SCF's own canonical orbitals")
+    conv_tol = float(getattr(mf, "conv_tol", 1e-9))
+    if conv_tol > LOOSE_CONV_TOL:
+        log.warning("the SCF was converged to conv_tol = %.0e Eh only: expect errors of order "
+                    "sqrt(conv_tol) = %.0e Eh in E(corr); converge to 1e-9 or tighter",
+                    conv_tol, conv_tol ** 0.5)
+    if not fock:
+        return "orthonormal (orbitals from dfmp2's own SCF)"
+    grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
+    tol = max(1e-6, 10 * grad_tol)
+    f_mo = c.T @ mf.get_fock() @ c
+    eps = np.asarray(mf.mo_energy)
+    for name, mask in (("occupied-occupied", occ), ("virtual-virtual", ~occ)):
+        idx = np.flatnonzero(mask)
+        block = f_mo[np.ix_(idx, idx)] - np.diag(eps[idx])
+        if block.size == 0:
+            continue
+        a, b = np.unravel_index(np.argmax(np.abs(block)), block.shape)
+        if abs(block[a, b]) > tol:
+            what = "off-diagonal" if a != b else "diagonal minus mo_energy"
+            raise OrbitalError(
+                f"the orbitals are not canonical: {name} Fock block, {what} element "
+                f"F[{idx[a]}, {idx[b]}] = {block[a, b]:.3e} Eh (tolerance {tol:.0e}); "
+                "localised, rotated or reordered orbitals need canonical ones for DF-MP2")
+    return f"orthonormal and canonical (Fock blocks diagonal to {tol:.0e} Eh)"
+
+
+def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
+    eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
+    cycles = getattr(mf, "cycles", None)
+    return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
+                   cycles=int(cycles) if cycles is not None else None,
+                   conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
+                   lumo=float(eps[~occ].min()) if (~occ).any() else None,
+                   orbital_check=orbital_check)
+
+
+def _molecule_info(mol) -> MoleculeInfo:
+    real = [mol.atom_charge(k) > 0 or _has_ecp_core(mol, k) for k in range(mol.natm)]
+    counts: dict[str, int] = {}
+    for k in range(mol.natm):
+        if real[k]:
+            symbol = mol.atom_pure_symbol(k)
+            counts[symbol] = counts.get(symbol, 0) + 1
+    order = (["C", "H"] if "C" in counts else []) + sorted(
+        s for s in counts if "C" not in counts or s not in ("C", "H"))
+    formula = "".join(f"{s}{counts[s] if counts[s] > 1 else ''}" for s in order)
+    return MoleculeInfo(formula=formula, natom=mol.natm, nghost=real.count(False),
+                        charge=int(mol.charge), multiplicity=int(mol.spin) + 1,
+                        nelectron=int(mol.nelectron),
+                        nuclear_repulsion=float(mol.energy_nuc()),
+                        qcschema=molecule_record(mol))
+
+
+def _has_ecp_core(mol, k: int) -> bool:
+    """An atom whose nuclear charge is carried by an ECP still counts as real."""
+    return bool(mol.has_ecp()) and mol.atom_nelec_core(k) > 0
 
 
 class DFMP2:
-    """PySCF-shaped DF-MP2 for a converged RHF object.
+    """PySCF-shaped DF-MP2 for a converged closed-shell RHF or RKS object.
 
     >>> pt = dfmp2.DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri").run()
     >>> pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot
 
-    ``frozen`` follows PySCF (an int, or a list of MO indices); other keyword arguments are
-    :class:`Options` fields (``backend``, ``fused_energy``, ``max_memory``, ...), also accepted by
-    :meth:`run` and :meth:`kernel` to override per call.
+    ``frozen`` follows PySCF (an int, or a list of MO indices); the fitting basis comes from
+    ``auxbasis`` or, as in PySCF, from ``pt.with_df = df.DF(mol, auxbasis=...)``. Other keyword
+    arguments are :class:`Options` fields (``backend``, ``fused_energy``, ``max_memory``, ...),
+    also accepted by :meth:`run` and :meth:`kernel` to override per call. Molecule settings
+    (``basis``, ``charge``, ``spin``, ``ecp``) belong to the SCF and are refused here.
     """
 
     def __init__(self, mf, frozen=None, auxbasis=None, **options):
@@ -157,31 +330,60 @@ class DFMP2:
         self.mol = mf.mol
         self.frozen = frozen
         self.auxbasis = auxbasis
+        self.with_df = None
         self.options = options
         self.result: Result | None = None
         self.e_corr = self.e_corr_os = self.e_corr_ss = None
 
     @property
     def e_hf(self) -> float:
+        """The reference's total energy (PySCF's name, also for a KS reference)."""
         return float(self._scf.e_tot)
 
     @property
     def e_tot(self) -> float:
-        return self.e_hf + self.e_corr
+        return self._computed().e_tot
 
     @property
     def e_scs(self) -> float:
-        return self.result.e_scs
+        return self._computed().e_scs
 
     emp2 = property(lambda self: self.e_corr)
+
+    def _computed(self) -> Result:
+        if self.result is None:
+            raise NotComputedError("no DF-MP2 energy yet: call run() (or kernel()) first")
+        return self.result
+
+    def _auxbasis(self, auxbasis):
+        """The fitting basis from ``auxbasis`` and PySCF's ``with_df`` idiom (refused if the
+        two disagree)."""
+        with_df = self.with_df
+        if with_df is None:
+            return auxbasis
+        if not isinstance(with_df, pyscf_df.DF):
+            raise InputError(f"with_df must be a pyscf.df.DF object, got {type(with_df).__name__}")
+        if with_df.mol is not self.mol and with_df.mol.atom != self.mol.atom:
+            raise InputError("with_df was built for another molecule than the SCF's")
+        from_df = with_df.auxbasis
+        if from_df is None:
+            return auxbasis
+        if auxbasis is not None and auxbasis != from_df:
+            raise InputError(f"auxbasis={auxbasis!r} contradicts with_df.auxbasis={from_df!r}; "
+                             "give one of them")
+        return from_df
 
     def kernel(self, **options):
         """Compute and return ``(e_corr, None)`` (PySCF returns ``(e_corr, t2)``; t2 is never
         stored here)."""
         merged = {**self.options, **options}
+        refused = sorted(set(merged) & set(_MOLE_SETTINGS))
+        if refused:
+            raise InputError(f"{', '.join(refused)} belong to the SCF's molecule; build the "
+                             "Mole and SCF with them (DFMP2 cannot change them)")
         frozen = merged.pop("frozen", self.frozen)
-        opts = Options.from_kwargs(frozen=frozen, auxbasis=merged.pop("auxbasis", self.auxbasis),
-                                   **merged)
+        auxbasis = self._auxbasis(merged.pop("auxbasis", self.auxbasis))
+        opts = Options.from_kwargs(frozen=frozen, auxbasis=auxbasis, **merged)
         self.result = compute(self._scf, opts)
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os

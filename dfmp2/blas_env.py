@@ -1,5 +1,7 @@
-"""The BLAS environment: what the ``dfmp2`` command sets before the libraries load, and which
-CPU BLAS runs dfmp2's products (:func:`choose_cpu_blas`).
+"""The one owner of the process environment: what the ``dfmp2`` command sets, once, before the
+numerical libraries load (:func:`prepare_process`), and the record of it that goes into the
+result. Only the CLI (and the benchmark harness, which mirrors it) calls this module; the library
+itself never reads or writes the environment.
 
 **PySCF's kernels.**
 PySCF wheels bundle OpenBLAS 0.3.3, which predates AMD Zen 3 and later: it falls back to its
@@ -23,34 +25,16 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["tune_pyscf_openblas", "shorten_openblas_spin", "choose_cpu_blas",
-           "OPENBLAS_THREAD_TIMEOUT", "openblas_thread_timeout"]
+from .cpuinfo import choose_cpu_blas
+from .cpuinfo import cpu_identity as _cpu
+
+__all__ = ["prepare_process", "tune_pyscf_openblas", "shorten_openblas_spin",
+           "OPENBLAS_THREAD_TIMEOUT"]
 
 #: The ``OPENBLAS_THREAD_TIMEOUT`` the CLI sets (log2 of the cycles an idle worker spins).
 OPENBLAS_THREAD_TIMEOUT = "20"
 
 _ZEN3 = 0x19  # OpenBLAS 0.3.3 knows Zen 1/2 (family 0x17); 0x19 (Zen 3/4) and 0x1A (Zen 5) not
-
-
-def _cpu() -> tuple[str, int, set[str]]:
-    """(vendor, family, flags) of the first CPU from /proc/cpuinfo; ('', 0, set()) elsewhere."""
-    vendor, family, flags = "", 0, set()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "vendor_id" and not vendor:
-                    vendor = value.strip()
-                elif key == "cpu family" and not family:
-                    family = int(value.strip())
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-                if vendor and family and flags:
-                    break
-    except (OSError, ValueError):
-        pass
-    return vendor, family, flags
 
 
 def tune_pyscf_openblas() -> str:
@@ -84,29 +68,21 @@ def shorten_openblas_spin() -> str:
     return f"OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} (idle OpenBLAS workers sleep sooner)"
 
 
-def openblas_thread_timeout() -> str:
-    """The ``OPENBLAS_THREAD_TIMEOUT`` of this process's environment, as the result records it."""
-    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
-    return value if value is not None else "unset (OpenBLAS default: 28)"
+def prepare_process(cpu_blas: str) -> dict:
+    """Set what must be set before numpy, torch and PySCF load, in the one order that works, and
+    return the record of it (stored in the result's ``environment``).
 
-
-def _numpy_blas_name() -> str:
-    """numpy's BLAS as its build configuration names it (e.g. 'scipy-openblas'), lower case."""
-    import numpy as np
-
-    config = getattr(np.__config__, "CONFIG", {}) or {}
-    return str(config.get("Build Dependencies", {}).get("blas", {}).get("name", "")).lower()
-
-
-def choose_cpu_blas(requested: str) -> tuple[str, str]:
-    """Resolve ``cpu_blas``: ('torch' | 'numpy', why). 'auto' takes numpy's OpenBLAS on AMD CPUs,
-    where the MKL in torch's CPU wheel runs its generic AVX2 code (DGEMM 2048^3 on the AMD EPYC
-    Zen 5 benchmark machine: MKL 82-105 GFLOP/s, numpy's OpenBLAS 181-190), and torch's MKL
-    elsewhere. A rule, not a timing: a timed pick was fooled by thread contention."""
-    if requested != "auto":
-        return requested, f"requested --cpu-blas {requested}"
-    vendor, family, _ = _cpu()
-    blas = _numpy_blas_name()
-    if vendor == "AuthenticAMD" and "openblas" in blas:
-        return "numpy", f"auto: AMD CPU (family {family:#x}) and numpy's BLAS is {blas}"
-    return "torch", f"auto: {vendor or 'unknown CPU vendor'}, numpy's BLAS {blas or 'unknown'}"
+    1. ``OPENBLAS_THREAD_TIMEOUT`` (read when numpy's OpenBLAS loads);
+    2. ``OMP_WAIT_POLICY=PASSIVE`` when numpy's BLAS runs the products (torch's OpenMP threads
+       must not spin while OpenBLAS works; libgomp reads it when torch loads);
+    3. PySCF's bundled OpenBLAS loaded with Haswell kernels where it needs them.
+    A value the user set is kept and recorded as such."""
+    record = {"OPENBLAS_THREAD_TIMEOUT": shorten_openblas_spin()}
+    if choose_cpu_blas(cpu_blas)[0] == "numpy":
+        if "OMP_WAIT_POLICY" in os.environ:
+            record["OMP_WAIT_POLICY"] = f"{os.environ['OMP_WAIT_POLICY']} (set by the user)"
+        else:
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+            record["OMP_WAIT_POLICY"] = "PASSIVE (numpy's BLAS runs the products)"
+    record["pyscf_openblas"] = tune_pyscf_openblas()
+    return record

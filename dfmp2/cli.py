@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
 
-from ._names import BACKENDS as BACKEND_CHOICES
-from ._names import CPU_BLAS_CHOICES
+from ._names import BACKENDS, CPU_BLAS_CHOICES
 from ._version import __version__
+from .errors import Interrupted
+from .options import PRECISIONS, REFERENCES, SCF_TYPES, Options
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
@@ -58,33 +60,40 @@ def main():
     """Density-fitted MP2 (RI-MP2) energies on PySCF references."""
 
 
+_D = Options.default
+
+
 @main.command()
 @click.argument("geometry")
-@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis set.")
-@click.option("--auxbasis", default=None,
+@click.option("--basis", default=_D("basis"), show_default=True, help="Orbital basis set.")
+@click.option("--auxbasis", default=_D("auxbasis"),
               help="MP2 fitting basis [default: RI partner of --basis, e.g. cc-pvdz-ri].")
-@click.option("--scf-type", type=click.Choice(["df", "conv"]), default="df", show_default=True,
-              help="Density-fitted SCF (JK-fit basis) or exact integrals.")
-@click.option("--scf-auxbasis", default=None,
+@click.option("--ecp", default=_D("ecp"), metavar="NAME|none",
+              help="Effective core potentials [default: the ECP PySCF's library has for "
+                   "--basis, e.g. def2-* beyond Kr]; 'none' for all electrons.")
+@click.option("--scf-type", type=click.Choice(SCF_TYPES), default=_D("scf_type"),
+              show_default=True, help="Density-fitted SCF (JK-fit basis) or exact integrals.")
+@click.option("--scf-auxbasis", default=_D("scf_auxbasis"),
               help="JK-fit basis of a DF-SCF [default: JK-fit partner of --basis].")
-@click.option("--charge", type=int, default=0, show_default=True)
-@click.option("--spin", type=int, default=0, show_default=True,
+@click.option("--charge", type=int, default=_D("charge"), show_default=True)
+@click.option("--spin", type=int, default=_D("spin"), show_default=True,
               help="2S (number of unpaired electrons), PySCF convention.")
-@click.option("--reference", type=click.Choice(["rhf", "uhf", "rohf"]), default=None,
+@click.option("--reference", type=click.Choice(REFERENCES), default=_D("reference"),
               help="SCF reference [default: rhf for singlets, uhf otherwise; only rhf is "
                    "implemented].")
-@click.option("--frozen-core/--no-frozen-core", default=False, show_default=True,
-              help="Freeze the chemical core of each element (1s for Li-Ne, ...).")
-@click.option("--frozen", type=click.IntRange(min=0), default=None,
+@click.option("--frozen-core/--no-frozen-core", default=_D("frozen_core"), show_default=True,
+              help="Freeze the chemical core of each element (1s for Li-Ne, ...; with an ECP "
+                   "only the core electrons it leaves).")
+@click.option("--frozen", type=click.IntRange(min=0), default=_D("frozen"),
               help="Freeze the N lowest orbitals (instead of --frozen-core).")
-@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto",
+@click.option("--backend", type=click.Choice(BACKENDS), default=_D("backend"),
               show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
-@click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default="auto",
+@click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default=_D("cpu_blas"),
               show_default=True,
               help="Whose BLAS runs CPU matrix products: auto = numpy's OpenBLAS on AMD CPUs, "
                    "torch's MKL elsewhere. With numpy, OMP_WAIT_POLICY=PASSIVE is set unless "
                    "set; OPENBLAS_THREAD_TIMEOUT=20 is set unless set.")
-@click.option("--fused-energy/--no-fused-energy", default=True, show_default=True,
+@click.option("--fused-energy/--no-fused-energy", default=_D("fused_energy"), show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",
               help="Run NKI kernels on dfmp2's NumPy emulator when the real nki is absent "
@@ -93,57 +102,100 @@ def main():
               help="Run NKI kernels in the real nki.simulate (env DFMP2_USE_SIMULATOR=1).")
 @click.option("--require-nki", is_flag=True, envvar="DFMP2_REQUIRE_NKI",
               help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
-@click.option("--max-memory", type=click.IntRange(min=1), default=4000, show_default=True,
-              help="Memory budget of the MP2 step in MB.")
-@click.option("--precision", type=click.Choice(["fp64", "mixed", "fp32"]), default="fp64",
+@click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
+              show_default=True, help="Memory budget of the MP2 step in MB.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=_D("precision"),
               show_default=True,
               help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")
 @click.option("--force-outcore", is_flag=True,
               help="Keep the fitted integrals in a temporary HDF5 file even if they fit.")
-@click.option("--scratch-dir", type=click.Path(file_okay=False, exists=True), default=None,
+@click.option("--scratch-dir", type=click.Path(file_okay=False, exists=True),
+              default=_D("scratch_dir"),
               help="Directory for the temporary HDF5 file [default: system temp dir].")
-@click.option("--max-cycle", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Maximum SCF iterations.")
+@click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
+              show_default=True, help="Maximum SCF iterations.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
-              default=None, help="Write the QCSchema-shaped result to this file ('-': stdout, "
+              default=None, help="Write the QCSchema AtomicResult to this file ('-': stdout, "
                                  "instead of the text summary).")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors; no progress.")
+@click.option("-v", "--verbose", count=True,
+              help="-v: backend, BLAS and per-op records and timings; -vv: debug detail, "
+                   "SCF iterations included.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the MP2 total energy.")
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
     _configure_logging(verbose, quiet)
-    progress = _TerminalProgress(enabled=not quiet)
-    from .blas_env import choose_cpu_blas, shorten_openblas_spin, tune_pyscf_openblas
+    from .blas_env import prepare_process
 
-    logging.getLogger("dfmp2").info("OpenBLAS workers: %s", shorten_openblas_spin())
-    if choose_cpu_blas(options["cpu_blas"])[0] == "numpy":
-        # numpy's OpenBLAS threads and torch's OpenMP threads share the cores; torch's must not
-        # spin while OpenBLAS works. libgomp reads this once, when torch loads (not yet here).
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    logging.getLogger("dfmp2").info("PySCF BLAS: %s", tune_pyscf_openblas())
+    environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
+    _check_json_path(json_path)
+    progress = _TerminalProgress(enabled=not quiet)
+    restore = _raise_on_signals()
     try:
         from .api import run as run_dfmp2
         from .errors import DFMP2Error
 
         try:
-            result = run_dfmp2(geometry, progress=progress, **options)
+            result = run_dfmp2(geometry, progress=progress, environment=environment, **options)
         finally:
             progress.close()
+    except Interrupted as exc:
+        click.echo(f"error: {exc}; temporary files removed; exit status {128 + exc.signum}",
+                   err=True)
+        raise click.exceptions.Exit(128 + exc.signum) from None
     except DFMP2Error as exc:
         raise _fail(exc) from None
+    finally:
+        restore()
     if json_path == "-":
         click.echo(result.to_json())
         return
+    write_error = None
     if json_path:
         try:
             with open(json_path, "w") as handle:
                 handle.write(result.to_json() + "\n")
         except OSError as exc:
-            raise _fail(f"cannot write JSON to {json_path!r}: {exc.strerror}") from None
-    if not quiet:
-        click.echo(result.summary())
-    else:
-        click.echo(f"{result.e_tot:.12f}")
+            write_error = f"cannot write JSON to {json_path!r}: {exc.strerror}"
+    click.echo(f"{result.e_tot:.12f}" if quiet else result.summary(verbose=verbose >= 1))
+    if write_error:  # the summary above still carries every energy
+        raise _fail(write_error)
+
+
+def _check_json_path(path) -> None:
+    """Before any work: the JSON file can be created or overwritten (a file made by the test is
+    removed again)."""
+    if path is None or path == "-":
+        return
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise _fail(f"cannot write JSON to {path!r}: {exc.strerror}") from None
+    if not existed:
+        os.remove(path)
+
+
+def _raise_on_signals():
+    """Turn SIGINT, SIGTERM and SIGHUP (what batch schedulers send) into :class:`Interrupted`,
+    so ``finally`` blocks remove the temporary HDF5 file; return a function that restores the
+    previous handlers."""
+
+    def handler(signum, _frame):
+        raise Interrupted(signum, signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. inside a test runner's worker thread)
+            pass
+
+    def restore():
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
 
 
 def _fail(message) -> click.exceptions.Exit:
@@ -158,11 +210,14 @@ def _fail(message) -> click.exceptions.Exit:
               help="Report the simulator mode as requested.")
 def info(nki_emulator, nki_simulator):
     """Versions, and each backend and execution mode with why it is or is not available."""
+    from .linalg.numpy_ops import PAIR_REDUCTION
     from .linalg.report import backend_report
     from .results import versions
 
     for name, version in versions().items():
         click.echo(f"{name:<8s} {version}")
+    built = "built" if PAIR_REDUCTION.startswith("compiled") else "NOT built"
+    click.echo(f"compiled pair reduction: {built}; pair energies use the {PAIR_REDUCTION}")
     click.echo("")
     click.echo("backends and modes:")
     for backend, mode, available, reason in backend_report(nki_emulator, nki_simulator):

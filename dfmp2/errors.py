@@ -19,6 +19,7 @@ __all__ = [
     "OrbitalError",
     "PrecisionError",
     "Interrupted",
+    "NotComputedError",
 ]
 
 
@@ -75,3 +76,7 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {name}")
         self.signum = signum
         self.name = name
+
+
+class NotComputedError(DFMP2Error, AttributeError):
+    """An energy was asked for before the calculation ran (``run()`` first)."""

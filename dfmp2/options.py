@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields
 
 from .errors import InputError
 from ._names import BACKENDS, CPU_BLAS_CHOICES
@@ -23,6 +23,8 @@ class Options:
     scf_type : 'df' (density-fitted SCF with the JK-fit basis ``scf_auxbasis``) or 'conv'.
     scf_auxbasis : JK-fit basis of a DF-SCF; None = PySCF's JK-fit partner of ``basis``.
     charge, spin : total charge and 2S (PySCF convention: 0 singlet, 1 doublet, ...).
+    ecp : None (attach the ECP that PySCF's library has for ``basis``, e.g. def2-* on elements
+        beyond Kr), 'none' (all electrons) or an ECP name.
     reference : 'rhf', 'uhf' or 'rohf'; None = rhf for singlets, uhf otherwise.
     frozen : None (all electrons), an int (the lowest n orbitals), or a tuple of orbital indices
         (PySCF's ``frozen=`` semantics; may name virtual orbitals too).
@@ -47,6 +49,7 @@ class Options:
     scf_auxbasis: str | None = None
     charge: int = 0
     spin: int = 0
+    ecp: str | None = None
     reference: str | None = None
     frozen: int | tuple[int, ...] | None = None
     frozen_core: bool = False
@@ -75,6 +78,8 @@ class Options:
             _choice("reference", self.reference, REFERENCES)
         if not isinstance(self.basis, str) or not self.basis.strip():
             raise InputError(f"basis must be a basis-set name, got {self.basis!r}")
+        if self.ecp is not None and (not isinstance(self.ecp, str) or not self.ecp.strip()):
+            raise InputError(f"ecp must be an ECP name or 'none', got {self.ecp!r}")
         if self.frozen is not None and self.frozen_core:
             raise InputError("give either frozen_core or frozen, not both")
         if isinstance(self.frozen, list):
@@ -103,14 +108,10 @@ class Options:
     def resolved_reference(self) -> str:
         return self.reference or ("rhf" if self.spin == 0 else "uhf")
 
-    def replace(self, **changes) -> "Options":
-        return replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        out = asdict(self)
-        if isinstance(out["frozen"], tuple):
-            out["frozen"] = list(out["frozen"])
-        return out
+    @classmethod
+    def default(cls, name: str):
+        """The default of field ``name`` (the CLI takes its defaults from here)."""
+        return _DEFAULTS[name]
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "Options":
@@ -122,6 +123,9 @@ class Options:
                 f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
             )
         return cls(**kwargs)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISSING}
 
 
 def _choice(name: str, value, valid: tuple) -> None:

@@ -1,34 +1,147 @@
-"""The typed result of a run (Hartree throughout), its text summary and its JSON form."""
+"""The typed result of a run (Hartree throughout), its text summary and its JSON form.
+
+A :class:`Result` holds energies and typed sub-records: :class:`MoleculeInfo` (what was
+computed), :class:`ScfInfo` (the reference), :class:`Sizes`, :class:`Method` (every setting that
+shaped the numbers, per element where PySCF resolves per element) and :class:`BackendInfo` (what
+ran each op). ``to_dict`` is a QCSchema ``AtomicResult`` (schema v1) with dfmp2's records in
+``extras``; ``summary`` is what a chemist reads, with the machinery under ``verbose``.
+"""
 
 from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["Result"]
+__all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo", "versions"]
+
+
+@dataclass(frozen=True)
+class MoleculeInfo:
+    """The molecule as computed. ``formula`` in Hill order over real atoms; ``nghost`` counts
+    ghost atoms (basis functions, no nucleus); ``qcschema`` is the QCSchema molecule."""
+
+    formula: str
+    natom: int
+    nghost: int
+    charge: int
+    multiplicity: int
+    nelectron: int
+    nuclear_repulsion: float
+    qcschema: dict
+
+
+@dataclass(frozen=True)
+class ScfInfo:
+    """The reference SCF: ``kind`` 'rhf' or 'rks' (then ``xc`` names the functional),
+    ``energy`` its total energy, ``cycles`` its iterations, ``homo``/``lumo`` orbital energies
+    (``lumo`` None without virtual orbitals), ``orbital_check`` what was verified of the
+    orbitals before MP2."""
+
+    kind: str
+    xc: str | None
+    energy: float
+    converged: bool
+    cycles: int | None
+    conv_tol: float
+    homo: float
+    lumo: float | None
+    orbital_check: str
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Dimensions: basis functions, MOs, auxiliary functions (``naux_fit`` kept by the fit),
+    active occupied/virtual orbitals, frozen ones, occupied pairs evaluated."""
+
+    natom: int
+    nbasis: int
+    nmo: int
+    naux: int
+    naux_fit: int
+    naux_dropped: int
+    nocc: int
+    nvir: int
+    nalpha: int
+    nbeta: int
+    nfrozen_occ: int
+    nfrozen_vir: int
+    npairs: int
+
+    @property
+    def nfrozen(self) -> int:
+        return self.nfrozen_occ + self.nfrozen_vir
+
+
+@dataclass(frozen=True)
+class Method:
+    """Every setting that shaped the numbers. ``basis``, ``auxbasis`` and ``ecp`` map element
+    symbols to what PySCF resolved (an even-tempered auxiliary set says so, with its beta);
+    ``basis_name``/``auxbasis_name`` are the names as given (None for the RI default).
+    ``note`` explains a zero correlation energy (no active pairs)."""
+
+    reference: str
+    basis_name: str | None
+    basis: dict
+    auxbasis_name: str | None
+    auxbasis: dict
+    ecp: dict
+    scf_type: str
+    scf_auxbasis: str | dict | None
+    fused_energy: bool
+    precision: str
+    os_scale: float
+    ss_scale: float
+    metric: str
+    int3c2e_expcutoff: float
+    blocks: dict
+    max_memory_mb: int
+    stage_precision: dict = field(default_factory=dict)
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """Which backend ran: requested and resolved backend, NKI mode, why, per-op records,
+    the CPU BLAS choice."""
+
+    requested: str
+    resolved: str
+    nki_mode: str | None
+    resolution: str
+    ops: dict
+    cpu_blas: dict
 
 
 @dataclass(frozen=True)
 class Result:
     """Energies of a DF-MP2 run, in Hartree, and how they were obtained.
 
-    e_hf : SCF total energy; e_corr_os / e_corr_ss : opposite- and same-spin correlation
-    (unscaled); e_singles : singles (zero for RHF); e_corr : e_singles + e_corr_os + e_corr_ss;
-    e_tot : e_hf + e_corr; e_scs : SCS-MP2 correlation energy; e_scs_tot : e_hf + e_scs.
+    e_scf : the reference's total energy (RHF or RKS; ``e_hf`` is it for an HF reference only);
+    e_corr_os / e_corr_ss : opposite- and same-spin correlation (unscaled); e_singles : singles
+    (zero for RHF); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot : e_scf + e_corr;
+    e_scs : SCS-MP2 correlation energy; e_scs_tot : e_scf + e_scs. ``environment`` is the record
+    of what the ``dfmp2`` command set in the process environment (None from Python).
     """
 
-    e_hf: float
+    e_scf: float
     e_corr_os: float
     e_corr_ss: float
     e_singles: float
     e_scs: float
-    sizes: dict
-    method: dict
-    backend: dict
+    molecule: MoleculeInfo
+    scf: ScfInfo
+    sizes: Sizes
+    method: Method
+    backend: BackendInfo
     timings: dict
     versions: dict
-    molecule: dict = field(default_factory=dict)
+    environment: dict | None = None
+
+    @property
+    def e_hf(self) -> float | None:
+        """The HF energy; None when the reference is Kohn-Sham (its energy is ``e_scf``)."""
+        return self.e_scf if self.scf.kind in ("rhf", "uhf", "rohf") else None
 
     @property
     def e_doubles(self) -> float:
@@ -40,16 +153,19 @@ class Result:
 
     @property
     def e_tot(self) -> float:
-        return self.e_hf + self.e_corr
+        return self.e_scf + self.e_corr
 
     @property
     def e_scs_tot(self) -> float:
-        return self.e_hf + self.e_scs
+        return self.e_scf + self.e_scs
 
     def properties(self) -> dict:
         """QCSchema ``AtomicResultProperties`` names and values (Hartree)."""
+        s = self.sizes
         return {
-            "scf_total_energy": self.e_hf,
+            "scf_total_energy": self.e_scf,
+            "nuclear_repulsion_energy": self.molecule.nuclear_repulsion,
+            "scf_iterations": self.scf.cycles,
             "mp2_same_spin_correlation_energy": self.e_corr_ss,
             "mp2_opposite_spin_correlation_energy": self.e_corr_os,
             "mp2_singles_energy": self.e_singles,
@@ -57,32 +173,38 @@ class Result:
             "mp2_correlation_energy": self.e_corr,
             "mp2_total_energy": self.e_tot,
             "return_energy": self.e_tot,
-            "calcinfo_nbasis": self.sizes["nbasis"],
-            "calcinfo_nmo": self.sizes["nmo"],
-            "calcinfo_nalpha": self.sizes["nalpha"],
-            "calcinfo_nbeta": self.sizes["nbeta"],
-            "calcinfo_natom": self.sizes["natom"],
+            "calcinfo_nbasis": s.nbasis,
+            "calcinfo_nmo": s.nmo,
+            "calcinfo_nalpha": s.nalpha,
+            "calcinfo_nbeta": s.nbeta,
+            "calcinfo_natom": s.natom,
         }
 
     def to_dict(self) -> dict:
-        """A QCSchema-shaped output object (schema v1 field names) with dfmp2 data in extras."""
+        """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
+        method = "mp2" if self.scf.kind == "rhf" else f"mp2 on {self.scf.kind}-{self.scf.xc}"
+        basis = self.method.basis_name or ", ".join(sorted(set(self.method.basis.values())))
         return {
             "schema_name": "qcschema_output",
             "schema_version": 1,
             "driver": "energy",
-            "model": {"method": "mp2", "basis": self.method["basis"]},
-            "molecule": self.molecule,
+            "model": {"method": method, "basis": basis},
+            "keywords": {},
+            "molecule": self.molecule.qcschema,
             "success": True,
             "return_result": self.e_tot,
-            "properties": self.properties(),
+            "properties": {k: v for k, v in self.properties().items() if v is not None},
             "extras": {
                 "scs_mp2_correlation_energy": self.e_scs,
                 "scs_mp2_total_energy": self.e_scs_tot,
-                "sizes": self.sizes,
-                "method": self.method,
-                "backend": self.backend,
+                "molecule": {k: v for k, v in asdict(self.molecule).items() if k != "qcschema"},
+                "scf": asdict(self.scf),
+                "sizes": {**asdict(self.sizes), "nfrozen": self.sizes.nfrozen},
+                "method": asdict(self.method),
+                "backend": asdict(self.backend),
                 "timings": self.timings,
                 "versions": self.versions,
+                "environment": self.environment,
             },
             "provenance": {
                 "creator": "dfmp2",
@@ -94,51 +216,93 @@ class Result:
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def summary(self) -> str:
-        """Readable text summary for a terminal."""
-        s, m, b = self.sizes, self.method, self.backend
-        frozen = f"{s['nfrozen']} frozen" if s["nfrozen"] else "all electrons"
+    def summary(self, verbose: bool = False) -> str:
+        """Readable text for a terminal: the molecule, the basis sets, the reference, then the
+        energies; with ``verbose`` also the backend, BLAS and per-op records and stage times."""
+        mo, scf, s, m = self.molecule, self.scf, self.sizes, self.method
+        ghosts = f" + {mo.nghost} ghost" if mo.nghost else ""
+        frozen = (f"{s.nfrozen_occ} occupied and {s.nfrozen_vir} virtual frozen"
+                  if s.nfrozen else "all electrons")
+        ref = scf.kind.upper() + (f" ({scf.xc})" if scf.xc else "")
         lines = [
-            f"DF-MP2  {m['reference'].upper()}/{m['basis']}  aux {m['auxbasis']}  "
-            f"SCF {m['scf_type']}" + (f" ({m['scf_auxbasis']})" if m.get("scf_auxbasis") else ""),
-            f"  nbasis {s['nbasis']}  naux {s['naux']}  nocc {s['nocc']}  nvir {s['nvir']}  "
-            f"({frozen})",
-            f"  backend {b['resolved']}"
-            + (f" [{b['nki_mode']}]" if b.get("nki_mode") else "")
-            + f"  fused energy {'on' if m['fused_energy'] else 'off'}  precision {m['precision']}"
-            + (f" (NKI ops: {m['nki_precision']})" if m.get("nki_precision") else ""),
-            f"  B storage {m['blocks']['storage']} ({m['blocks']['b_mb']} MB)  "
-            f"max memory {m['max_memory_mb']} MB",
+            f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
+            f"{mo.natom - mo.nghost} atoms{ghosts}  {s.nbasis} basis functions",
+            f"  basis      {_per_element(m.basis)}",
+            f"  auxiliary  {_per_element(m.auxbasis)}  ({s.naux} functions"
+            + (f", {s.naux_dropped} dropped" if s.naux_dropped else "") + ")",
         ]
-        blas = b.get("cpu_blas")
-        if blas and b["resolved"] == "pytorch":
-            lines.append(f"  CPU products through {blas['choice']} "
-                         f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
-            if blas.get("pair_reduction"):
-                lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
-            if blas["choice"] == "numpy" and blas.get("openblas_thread_timeout"):
-                lines.append("  numpy's OpenBLAS: OPENBLAS_THREAD_TIMEOUT="
-                             f"{blas['openblas_thread_timeout']}")
-        for op, rec in b["ops"].items():
-            note = f"  FALLBACK: {rec['fallback']}" if rec["fallback"] else ""
-            lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "
-                         f"{rec['calls']:>6d} calls{note}")
+        if m.ecp:
+            lines.append("  ECP        " + ", ".join(
+                f"{el}: {rec['name']} ({rec['core_electrons']} core electrons)"
+                for el, rec in sorted(m.ecp.items())))
+        scf_fit = f"density-fitted ({_per_element(m.scf_auxbasis)})" if m.scf_type == "df" \
+            else "exact integrals"
+        cycles = f"{scf.cycles} cycles" if scf.cycles is not None else "cycles unknown"
+        lines += [
+            f"  nuclear repulsion {mo.nuclear_repulsion:.10f} Eh",
+            f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'} in "
+            f"{cycles} (conv_tol {scf.conv_tol:.0e})",
+            f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
+                                          else "  LUMO none (no virtual orbitals)"),
+            f"  MP2 space  {s.nocc} occupied x {s.nvir} virtual ({frozen})",
+        ]
+        if m.note:
+            lines.append(f"  note: {m.note}")
+        scf_label = "E(HF)" if self.e_hf is not None else f"E({scf.kind.upper()})"
         lines += [
             "",
-            f"  {'E(HF)':<22s}{self.e_hf:22.12f} Eh",
+            f"  {scf_label:<22s}{self.e_scf:22.12f} Eh",
             f"  {'E(OS) opposite-spin':<22s}{self.e_corr_os:22.12f} Eh",
             f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.12f} Eh",
             f"  {'E(corr) MP2':<22s}{self.e_corr:22.12f} Eh",
             f"  {'E(MP2) total':<22s}{self.e_tot:22.12f} Eh",
             f"  {'E(corr) SCS-MP2':<22s}{self.e_scs:22.12f} Eh",
             f"  {'E(SCS-MP2) total':<22s}{self.e_scs_tot:22.12f} Eh",
-            "",
-            "  time  " + "  ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()),
         ]
+        if verbose:
+            lines += ["", *self._machinery()]
         return "\n".join(lines)
+
+    def _machinery(self) -> list[str]:
+        """The backend, BLAS, per-op and timing lines of ``summary(verbose=True)``."""
+        m, b = self.method, self.backend
+        lines = [
+            f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
+            + f" ({b.resolution})",
+            f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "
+            f"metric {m.metric}  int3c2e cutoff exp(-{m.int3c2e_expcutoff:g})",
+            f"  B storage {m.blocks['storage']} ({m.blocks['b_mb']} MB)  "
+            f"max memory {m.max_memory_mb} MB",
+        ]
+        for stage, rec in m.stage_precision.items():
+            lines.append(f"  {stage}: {rec}")
+        blas = b.cpu_blas
+        if blas and b.resolved == "pytorch":
+            lines.append(f"  CPU products through {blas['choice']} "
+                         f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
+            if blas.get("pair_reduction"):
+                lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
+        for key, value in (self.environment or {}).items():
+            lines.append(f"  environment {key}: {value}")
+        for op, rec in b.ops.items():
+            note = f"  FALLBACK: {rec['fallback']}" if rec.get("fallback") else ""
+            lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "
+                         f"{rec['calls']:>6d} calls{note}")
+        lines.append("  time  " + "  ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        return lines
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _per_element(record) -> str:
+    """'cc-pvdz' when every element has the same entry, else 'H: cc-pvdz, I: def2-svp'."""
+    if record is None or isinstance(record, str):
+        return str(record)
+    values = set(map(str, record.values()))
+    if len(values) == 1:
+        return values.pop()
+    return ", ".join(f"{el}: {name}" for el, name in sorted(record.items()))
 
 
 def versions() -> dict:

@@ -13,7 +13,7 @@ from .options import Options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_scf", "jk_auxbasis"]
+__all__ = ["run_scf", "jk_auxbasis", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -46,6 +46,7 @@ def run_scf(mol, options: Options):
     mf.conv_tol_grad = options.conv_tol_grad
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
+    mf.callback = _log_cycle
     mf.kernel()
     if not mf.converged:
         raise ConvergenceError(
@@ -54,3 +55,26 @@ def run_scf(mol, options: Options):
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     return mf
+
+
+def _log_cycle(envs: dict) -> None:
+    """PySCF's per-iteration callback: one DEBUG line per SCF cycle (shown by ``dfmp2 -vv``)."""
+    log.debug("SCF cycle %2d  E = %.12f Eh  |g| = %.2e", envs["cycle"] + 1, envs["e_tot"],
+              envs.get("norm_gorb", float("nan")))
+
+
+def scf_fit_record(mf):
+    """The JK-fit basis of a density-fitted SCF as given (a name or a per-element dict), PySCF's
+    default partner per element when none was given, or None for exact integrals."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is None:
+        return None
+    if with_df.auxbasis is not None:
+        return with_df.auxbasis if isinstance(with_df.auxbasis, str) else {
+            str(k): str(v) if isinstance(v, str) else "custom shells"
+            for k, v in with_df.auxbasis.items()}
+    default = df.make_auxbasis(mf.mol, mp2fit=False)
+    if isinstance(default, str):
+        return default
+    return {str(k): v if isinstance(v, str) else "even-tempered (PySCF default)"
+            for k, v in default.items()}

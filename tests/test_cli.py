@@ -172,8 +172,9 @@ def test_cli_shortens_openblas_spin_before_numpy_loads(tmp_path):
         " if 'openblas' in line and 'numpy' in line}\n"
         "read = [ctypes.CDLL(p).openblas_thread_timeout() for p in libs"
         " if hasattr(ctypes.CDLL(p), 'openblas_thread_timeout')]\n"
-        "blas = json.load(open(" + repr(str(out)) + "))['extras']['backend']['cpu_blas']\n"
-        "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], blas['openblas_thread_timeout'], read)\n"
+        "env = json.load(open(" + repr(str(out)) + "))['extras']['environment']\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT'],"
+        " env['OPENBLAS_THREAD_TIMEOUT'].split()[0].split('=')[1], read)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)

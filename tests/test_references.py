@@ -15,7 +15,7 @@ PYSCF_WATER = "O 0 0 0; H 0 -0.757 0.587; H 0 0.757 0.587"
 
 def test_psi4_dfmp2_4_water_df_scf():
     r = dfmp2.run(PSI4_WATER, basis="cc-pvdz", scf_type="df")
-    assert (r.sizes["nbasis"], r.sizes["naux"]) == (24, 84)
+    assert (r.sizes.nbasis, r.sizes.naux) == (24, 84)
     assert r.e_hf == pytest.approx(-76.0167614256151865, abs=TOL_FP64)
     assert r.e_corr_ss == pytest.approx(-0.0527406422061238, abs=TOL_FP64)
     assert r.e_corr_os == pytest.approx(-0.1562926850310142, abs=TOL_FP64)
@@ -41,8 +41,8 @@ def test_psi4_dfmp2_2_h2(basis, e_scf, e_tot):
 ])
 def test_qcdb_water_aug_cc_pvdz(scf_type, frozen_core, e_scf, e_ss, e_corr):
     r = dfmp2.run(QCDB_WATER, basis="aug-cc-pvdz", scf_type=scf_type, frozen_core=frozen_core)
-    assert (r.sizes["nbasis"], r.sizes["naux"]) == (41, 118)
-    assert r.sizes["nfrozen"] == (1 if frozen_core else 0)
+    assert (r.sizes.nbasis, r.sizes.naux) == (41, 118)
+    assert r.sizes.nfrozen == (1 if frozen_core else 0)
     assert r.e_hf == pytest.approx(e_scf, abs=TOL_8DP)
     assert r.e_corr_ss == pytest.approx(e_ss, abs=TOL_8DP)
     assert r.e_corr == pytest.approx(e_corr, abs=TOL_8DP)
@@ -70,6 +70,7 @@ def test_pyscf_ethylene_def2_svp(frozen, e_corr, e_tot):
         unit="Bohr", basis="def2-svp", verbose=0,
     )
     r = dfmp2.run(mol, basis="def2-svp", scf_type="conv", frozen=frozen)
-    assert r.method["auxbasis"] == "def2-svp-ri"
+    assert r.method.auxbasis_name is None  # the RI default, resolved per element:
+    assert r.method.auxbasis == {"C": "def2-svp-ri", "H": "def2-svp-ri"}
     assert r.e_corr == pytest.approx(e_corr, abs=TOL_FP64)
     assert r.e_tot == pytest.approx(e_tot, abs=TOL_FP64)

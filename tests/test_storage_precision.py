@@ -28,8 +28,8 @@ def test_outcore_equals_incore(water4_scf, tmp_path, fused, cpu_blas):
     incore = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas=cpu_blas).run()
     outcore = dfmp2.DFMP2(water4_scf, backend="pytorch", max_memory=4, fused_energy=fused,
                           cpu_blas=cpu_blas, scratch_dir=str(tmp_path)).run()
-    blocks = outcore.result.method["blocks"]
-    assert blocks["storage"] == "hdf5" and blocks["occ_block"] < outcore.result.sizes["nocc"]
+    blocks = outcore.result.method.blocks
+    assert blocks["storage"] == "hdf5" and blocks["occ_block"] < outcore.result.sizes.nocc
     assert outcore.e_corr_os == pytest.approx(incore.e_corr_os, abs=TOL_OUTCORE)
     assert outcore.e_corr_ss == pytest.approx(incore.e_corr_ss, abs=TOL_OUTCORE)
     assert os.listdir(tmp_path) == []  # the temporary file is gone
@@ -41,10 +41,10 @@ def test_outcore_equals_incore(water4_scf, tmp_path, fused, cpu_blas):
 def test_the_pair_reduction_that_ran_is_recorded(water4_scf, precision, reduction):
     result = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="numpy",
                          precision=precision).run().result
-    assert result.backend["cpu_blas"]["pair_reduction"].startswith(reduction)
+    assert result.backend.cpu_blas["pair_reduction"].startswith(reduction)
     assert "pair-energy reduction: " + reduction in result.summary()
     torch_blas = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="torch").run().result
-    assert "pair_reduction" not in torch_blas.backend["cpu_blas"]
+    assert "pair_reduction" not in torch_blas.backend.cpu_blas
 
 
 def test_forced_outcore_cleans_up_after_an_error(water4_scf, tmp_path, monkeypatch):
@@ -63,7 +63,7 @@ def test_forced_outcore_cleans_up_after_an_error(water4_scf, tmp_path, monkeypat
 def test_reduced_precision_error_is_small(water4_scf, precision, tol):
     ref = dfmp2.DFMP2(water4_scf, backend="pytorch").run()
     low = dfmp2.DFMP2(water4_scf, backend="pytorch", precision=precision).run()
-    assert low.result.method["precision"] == precision
+    assert low.result.method.precision == precision
     assert low.e_corr == pytest.approx(ref.e_corr, abs=tol)
     assert low.e_corr != ref.e_corr  # it really ran in reduced precision
 
@@ -72,7 +72,7 @@ def test_mixed_outcore_stores_fp32(water4_scf, tmp_path):
     ref = dfmp2.DFMP2(water4_scf, precision="mixed").run()
     ooc = dfmp2.DFMP2(water4_scf, precision="mixed", force_outcore=True,
                       scratch_dir=str(tmp_path)).run()
-    assert ooc.result.method["blocks"]["storage"] == "hdf5"
+    assert ooc.result.method.blocks["storage"] == "hdf5"
     assert ooc.e_corr == pytest.approx(ref.e_corr, abs=TOL_OUTCORE)
 
 

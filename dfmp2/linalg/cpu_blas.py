@@ -6,7 +6,7 @@ OpenBLAS's worker threads spin for a while after each call, so with numpy chosen
 run between two GEMMs (torch's OpenMP threads would share the cores with the spinning workers):
 the ops with products inside have numpy implementations (:mod:`dfmp2.linalg.numpy_ops`), and the
 pipeline's copies between GEMMs are numpy copies. ``auto`` picks by a rule
-(:func:`dfmp2.blas_env.choose_cpu_blas`), recorded in the result with its reason.
+(:func:`dfmp2.cpuinfo.choose_cpu_blas`), recorded in the result with its reason.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._names import CPU_BLAS_CHOICES
-from ..blas_env import choose_cpu_blas, openblas_thread_timeout
+from ..cpuinfo import choose_cpu_blas, cpu_model
 from . import numpy_ops
 
 #: What ``auto`` resolves to.
@@ -90,4 +90,4 @@ class CpuBlas:
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "reason": self.reason, "libraries": blas_libraries(),
-                "openblas_thread_timeout": openblas_thread_timeout()}
+                "cpu": cpu_model()}
