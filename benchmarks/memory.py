@@ -17,30 +17,25 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
+import run  # benchmarks/run.py, next to this script: where the xyz files are looked up
 import worker  # benchmarks/worker.py: SCF builder and RSS helpers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--molecule", default="water16", help="xyz stem under shared/molecules or inputs")
+    p.add_argument("--molecule", default="water16",
+                   help="xyz stem, looked up as by run.py (--molecule-dir, inputs/, "
+                        "benchmarks/molecules/)")
+    p.add_argument("--molecule-dir", action="append", default=[], metavar="DIR",
+                   help="folder of xyz files searched first (repeatable)")
     p.add_argument("--basis", default="cc-pvdz")
     p.add_argument("--limits", default="4000,300,150", help="MB, comma-separated")
     p.add_argument("--precision", default="fp64")
     p.add_argument("--name", default="memory")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     return p.parse_args(argv)
-
-
-def molecule_path(stem: str) -> str:
-    for folder in (os.path.join(ROOT, "..", "shared", "molecules"), os.path.join(ROOT, "inputs")):
-        path = os.path.join(folder, f"{stem}.xyz")
-        if os.path.exists(path):
-            return os.path.abspath(path)
-    raise SystemExit(f"no {stem}.xyz under shared/molecules or inputs")
 
 
 def measure(mf, limit: int, precision: str) -> dict:
@@ -82,7 +77,7 @@ def markdown(spec: dict, rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     limits = sorted((int(x) for x in args.limits.split(",")), reverse=True)
-    path = molecule_path(args.molecule)
+    path = run.find_xyz(args.molecule, run.molecule_dirs(args.molecule_dir))
     mf = worker.build_scf(path, args.basis, 1e-10)
     spec = {"name": args.name, "molecule": args.molecule, "basis": args.basis,
             "nbasis": mf.mol.nao_nr(), "precision": args.precision,

@@ -3,6 +3,10 @@
     python3 benchmarks/run.py --ladder quick            # a few minutes
     python3 benchmarks/run.py --ladder full --budget-min 25
     python3 benchmarks/run.py --molecules water,water4@cc-pvtz --basis cc-pvdz --repeat 3
+    python3 benchmarks/run.py --molecule-dir ~/my-xyz --molecules mymol --no-e2e
+
+Molecules are xyz stems looked up in every ``--molecule-dir`` given, then in the repository's
+``inputs/``, then in ``benchmarks/molecules/`` (the larger water clusters and alkanes).
 
 Each molecule runs in fresh worker processes (``benchmarks/worker.py``), one per
 OPENBLAS_CORETYPE setting (unset = OpenBLAS auto-detects; Haswell = forced), because the variable
@@ -23,16 +27,16 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import machine
+import machine  # benchmarks/*.py, next to this script (its folder is on sys.path)
 import report
 import worker
 
-#: Where xyz files are looked up, in order.
-MOLECULE_DIRS = (os.path.join(ROOT, "inputs"), "/work/shared/molecules")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+#: Where xyz files are looked up after the ``--molecule-dir`` folders, in order: the repository's
+#: small molecules, then the larger ones only the benchmarks use.
+MOLECULE_DIRS = (os.path.join(ROOT, "inputs"), os.path.join(HERE, "molecules"))
 
 LADDERS = {
     "quick": ["water", "water4", "water8", "C10H22"],
@@ -48,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ladder", choices=sorted(LADDERS), help="a predefined list of molecules")
     p.add_argument("--molecules", help="comma-separated names (xyz stems), name@basis allowed")
+    p.add_argument("--molecule-dir", action="append", default=[], metavar="DIR",
+                   help="folder of xyz files searched before inputs/ and benchmarks/molecules/ "
+                        "(repeat the option for several folders)")
     p.add_argument("--basis", default="cc-pvdz", help="orbital basis of entries without @basis")
     p.add_argument("--auxbasis", help="MP2 fitting basis (default: <basis>-ri)")
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions of each side")
@@ -78,16 +85,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.ladder and not args.molecules:
         p.error("give --ladder or --molecules")
+    for folder in args.molecule_dir:
+        if not os.path.isdir(folder):
+            p.error(f"--molecule-dir {folder}: not a folder")
     return args
 
 
-def find_xyz(name: str) -> str:
-    """The xyz file of a molecule name, from inputs/ first, then the shared molecule folder."""
-    for folder in MOLECULE_DIRS:
+def molecule_dirs(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The folders searched for xyz files: ``extra`` (``--molecule-dir``), then
+    :data:`MOLECULE_DIRS`."""
+    return [os.path.abspath(os.path.expanduser(d)) for d in extra] + list(MOLECULE_DIRS)
+
+
+def find_xyz(name: str, dirs: list[str]) -> str:
+    """The xyz file of a molecule name: the first ``<dir>/<name>.xyz`` of ``dirs`` that exists."""
+    for folder in dirs:
         path = os.path.join(folder, name + ".xyz")
         if os.path.exists(path):
             return path
-    raise SystemExit(f"no {name}.xyz in {', '.join(MOLECULE_DIRS)}")
+    raise SystemExit(f"no {name}.xyz in {', '.join(dirs)} (add a folder with --molecule-dir)")
 
 
 def ri_basis(basis: str) -> str:
@@ -95,15 +111,16 @@ def ri_basis(basis: str) -> str:
     return basis.lower() + "-ri"
 
 
-def entries(names: list[str], basis: str, auxbasis: str | None) -> list[dict]:
-    """Molecule entries (name, basis, auxbasis, path, nbasis), smallest nbasis first."""
+def entries(names: list[str], basis: str, auxbasis: str | None, dirs: list[str]) -> list[dict]:
+    """Molecule entries (name, basis, auxbasis, path, nbasis), smallest nbasis first; xyz files
+    from ``dirs`` (:func:`molecule_dirs`)."""
     from pyscf import gto
 
     out = []
     for item in names:
         name, _, own_basis = item.partition("@")
         b = own_basis or basis
-        path = find_xyz(name)
+        path = find_xyz(name, dirs)
         nbasis = gto.M(atom=path, basis=b, verbose=0).nao_nr()
         out.append({"name": name, "basis": b, "auxbasis": auxbasis or ri_basis(b),
                     "path": path, "nbasis": nbasis})
@@ -253,7 +270,8 @@ def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
                 skipped: list) -> list[dict]:
     """End-to-end CLI runs of ``names`` for every coretype, while the budget lasts."""
     out = []
-    for entry in entries(names, args.basis, args.auxbasis) if names else []:
+    dirs = molecule_dirs(args.molecule_dir)
+    for entry in entries(names, args.basis, args.auxbasis, dirs) if names else []:
         for core in cores:
             label = f"end to end {entry['name']}/{entry['basis']} [{core}]"
             if not budget.ok():
@@ -267,7 +285,8 @@ def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
 def molecule_spec(entry: dict, args, precs: list[str]) -> dict:
     """What a molecule worker needs (see ``worker.run_molecule``)."""
     return {"kind": "molecule", **entry, "repeat": args.repeat, "warmup": args.warmup,
-            "warmup_path": find_xyz("water"), "precisions": precs,
+            "warmup_path": find_xyz("water", molecule_dirs(args.molecule_dir)),
+            "precisions": precs,
             "cpu_blas": args.cpu_blas.split(",") if args.cpu_blas else None,
             "max_memory": args.max_memory, "conv_tol": args.conv_tol}
 
@@ -307,7 +326,7 @@ def collect(args: argparse.Namespace) -> dict:
     cores = args.coretypes.split(",")
     precs = precisions(args.precisions)
     names = args.molecules.split(",") if args.molecules else LADDERS[args.ladder]
-    mols = entries(names, args.basis, args.auxbasis)
+    mols = entries(names, args.basis, args.auxbasis, molecule_dirs(args.molecule_dir))
     info = {**machine.machine_info(), "versions": dfmp2.results.versions(),
             "source_start": source_state()}
     skipped: list[str] = []

@@ -18,9 +18,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import machine  # benchmarks/machine.py, next to this file
+import machine  # benchmarks/machine.py, next to this script (its folder is on sys.path)
 
 #: Worker environment flag: load PySCF's bundled OpenBLAS with Haswell kernels the way the dfmp2
 #: CLI does (``dfmp2.blas_env``), leaving numpy's and torch's BLAS on their own detection.
@@ -171,8 +169,9 @@ def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | 
     GEMM and reduction timed apart (median seconds), for the path the run took:
 
     - numpy's BLAS (``cpu_blas`` 'numpy'): one GEMM block of ``numpy_ops.mp2_pair_energy``,
-      ``B_J[chunk] x B_group^T``, and the compiled reduction of that block (without the
-      extension: the op on the same block, less the GEMM);
+      ``B_J[chunk] x B_group^T``, timed alone, and the public op on the same group and chunk
+      (one GEMM and its reduction, compiled or numpy as this install runs it by default): the
+      reduction is the op less the GEMM;
     - torch: one row of a diagonal block, the GEMM (nvir, naux) x (naux, b*nvir) and
       ``pair_energy_from_ovov`` of its (1, nvir, b, nvir) result.
 
@@ -195,16 +194,10 @@ def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | 
             out = np.empty((nk * nvir, ng * nvir))
             gemm_s = float(np.median(machine.timed(
                 lambda: np.matmul(rows_j, group_t, out=out), repeat)))
-            if numpy_ops._pair_reduce is not None:  # the compiled pass, on the GEMM's block
-                pair_e = np.add.outer(eps_j.numpy(), eps_i.numpy())
-                weight = np.full((nk, ng), 2.0)
-                reduce_s = float(np.median(machine.timed(
-                    lambda: numpy_ops._pair_reduce.pair_sums(out, nk, nvir, ng, pair_e, weight,
-                                                             eps_v.numpy()), repeat)))
-            else:  # the numpy passes: the op on the same block, less its GEMM
-                both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
-                    b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
-                reduce_s = max(0.0, float(np.median(both)) - gemm_s)
+            # the op on the same block (one group, one chunk: a single GEMM), less its GEMM
+            both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
+                b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
+            reduce_s = max(0.0, float(np.median(both)) - gemm_s)
             flops, how = 2.0 * nk * nvir * naux * ng * nvir, numpy_ops.pair_reduction(
                 torch.float64)
             shape = {"group": ng, "chunk": nk}
