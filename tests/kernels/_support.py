@@ -1,5 +1,6 @@
 """Shared pieces of the NKI kernel tests: the execution-mode fixture, tolerances, data.
 
+The fixtures ``nki_mode`` and ``emulator_trace`` live in ``conftest.py`` beside this file.
 The same test functions run in three modes. The ``emulator`` parameter carries the
 ``nki_emulated`` mark (dfmp2's NumPy emulator, no ``nki`` needed); ``simulator`` carries
 ``nki_simulator`` (the real ``nki.simulate``) and ``hardware`` carries ``neuron`` (a Trainium
@@ -10,13 +11,10 @@ device). A mode that cannot run here is skipped with the reason from
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import torch
 
-from dfmp2.linalg.nki_ops import probe
 
 #: fp32 kernels against float64 references, relative to the operand scale: the inputs are
 #: rounded to fp32 (2^-24 ~ 6e-8 relative) and the products are accumulated in fp32 over
@@ -35,43 +33,6 @@ MODES = [
     pytest.param("simulator", marks=pytest.mark.nki_simulator, id="simulator"),
     pytest.param("hardware", marks=pytest.mark.neuron, id="hardware"),
 ]
-
-
-def _mode_or_skip(mode: str) -> str:
-    got, reason = probe(simulator=mode == "simulator", emulator=mode == "emulator")
-    if got != mode:
-        pytest.skip(f"NKI {mode} mode is unavailable here: {reason or f'probe chose {got}'}")
-    return mode
-
-
-@contextlib.contextmanager
-def _emulator_scope():
-    """Install dfmp2's emulator for one test and restore sys.modules afterwards."""
-    from dfmp2 import nki_emulator
-
-    with nki_emulator.installed():
-        yield
-
-
-@pytest.fixture(params=MODES)
-def nki_mode(request):
-    """An NKI execution mode that can run here (others are skipped with the reason)."""
-    mode = _mode_or_skip(request.param)
-    if mode != "emulator":
-        yield mode
-        return
-    with _emulator_scope():
-        yield mode
-
-
-@pytest.fixture
-def emulator_trace():
-    """For structure tests (emulator only): yields a factory of instruction traces."""
-    _mode_or_skip("emulator")
-    from dfmp2 import nki_emulator
-
-    with _emulator_scope():
-        yield nki_emulator.trace
 
 
 def rand(shape, seed, scale=1.0) -> torch.Tensor:

@@ -8,9 +8,8 @@ import torch
 from dfmp2.errors import InputError
 from dfmp2.linalg import nki_ops, torch_ops
 
-from ._support import FP32_RTOL, ceil_div, emulator_trace, nki_mode, rand  # noqa: F401
+from ._support import FP32_RTOL, ceil_div, rand
 
-pytestmark = pytest.mark.nki_emulated
 
 #: (m, n, k): one element; ragged M, N > 512 and K > 128; ragged everything; exact tiles.
 SHAPES = [(1, 1, 1), (130, 600, 300), (257, 513, 129), (128, 512, 256)]
@@ -48,6 +47,7 @@ def test_gemm_split_launches_match(nki_mode, monkeypatch):
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.nki_emulated
 def test_gemm_issues_one_matmul_per_tile_triple(emulator_trace, m, n, k):
     a, b = _operands(m, n, k, False, False)
     with emulator_trace() as tr:
@@ -63,6 +63,7 @@ def test_gemm_issues_one_matmul_per_tile_triple(emulator_trace, m, n, k):
     assert len(tr.dma_stores()) == tiles_out
 
 
+@pytest.mark.nki_emulated
 def test_gemm_split_launches_keep_the_matmul_count(emulator_trace, monkeypatch):
     monkeypatch.setattr(nki_ops, "MAX_MATMULS_PER_CALL", 2)
     monkeypatch.setattr(nki_ops, "GEMM_MAX_K", 256)
@@ -73,17 +74,20 @@ def test_gemm_split_launches_keep_the_matmul_count(emulator_trace, monkeypatch):
     assert len(tr.kernels) > 1 and set(tr.kernels) == {"gemm_kernel"}
 
 
+@pytest.mark.nki_emulated
 def test_gemm_empty_dimension_gives_zeros():
     a, b = torch.zeros(3, 0, dtype=torch.float64), torch.zeros(0, 4, dtype=torch.float64)
     got = nki_ops.gemm(a, b, mode="emulator")
     assert got.shape == (3, 4) and not got.any()
 
 
+@pytest.mark.nki_emulated
 def test_gemm_rejects_mismatched_inner_dimensions():
     with pytest.raises(InputError, match=r"inner dimensions differ"):
         nki_ops.gemm(torch.zeros(3, 4), torch.zeros(5, 6), mode="emulator")
 
 
+@pytest.mark.nki_emulated
 def test_gemm_supports_any_2d_shape():
     check = nki_ops.SUPPORTS["gemm"]
     assert check(torch.zeros(70000, 3), torch.zeros(3, 9)) is None

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ._support import emulator_trace  # noqa: F401
 
-pytestmark = pytest.mark.nki_emulated
 
 KERNEL_DIR = Path(importlib.util.find_spec("dfmp2.kernels").origin).parent
 KERNEL_FILES = ["gemm.py", "trsm.py", "mp2_energy.py"]
@@ -102,6 +100,7 @@ def _violations(kernel: ast.FunctionDef, helpers: set[str] = frozenset(),
 
 
 @pytest.mark.parametrize("filename", KERNEL_FILES)
+@pytest.mark.nki_emulated
 def test_kernels_stay_in_the_compiler_subset(filename):
     kernels = _kernels(KERNEL_DIR / filename)
     assert kernels, f"no @nki.jit kernel found in {filename}"
@@ -110,6 +109,7 @@ def test_kernels_stay_in_the_compiler_subset(filename):
         assert _violations(kernel, helpers) == [], f"{filename}:{kernel.name}"
 
 
+@pytest.mark.nki_emulated
 def test_block_helpers_stay_in_the_compiler_subset():
     """The helpers the kernels call obey the kernels' rules; each docstring names the memory
     space (HBM/SBUF/PSUM) of its operands."""
@@ -121,6 +121,7 @@ def test_block_helpers_stay_in_the_compiler_subset():
         assert any(space in doc for space in ("HBM", "SBUF", "PSUM")), name
 
 
+@pytest.mark.nki_emulated
 def test_every_block_helper_is_checked_by_the_emulator_lint():
     """The emulator lint checks a module-level function only if it uses nisa/nl or is called by
     one that does; no helper may escape it."""
@@ -130,6 +131,7 @@ def test_every_block_helper_is_checked_by_the_emulator_lint():
     assert {f.name for f in checked_functions(tree)} == set(_helpers())
 
 
+@pytest.mark.nki_emulated
 def test_tile_constants_match_nl_tile_size(emulator_trace):
     """The host's tiling constants are the gen2/gen3 limits that nl.tile_size reports."""
     import nki.language as nl
@@ -141,6 +143,7 @@ def test_tile_constants_match_nl_tile_size(emulator_trace):
     assert nl.tile_size.gemm_moving_fmax == _tiles.TILE_N
 
 
+@pytest.mark.nki_emulated
 def test_kernels_pass_the_emulator_lint():
     """The emulator's own AST lint of the compiler subset (dfmp2.nki_emulator.lint)."""
     from dfmp2.nki_emulator.lint import lint_paths

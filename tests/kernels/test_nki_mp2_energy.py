@@ -9,9 +9,8 @@ import torch
 from dfmp2.errors import InputError
 from dfmp2.linalg import nki_ops, torch_ops
 
-from ._support import ENERGY_RTOL, ceil_div, emulator_trace, nki_mode, pair_block  # noqa: F401
+from ._support import ENERGY_RTOL, ceil_div, pair_block
 
-pytestmark = pytest.mark.nki_emulated
 
 #: (ni, nj, nv, naux, diagonal_block): nocc = 1; ragged nv and naux with several K tiles;
 #: a diagonal block of 5 orbitals; nv > 512 (two moving chunks per row tile).
@@ -51,6 +50,7 @@ def test_pair_energy_over_several_launches(nki_mode, monkeypatch):
 
 
 @pytest.mark.parametrize("ni,nj,nv,naux,diagonal_block", CASES)
+@pytest.mark.nki_emulated
 def test_pair_energy_structure(emulator_trace, ni, nj, nv, naux, diagonal_block):
     args = pair_block(ni, nj, nv, naux, diagonal_block, 0)
     with emulator_trace() as tr:
@@ -73,6 +73,7 @@ def test_pair_energy_structure(emulator_trace, ni, nj, nv, naux, diagonal_block)
     assert tr.count("reciprocal") == pairs * n_at and tr.count("activation") == 0
 
 
+@pytest.mark.nki_emulated
 def test_pair_energy_launch_count(emulator_trace, monkeypatch):
     monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
     args = pair_block(5, 5, 140, 130, True, 7)
@@ -83,6 +84,7 @@ def test_pair_energy_launch_count(emulator_trace, monkeypatch):
     assert tr.count("nc_matmul") == (4 + 4 + 1 + 4 + 2 + 2) * 2 * 1 * 2
 
 
+@pytest.mark.nki_emulated
 def test_pair_energy_rejects_inconsistent_shapes():
     ovL_i, ovL_j, eps_i, eps_j, eps_v = pair_block(2, 3, 10, 7, False, 0)
     with pytest.raises(InputError, match=r"eps_v must have shape \(10,\)"):
@@ -91,6 +93,7 @@ def test_pair_energy_rejects_inconsistent_shapes():
         nki_ops.mp2_pair_energy(ovL_i, ovL_j, eps_i, eps_j, eps_v, True, mode="emulator")
 
 
+@pytest.mark.nki_emulated
 def test_pair_energy_supports_names_the_sbuf_limit():
     check = nki_ops.SUPPORTS["mp2_pair_energy"]
     typical = torch.zeros(1).expand(4, 448, 1536)
@@ -99,6 +102,7 @@ def test_pair_energy_supports_names_the_sbuf_limit():
     assert "SBUF" in check(huge, huge, None, None, None, True)
 
 
+@pytest.mark.nki_emulated
 def test_pair_chunks_fill_the_launch_budget():
     assert nki_ops._pair_chunks(64, 1, 64, False) == (64, 1)
     assert nki_ops._pair_chunks(5, 7, 16, False) == (4, 4)

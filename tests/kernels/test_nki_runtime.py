@@ -13,9 +13,7 @@ from dfmp2.errors import BackendUnavailableError, InputError
 from dfmp2.linalg import nki_ops, nki_runtime, torch_ops
 from dfmp2.linalg.registry import OPS
 
-from ._support import emulator_trace  # noqa: F401
 
-pytestmark = pytest.mark.nki_emulated
 
 
 def _fake_real_nki(monkeypatch, version):
@@ -32,6 +30,7 @@ def no_real_nki():
         pytest.skip(f"the real nki {version} is installed here")
 
 
+@pytest.mark.nki_emulated
 def test_probe_without_nki_names_the_install_route_and_the_emulator(no_real_nki):
     mode, reason = nki_ops.probe()
     assert mode is None
@@ -41,10 +40,12 @@ def test_probe_without_nki_names_the_install_route_and_the_emulator(no_real_nki)
     assert nki_ops.probe(simulator=True)[0] is None  # the simulator needs the real nki
 
 
+@pytest.mark.nki_emulated
 def test_probe_offers_the_emulator_only_on_request(no_real_nki):
     assert nki_ops.probe(emulator=True) == ("emulator", None)
 
 
+@pytest.mark.nki_emulated
 def test_probe_does_not_mistake_the_emulator_for_nki(no_real_nki):
     from dfmp2 import nki_emulator
 
@@ -54,12 +55,14 @@ def test_probe_does_not_mistake_the_emulator_for_nki(no_real_nki):
         assert nki_ops.probe(emulator=True) == ("emulator", None)
 
 
+@pytest.mark.nki_emulated
 def test_probe_with_real_nki_prefers_simulator_when_asked(monkeypatch):
     _fake_real_nki(monkeypatch, "0.3.0")
     assert nki_ops.probe(simulator=True) == ("simulator", None)
     assert nki_ops.probe(simulator=True, emulator=True) == ("simulator", None)
 
 
+@pytest.mark.nki_emulated
 def test_probe_with_real_nki_and_no_device(monkeypatch):
     _fake_real_nki(monkeypatch, "0.3.1")
     monkeypatch.setattr(nki_runtime, "_hardware_missing", lambda: "no /dev/neuron* device")
@@ -69,29 +72,34 @@ def test_probe_with_real_nki_and_no_device(monkeypatch):
     assert "simulator option" in reason
 
 
+@pytest.mark.nki_emulated
 def test_probe_with_real_nki_and_device(monkeypatch):
     _fake_real_nki(monkeypatch, "0.4.0")
     monkeypatch.setattr(nki_runtime, "_hardware_missing", lambda: None)
     assert nki_ops.probe() == ("hardware", None)
 
 
+@pytest.mark.nki_emulated
 def test_probe_rejects_an_old_nki(monkeypatch):
     _fake_real_nki(monkeypatch, "0.2.0")
     mode, reason = nki_ops.probe(simulator=True)
     assert mode is None and "nki 0.2.0" in reason and ">= 0.3.0" in reason
 
 
+@pytest.mark.nki_emulated
 def test_emulator_mode_is_refused_over_a_real_nki(monkeypatch):
     _fake_real_nki(monkeypatch, "0.3.0")
     with pytest.raises(BackendUnavailableError, match="real nki 0.3.0 is installed"):
         nki_runtime.prepare("emulator")
 
 
+@pytest.mark.nki_emulated
 def test_unknown_mode_is_an_input_error():
     with pytest.raises(InputError, match="unknown NKI execution mode 'gpu'"):
         nki_runtime.prepare("gpu")
 
 
+@pytest.mark.nki_emulated
 def test_run_kernel_accepts_only_contiguous_float32():
     with pytest.raises(InputError, match="float32"):
         nki_runtime.run_kernel(None, (np.zeros((2, 2)),), "emulator")
@@ -100,6 +108,7 @@ def test_run_kernel_accepts_only_contiguous_float32():
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.nki_emulated
 def test_host_wrappers_have_the_torch_ops_signature_plus_mode(op):
     ours = inspect.signature(getattr(nki_ops, op))
     theirs = inspect.signature(getattr(torch_ops, op))
@@ -112,10 +121,12 @@ def test_host_wrappers_have_the_torch_ops_signature_plus_mode(op):
     assert mine == [(p.name, p.kind, p.default) for p in contract]
 
 
+@pytest.mark.nki_emulated
 def test_supports_covers_every_op():
     assert set(nki_ops.SUPPORTS) == set(OPS)
 
 
+@pytest.mark.nki_emulated
 def test_kernel_modules_import_nki_only_when_loaded():
     """The host wrappers and tile constants import without nki (kernels load lazily)."""
     import dfmp2.kernels
@@ -125,6 +136,7 @@ def test_kernel_modules_import_nki_only_when_loaded():
     assert (tiles.TILE_K, tiles.TILE_M, tiles.TILE_N) == (128, 128, 512)
 
 
+@pytest.mark.nki_emulated
 def test_every_op_runs_under_the_trn1_rules(emulator_trace):
     """gen2 (trn1): 192 KiB SBUF per partition, no ScalarE tensor_copy, vector bias only."""
     import torch
@@ -132,7 +144,6 @@ def test_every_op_runs_under_the_trn1_rules(emulator_trace):
     from dfmp2 import nki_emulator
 
     from ._support import pair_block, rand, spd
-
     with nki_emulator.target("trn1"):
         a, b = rand((130, 200), 1), rand((200, 600), 2)
         assert torch.allclose(nki_ops.gemm(a, b, mode="emulator"), a @ b, rtol=0, atol=1e-3)

@@ -8,9 +8,8 @@ import torch
 from dfmp2.errors import InputError, NotPositiveDefiniteError
 from dfmp2.linalg import nki_ops, torch_ops
 
-from ._support import FP32_RTOL, ceil_div, emulator_trace, nki_mode, rand, spd  # noqa: F401
+from ._support import FP32_RTOL, ceil_div, rand, spd
 
-pytestmark = pytest.mark.nki_emulated
 
 #: One block; two blocks with a ragged second one; three blocks (ragged last).
 ORDERS = [1, 130, 300]
@@ -40,6 +39,7 @@ def test_cholesky_raises_on_a_pivot_in_a_later_block(nki_mode):
 
 
 @pytest.mark.parametrize("n", ORDERS)
+@pytest.mark.nki_emulated
 def test_cholesky_runs_panel_and_trailing_updates_on_nki(emulator_trace, n):
     with emulator_trace() as tr:
         nki_ops.cholesky(spd(n, seed=n), mode="emulator")
@@ -68,6 +68,7 @@ def test_trsm_split_launches_match(nki_mode, monkeypatch):
 
 
 @pytest.mark.parametrize("n,m", [(300, 700), (130, 1)])
+@pytest.mark.nki_emulated
 def test_trsm_runs_off_diagonal_updates_on_nki(emulator_trace, n, m):
     l_nn = torch_ops.cholesky(spd(n, seed=n))
     with emulator_trace() as tr:
@@ -79,6 +80,7 @@ def test_trsm_runs_off_diagonal_updates_on_nki(emulator_trace, n, m):
     assert tr.count("nc_matmul") == expected
 
 
+@pytest.mark.nki_emulated
 def test_trsm_rejects_bad_shapes():
     with pytest.raises(InputError, match=r"trsm needs l \(n, n\) and b \(m, n\)"):
         nki_ops.trsm(torch.eye(3, dtype=torch.float64), torch.zeros(2, 4), mode="emulator")
@@ -86,11 +88,13 @@ def test_trsm_rejects_bad_shapes():
         nki_ops.trsm(torch.zeros(3, 3, dtype=torch.float64), torch.zeros(2, 3), mode="emulator")
 
 
+@pytest.mark.nki_emulated
 def test_cholesky_rejects_a_non_square_matrix():
     with pytest.raises(InputError, match="square"):
         nki_ops.cholesky(torch.zeros(3, 4, dtype=torch.float64), mode="emulator")
 
 
+@pytest.mark.nki_emulated
 def test_supports_names_the_limits():
     assert nki_ops.SUPPORTS["cholesky"](torch.zeros(300, 300)) is None
     big = nki_ops.CHOLESKY_MAX_N + 1
