@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -23,10 +23,25 @@ from .storage import H5Store, IncoreStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MetricFactor", "PairEnergies", "StagePrecision", "TensorB", "factor_metric",
-           "cholesky_condition", "plan_stages", "transform", "fit_matrix", "fit", "pair_energies",
-           "dfmp2_pair_energies", "LINDEP_THRESHOLD", "PRECISION_DTYPES", "STAGES",
-           "TRANSFORM_HOST_CONDITION", "FIT_HOST_CONDITION"]
+__all__ = [
+    "FIT_HOST_CONDITION",
+    "LINDEP_THRESHOLD",
+    "PRECISION_DTYPES",
+    "STAGES",
+    "TRANSFORM_HOST_CONDITION",
+    "MetricFactor",
+    "PairEnergies",
+    "StagePrecision",
+    "TensorB",
+    "cholesky_condition",
+    "dfmp2_pair_energies",
+    "factor_metric",
+    "fit",
+    "fit_matrix",
+    "pair_energies",
+    "plan_stages",
+    "transform",
+]
 
 #: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
 LINDEP_THRESHOLD = 1e-10

@@ -7,14 +7,14 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import INPUTS
 from pyscf import scf
+from tolerances import TOL_FP32
 
 import dfmp2
-from conftest import INPUTS
-from tolerances import TOL_FP32
 from dfmp2.cli import main
 from dfmp2.errors import BackendUnavailableError
-from dfmp2.linalg import DispatchPolicy, Dispatcher
+from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.molecule import build_mole
 
 pytestmark = pytest.mark.nki_emulated

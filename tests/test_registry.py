@@ -15,7 +15,7 @@ from dfmp2.errors import (
     KernelError,
     UnsupportedShapeError,
 )
-from dfmp2.linalg import OPS, REGISTRY, DispatchPolicy, Dispatcher, torch_ops
+from dfmp2.linalg import OPS, REGISTRY, Dispatcher, DispatchPolicy, torch_ops
 from dfmp2.pipeline import factor_metric
 
 
@@ -205,5 +205,5 @@ def test_cholesky_and_eigh_fits_agree():
     w, u = torch.linalg.eigh(j2c)
     by_chol = fitted(MetricFactor(torch.linalg.cholesky(j2c), None))
     by_eigh = fitted(MetricFactor(None, u / w.sqrt()))
-    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)  # noqa: E731
+    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)
     assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=1e-12)

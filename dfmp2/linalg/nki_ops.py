@@ -29,8 +29,17 @@ from ..kernels._tiles import (
 from . import nki_runtime, torch_ops
 from .nki_runtime import probe
 
-__all__ = ["gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy", "probe", "SUPPORTS",
-           "MAX_MATMULS_PER_CALL", "MAX_PAIRS_PER_CALL"]
+__all__ = [
+    "MAX_MATMULS_PER_CALL",
+    "MAX_PAIRS_PER_CALL",
+    "SUPPORTS",
+    "cholesky",
+    "gemm",
+    "mp2_pair_energy",
+    "probe",
+    "trmm",
+    "trsm",
+]
 
 #: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
 MAX_MATMULS_PER_CALL = 2048

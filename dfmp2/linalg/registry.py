@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable
 
 from .._names import BACKENDS
 from ..errors import (
@@ -27,8 +27,17 @@ from .cpu_blas import CpuBlas
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "OPS", "HOST_OPS", "Impl", "DispatchPolicy", "OpRecord", "Dispatcher",
-           "HostOps", "HOST_MODE"]
+__all__ = [
+    "BACKENDS",
+    "HOST_MODE",
+    "HOST_OPS",
+    "OPS",
+    "DispatchPolicy",
+    "Dispatcher",
+    "HostOps",
+    "Impl",
+    "OpRecord",
+]
 
 #: Ops that have an implementation per backend.
 OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy")
@@ -219,7 +228,7 @@ class Dispatcher(_NamedOps):
             result = impl.fn(*args, mode=self.nki_mode)
         except (NotPositiveDefiniteError, InputError):
             raise  # a property of the operands, not of the backend: the caller handles it
-        except Exception as exc:  # noqa: BLE001 - made visible by _fall_back (WARNING + record)
+        except Exception as exc:  # made visible by _fall_back (WARNING + record) or KernelError
             crash = f"{type(exc).__name__}: {_first_line(exc)}"
             if self.policy.require_nki or self.policy.backend == "nki":
                 raise KernelError(
@@ -230,7 +239,7 @@ class Dispatcher(_NamedOps):
         self._record(op, "nki", self.nki_mode)
         return result
 
-    def on_host(self, reason: str) -> "HostOps":
+    def on_host(self, reason: str) -> HostOps:
         """The same ops, run on the host in float64 by the pytorch implementations whatever the
         resolved backend, each call recorded with ``reason`` (:attr:`OpRecord.host_reason`).
         For stages an NKI run keeps off the device on purpose (precision, see

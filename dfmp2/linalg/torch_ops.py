@@ -13,9 +13,19 @@ import torch
 from ..errors import NotPositiveDefiniteError
 from .cpu_blas import torch_matmul
 
-__all__ = ["gemm", "cholesky", "eigh", "trsm", "trmm", "mp2_pair_energy", "pair_energy_from_ovov",
-           "upper_product_in_place", "lapack_cholesky", "lapack_potrf",
-           "TRMM_COLUMN_BLOCK"]
+__all__ = [
+    "TRMM_COLUMN_BLOCK",
+    "cholesky",
+    "eigh",
+    "gemm",
+    "lapack_cholesky",
+    "lapack_potrf",
+    "mp2_pair_energy",
+    "pair_energy_from_ovov",
+    "trmm",
+    "trsm",
+    "upper_product_in_place",
+]
 
 #: Columns per GEMM of the blocked :func:`trmm` (here and in the NKI wrapper). Smaller blocks skip
 #: more of the zero triangle (26% extra flops at 256 for n = 1708) but run narrower GEMMs.
@@ -136,7 +146,7 @@ def pair_energy_from_ovov(
     The reduction runs in the dtype of the orbital energies (float64: the mixed-precision path;
     float32: the fp32 path, per pair); pair sums are added in float64.
     """
-    ni, nv, nj, _ = ovov.shape
+    ni = ovov.shape[0]
     work = _RowWork(eps_j, eps_v)
     total = torch.zeros(2, dtype=torch.float64, device=ovov.device)
     for i in range(ni):
