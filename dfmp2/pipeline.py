@@ -8,23 +8,40 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from .blocking import BlockPlan
 from .buffers import Buffers
-from .errors import NotPositiveDefiniteError
+from .errors import NotPositiveDefiniteError, PrecisionError
 from .integrals import OrbitalSpace, iter_int3c2e, metric, unpack_pairs
 from .linalg import Dispatcher
 from .storage import H5Store, IncoreStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MetricFactor", "PairEnergies", "TensorB", "factor_metric", "transform", "fit_matrix",
-           "fit", "pair_energies", "dfmp2_pair_energies", "LINDEP_THRESHOLD", "PRECISION_DTYPES"]
+__all__ = [
+    "FIT_HOST_CONDITION",
+    "LINDEP_THRESHOLD",
+    "PRECISION_DTYPES",
+    "STAGES",
+    "TRANSFORM_HOST_CONDITION",
+    "MetricFactor",
+    "PairEnergies",
+    "StagePrecision",
+    "TensorB",
+    "cholesky_condition",
+    "dfmp2_pair_energies",
+    "factor_metric",
+    "fit",
+    "fit_matrix",
+    "pair_energies",
+    "plan_stages",
+    "transform",
+]
 
 #: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
 LINDEP_THRESHOLD = 1e-10
@@ -39,24 +56,51 @@ def _no_progress(stage: str, done: int, total: int) -> None:
 @dataclass(frozen=True)
 class MetricFactor:
     """Either the Cholesky factor ``lower`` (J = L L^T) or ``inv_sqrt`` (naux, nkept) = J^{-1/2}
-    restricted to the kept eigenvectors. ``ndropped`` counts dropped eigenvalues."""
+    restricted to the kept eigenvectors. ``ndropped`` counts dropped eigenvalues.
+
+    condition : condition number of the metric as the fit uses it: LAPACK's estimate of the
+    1-norm condition number (``?pocon``) after a Cholesky factorisation, ``w_max / w_min`` of
+    the kept eigenvalues after eigh; None when not computed. method : 'cholesky' or 'eigh';
+    reason : why that factorisation was used (LAPACK's failing pivot for eigh).
+    """
 
     lower: torch.Tensor | None
     inv_sqrt: torch.Tensor | None
     ndropped: int = 0
+    condition: float | None = None
+    method: str = ""
+    reason: str = ""
 
     @property
     def naux_fit(self) -> int:
         return self.lower.shape[0] if self.lower is not None else self.inv_sqrt.shape[1]
 
 
+#: Why the metric stage of an NKI run is on the host (the reason recorded per op).
+METRIC_ON_HOST = ("metric stage: fp64 on the host by design (LAPACK decides positive "
+                  "definiteness; fp32 factors and inverses of the metric are not accurate enough)")
+
+
+def _host(la, reason: str):
+    """``la`` itself on the pytorch backend; on nki, its ops on the host in fp64 (recorded)."""
+    return la.on_host(reason) if la.backend == "nki" else la
+
+
 def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
-    """Cholesky of the metric; if it is not positive definite, ``J^{-1/2}`` from ``eigh`` with
-    eigenvalues below :data:`LINDEP_THRESHOLD` dropped (logged, never clamped)."""
+    """Cholesky of the metric (n, n) float64; if LAPACK's fp64 ``potrf`` finds it not positive
+    definite, ``J^{-1/2}`` from ``eigh`` with eigenvalues below :data:`LINDEP_THRESHOLD` dropped
+    (logged, never clamped).
+
+    The decision is LAPACK's on every backend: the pytorch ``cholesky`` op is LAPACK's potrf on
+    the CPU, and an NKI run factors the metric on the host in fp64 (``la.on_host``, recorded),
+    because the blocked NKI factorisation's fp32 trailing updates fail on ill-conditioned
+    metrics that fp64 factors exactly (measured: H2O aug-cc-pVDZ with aug_etb, cond 1e9).
+    """
+    host = _host(la, METRIC_ON_HOST)
     try:
-        return MetricFactor(la.cholesky(j2c), None)
+        lower = host.cholesky(j2c)
     except NotPositiveDefiniteError as exc:
-        w, u = la.eigh(j2c)
+        w, u = host.eigh(j2c)
         keep = w > LINDEP_THRESHOLD
         ndropped = int((~keep).sum())
         log.warning(
@@ -64,7 +108,112 @@ def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
             "dropping %d of %d eigenvalues below %.0e",
             exc, ndropped, len(w), LINDEP_THRESHOLD,
         )
-        return MetricFactor(None, u[:, keep] / torch.sqrt(w[keep]), ndropped)
+        kept = w[keep]
+        condition = float(kept[-1] / kept[0]) if kept.numel() else float("inf")
+        reason = (f"{exc}: eigh, {ndropped} of {len(w)} eigenvalues below "
+                  f"{LINDEP_THRESHOLD:.0e} dropped")
+        return MetricFactor(None, u[:, keep] / torch.sqrt(kept), ndropped, condition, "eigh",
+                            reason)
+    return MetricFactor(lower, None, 0, cholesky_condition(j2c, lower), "cholesky",
+                        "LAPACK potrf succeeded in fp64")
+
+
+def cholesky_condition(a_nn: torch.Tensor, l_nn: torch.Tensor) -> float:
+    """LAPACK's estimate (``dpocon``, O(n^2)) of the 1-norm condition number of the symmetric
+    positive definite ``a_nn`` (n, n) from its lower Cholesky factor ``l_nn``; inf if singular."""
+    from scipy.linalg import lapack
+
+    a = a_nn.detach().to("cpu", torch.float64).numpy()
+    if a.shape[0] == 0:
+        return 1.0
+    rcond, _info = lapack.dpocon(l_nn.detach().to("cpu", torch.float64).numpy(),
+                                 float(np.abs(a).sum(axis=0).max()), uplo="L")
+    return float("inf") if rcond == 0.0 else float(1.0 / rcond)
+
+
+# -- where each stage of an NKI run computes -------------------------------------------------
+#: Above this metric condition number an NKI run computes the AO->MO transform on the host in
+#: fp64. Error model: fp32 rounds (ia|P) with relative error u ~ 6e-8; the fit multiplies by
+#: L^{-T}, whose norm is 1/sqrt(w_min), so the noise in B grows like u * sqrt(cond) relative to
+#: B, and the pair energies pick up that first-order term (random signs, partly cancelling)
+#: plus a systematic second-order u^2 * cond term. Measured on the emulator (fp64 metric
+#: factor and L^{-T}; error of E_corr, Hartree, against fp64; cond is this 1-norm estimate):
+#: C4H10 cc-pVDZ-RI 4.0e6: 1.3e-7; benzene cc-pVDZ-RI 7.8e6: 3.8e-7; (H2O)4 aug-cc-pVDZ-RI
+#: 2.7e7: 1.6e-7; H2O aug-cc-pVTZ-RI 3.4e7: 8.3e-7; benzene aug-cc-pVDZ-RI 7.1e8: 4.8e-4;
+#: H2O aug-cc-pVTZ aug_etb(2.0) 2.9e9: 4.9e-6, (1.5) 7.0e13: 1.4e-2. Between 1e7 and 1e9 the
+#: error grew like cond^1.6 (benzene), so the limit sits where every measured error is 25x
+#: below the 1e-5 Eh budget.
+TRANSFORM_HOST_CONDITION = 1e7
+#: Above this condition number the fit (``B = (ia|P) L^{-T}``) also runs on the host in fp64.
+#: With an fp64 (ia|P), the fp32 product with L^{-T} measured (same runs as above): <= 4e-7 up
+#: to 4.4e10 (H2O aug_etb(1.8)), 3.9e-7 at 7.1e8 (benzene), then 2.4e-6 (benzene aug_etb(2.0),
+#: 2.6e11), 4.0e-6 (H2O, 2.6e11), 1.9e-5 (H2O, 3.4e12).
+FIT_HOST_CONDITION = 1e10
+#: With (ia|P) and B in fp64, only the pair energies run in fp32 on NKI. That error does not
+#: depend on the metric: the fit is a projection in the Coulomb metric, so sum_Q (B_ia^Q)^2 <=
+#: (ia|ia) whatever cond is, and rounding B to fp32 perturbs (ia|jb) by ~u (ia|ia). Measured
+#: 1e-9 to 5e-9 Eh for every basis above, up to cond 8.5e15 and with 73 eigenvalues dropped. So
+#: the NKI path never needs to refuse; it refuses only under ``--require-nki``, which forbids
+#: running a stage off the device (:class:`PrecisionError`).
+STAGES = ("metric", "transform", "fit", "pair_energy")
+
+
+@dataclass(frozen=True)
+class StagePrecision:
+    """Where and in what precision one pipeline stage computes, and why.
+
+    placement : 'nki fp32' (NKI kernels, fp32, host sums in fp64), 'host fp64' (an NKI run's
+    stage kept on the host), or 'pytorch fp64' / 'pytorch fp32' (the pytorch backend).
+    """
+
+    stage: str
+    placement: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"placement": self.placement, "reason": self.reason}
+
+
+def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
+                require_nki: bool = False) -> tuple[StagePrecision, ...]:
+    """The placement of :data:`STAGES` for a run on ``backend`` with a metric of condition
+    number ``condition`` (see :attr:`MetricFactor.condition`).
+
+    On nki: the metric on the host in fp64 always; the transform above
+    :data:`TRANSFORM_HOST_CONDITION` and the fit above :data:`FIT_HOST_CONDITION` on the host in
+    fp64; the pair energies on NKI. Raises :class:`PrecisionError` when ``require_nki`` forbids a
+    host stage that the condition number needs.
+    """
+    if backend != "nki":
+        pair = "pytorch fp64" if precision == "fp64" else "pytorch fp32"
+        return tuple(StagePrecision(stage, pair if stage == "pair_energy" else "pytorch fp64",
+                                    f"backend pytorch, precision {precision}")
+                     for stage in STAGES)
+    cond = float("inf") if condition is None else condition
+    stages = [StagePrecision("metric", "host fp64", METRIC_ON_HOST)]
+    for stage, limit in (("transform", TRANSFORM_HOST_CONDITION), ("fit", FIT_HOST_CONDITION)):
+        if cond > limit:
+            stages.append(StagePrecision(stage, "host fp64", (
+                f"{stage} stage: fp64 on the host because the metric's condition number "
+                f"{cond:.1e} exceeds {limit:.0e} (fp32 would amplify rounding past 1e-5 Eh)")))
+        else:
+            stages.append(StagePrecision(stage, "nki fp32", (
+                f"metric condition number {cond:.1e} <= {limit:.0e}")))
+    stages.append(StagePrecision("pair_energy", "nki fp32",
+                                 "bounded error: |B_ia|^2 <= (ia|ia) whatever the metric"))
+    host = [s.stage for s in stages[1:] if s.placement == "host fp64"]
+    if require_nki and host:
+        raise PrecisionError(
+            f"the auxiliary metric's condition number {cond:.1e} needs the {' and '.join(host)} "
+            f"in fp64 on the host, which --require-nki forbids; drop --require-nki, use a better "
+            "conditioned auxiliary basis, or run --backend pytorch"
+        )
+    return tuple(stages)
+
+
+def _stage_ops(la: Dispatcher, stage: StagePrecision):
+    """The dispatcher (or its host view) that runs ``stage``."""
+    return _host(la, stage.reason) if stage.placement == "host fp64" else la
 
 
 def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
@@ -101,11 +250,14 @@ def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
 
 def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:
     """The (naux, naux_fit) matrix the fit multiplies by: ``L^{-T}`` (upper triangular; from one
-    ``la.trsm`` on the identity) or ``J^{-1/2}`` from the eigh fallback."""
+    ``la.trsm`` on the identity, on the host in fp64 on nki) or ``J^{-1/2}`` from the eigh
+    fallback."""
     if factor.lower is None:
         return factor.inv_sqrt
     lower = factor.lower
-    return la.trsm(lower, torch.eye(lower.shape[0], dtype=lower.dtype))
+    # part of the metric stage: on nki, in fp64 on the host (an fp32 L^{-T} measured 2e-4 Eh off
+    # at cond 2.9e9, against 5e-6 with this one)
+    return _host(la, METRIC_ON_HOST).trsm(lower, torch.eye(lower.shape[0], dtype=lower.dtype))
 
 
 def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
@@ -130,11 +282,20 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
 
 @dataclass(frozen=True)
 class PairEnergies:
-    """Opposite-spin and same-spin correlation energies (Hartree) and the pairs evaluated."""
+    """Opposite-spin and same-spin correlation energies (Hartree) and the pairs evaluated.
+
+    stages : where each pipeline stage computed (:class:`StagePrecision` per :data:`STAGES`),
+    filled by :func:`dfmp2_pair_energies`; :meth:`stages_dict` gives it as plain data.
+    """
 
     e_os: float
     e_ss: float
     npairs: int
+    stages: tuple[StagePrecision, ...] = ()
+
+    def stages_dict(self) -> dict[str, dict]:
+        """``{stage: {"placement": ..., "reason": ...}}`` for the result and JSON."""
+        return {s.stage: s.as_dict() for s in self.stages}
 
 
 def pair_energies(store, eps_occ: torch.Tensor, eps_vir: torch.Tensor, la: Dispatcher,
@@ -217,25 +378,35 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
 
     precision : 'fp64'; 'mixed' (B and the pair GEMMs in fp32, reduction and sums in fp64); or
     'fp32' (reduction of each block in fp32 too, block sums in fp64). The metric, transform and
-    fit always run in fp64.
+    fit always run in fp64 (on the pytorch backend).
+
+    On the nki backend each stage runs where :func:`plan_stages` puts it for the metric's
+    condition number (the op records say which calls ran on the host, and why); raises
+    :class:`PrecisionError` under ``--require-nki`` when a stage would have to leave the device.
+    Returns ``(energies, factor)``: ``energies.stages`` holds the placement of each stage,
+    ``factor.condition`` / ``factor.method`` / ``factor.reason`` the metric's.
     """
     timer = timer or StageTimer()
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c  # the planner counts the metric only until it is factored
+    stages = plan_stages(la.backend, factor.condition, precision, la.policy.require_nki)
+    for stage in stages:
+        log.info("stage %s: %s (%s)", stage.stage, stage.placement, stage.reason)
+    placed = {stage.stage: _stage_ops(la, stage) for stage in stages}
     shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
     # the store's allocation (the first touch of its pages, in core) counts as transform time
     store = timer.run("transform", lambda: H5Store(*shape, dtype=b_dtype, directory=scratch_dir)
                       if plan.outcore else IncoreStore(*shape, dtype=b_dtype))
     try:
-        timer.run("transform", transform, mol, auxmol, space, la, plan.aux_block,
-                  plan.unpack_block, store, progress)
-        timer.run("fit", fit, store, factor, la, plan.fit_occ, progress)
+        timer.run("transform", transform, mol, auxmol, space, placed["transform"],
+                  plan.aux_block, plan.unpack_block, store, progress)
+        timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)
         eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ)).to(reduce_dtype)
         eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir)).to(reduce_dtype)
-        energies = timer.run("pair_energy", pair_energies, store, eps_occ, eps_vir, la,
-                             plan.occ_block, fused, progress)
+        energies = timer.run("pair_energy", pair_energies, store, eps_occ, eps_vir,
+                             placed["pair_energy"], plan.occ_block, fused, progress)
     finally:
         store.close()
-    return energies, factor
+    return replace(energies, stages=stages), factor

@@ -9,8 +9,13 @@ import types
 import pytest
 import torch
 
-from dfmp2.errors import BackendUnavailableError, UnsupportedShapeError
-from dfmp2.linalg import OPS, REGISTRY, DispatchPolicy, Dispatcher, torch_ops
+from dfmp2.errors import (
+    BackendUnavailableError,
+    InputError,
+    KernelError,
+    UnsupportedShapeError,
+)
+from dfmp2.linalg import OPS, REGISTRY, Dispatcher, DispatchPolicy, torch_ops
 from dfmp2.pipeline import factor_metric
 
 
@@ -43,7 +48,7 @@ def test_every_op_has_a_pytorch_and_an_nki_entry():
 
 
 def test_unknown_backend_lists_valid_names():
-    with pytest.raises(ValueError, match="auto, pytorch, nki"):
+    with pytest.raises(InputError, match="auto, pytorch, nki"):
         DispatchPolicy("cuda")
 
 
@@ -51,7 +56,8 @@ def test_explicit_pytorch_records_pytorch():
     la = Dispatcher(DispatchPolicy("pytorch"))
     la.gemm(torch.eye(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64))
     assert la.backend == "pytorch" and la.records["gemm"].as_dict() == {
-        "backend": "pytorch", "mode": "pytorch", "calls": 1, "fallback": None}
+        "backend": "pytorch", "mode": "pytorch", "calls": 1, "fallback": None, "host_calls": 0,
+        "host_reason": None}
 
 
 def test_explicit_nki_unavailable_is_an_error_with_the_reason(monkeypatch):
@@ -112,12 +118,32 @@ def test_kernel_failure_under_auto_falls_back_visibly(monkeypatch, caplog):
     assert any("kernel exploded" in r.getMessage() for r in caplog.records)
 
 
-def test_kernel_failure_under_explicit_nki_is_an_error(monkeypatch):
+@pytest.mark.parametrize("policy", [DispatchPolicy("nki"), DispatchPolicy("auto", require_nki=True)],
+                         ids=["explicit-nki", "require-nki"])
+def test_kernel_crash_without_fallback_is_a_kernel_error(monkeypatch, policy):
     _fake_nki(monkeypatch, gemm_raises=True)
+    la = Dispatcher(policy)
+    a = torch.ones(2, 2, dtype=torch.float64)
+    with pytest.raises(KernelError) as info:
+        la.gemm(a, a)
+    message = str(info.value)
+    for part in ("gemm", "nki", "emulator mode", "RuntimeError", "kernel exploded",
+                 "--backend pytorch"):
+        assert part in message, (part, message)
+    assert "\n" not in message and isinstance(info.value.__cause__, RuntimeError)
+    assert not isinstance(info.value, BackendUnavailableError)
+
+
+def test_host_view_runs_on_the_host_and_records_why(monkeypatch):
+    calls = _fake_nki(monkeypatch)
     la = Dispatcher(DispatchPolicy("nki"))
     a = torch.ones(2, 2, dtype=torch.float64)
-    with pytest.raises(BackendUnavailableError, match="kernel exploded"):
-        la.gemm(a, a)
+    la.gemm(a, a)
+    out = la.on_host("precision: cond 1e9 > 1e7").gemm(a, a)
+    assert torch.equal(out, a @ a) and calls == [("gemm", "emulator")]  # one NKI call only
+    assert la.records["gemm"].as_dict() == {
+        "backend": "mixed", "mode": "emulator+host", "calls": 2, "fallback": None,
+        "host_calls": 1, "host_reason": "precision: cond 1e9 > 1e7"}
 
 
 def test_pytorch_with_require_nki_is_contradictory():
@@ -126,19 +152,38 @@ def test_pytorch_with_require_nki_is_contradictory():
 
 
 def test_metric_falls_back_to_eigh_and_logs_dropped_count(caplog):
-    """A linearly dependent metric: Cholesky fails, eigh drops the null space, says so."""
+    """An indefinite metric (LAPACK's potrf fails): eigh drops what is below the threshold and
+    says so, in the log and in the factor's record."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(6, 4, generator=g, dtype=torch.float64)
-    j2c = x @ x.T  # rank 4 of 6
+    u, _ = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))
+    w = torch.tensor([-1e-6, 1e-14, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    j2c = (u * w) @ u.T
     la = Dispatcher(DispatchPolicy("pytorch"))
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         factor = factor_metric(j2c, la)
     assert factor.lower is None and factor.ndropped == 2 and factor.naux_fit == 4
+    assert factor.method == "eigh" and "pivot" in factor.reason and "2 of 6" in factor.reason
+    assert factor.condition == pytest.approx(4.0)
     assert any("dropping 2 of 6" in r.getMessage() for r in caplog.records)
-    # the kept J^-1/2 reproduces the fitted Coulomb operator on the non-null space
+    # the kept J^-1/2 reproduces the fitted Coulomb operator on the kept space
     v = factor.inv_sqrt
     assert torch.allclose(v.T @ j2c @ v, torch.eye(4, dtype=torch.float64), atol=1e-8)
     assert la.records["eigh"].mode == "host"
+
+
+def test_metric_that_lapack_factors_takes_cholesky_even_where_torch_fails():
+    """A numerically rank-deficient Gram matrix: torch's factorisation fails, SciPy's LAPACK
+    potrf succeeds; the decision is LAPACK's."""
+    import scipy.linalg
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    j2c = x @ x.T
+    assert int(torch.linalg.cholesky_ex(j2c).info) != 0
+    scipy.linalg.cholesky(j2c.numpy(), lower=True)  # succeeds (raises LinAlgError otherwise)
+    factor = factor_metric(j2c, Dispatcher(DispatchPolicy("pytorch")))
+    assert factor.method == "cholesky" and factor.ndropped == 0 and factor.lower is not None
+    assert factor.condition > 1e12  # and the estimate says how ill-conditioned it is
 
 
 def test_cholesky_and_eigh_fits_agree():
@@ -160,5 +205,5 @@ def test_cholesky_and_eigh_fits_agree():
     w, u = torch.linalg.eigh(j2c)
     by_chol = fitted(MetricFactor(torch.linalg.cholesky(j2c), None))
     by_eigh = fitted(MetricFactor(None, u / w.sqrt()))
-    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)  # noqa: E731
+    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)
     assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=1e-12)

@@ -5,6 +5,16 @@ Pipeline code creates one :class:`Dispatcher` per run and calls its ops (``gemm`
 records which backend and execution mode ran each op.
 """
 
-from .registry import BACKENDS, HOST_OPS, OPS, REGISTRY, DispatchPolicy, Dispatcher, OpRecord
+from .registry import (
+    BACKENDS,
+    HOST_OPS,
+    OPS,
+    REGISTRY,
+    Dispatcher,
+    DispatchPolicy,
+    HostOps,
+    OpRecord,
+)
 
-__all__ = ["BACKENDS", "OPS", "HOST_OPS", "REGISTRY", "DispatchPolicy", "Dispatcher", "OpRecord"]
+__all__ = ["BACKENDS", "HOST_OPS", "OPS", "REGISTRY", "DispatchPolicy", "Dispatcher", "HostOps",
+           "OpRecord"]

@@ -29,8 +29,17 @@ from ..kernels._tiles import (
 from . import nki_runtime, torch_ops
 from .nki_runtime import probe
 
-__all__ = ["gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy", "probe", "SUPPORTS",
-           "MAX_MATMULS_PER_CALL", "MAX_PAIRS_PER_CALL"]
+__all__ = [
+    "MAX_MATMULS_PER_CALL",
+    "MAX_PAIRS_PER_CALL",
+    "SUPPORTS",
+    "cholesky",
+    "gemm",
+    "mp2_pair_energy",
+    "probe",
+    "trmm",
+    "trsm",
+]
 
 #: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
 MAX_MATMULS_PER_CALL = 2048
@@ -135,14 +144,15 @@ def _gemm_supports(a, b, trans_a=False, trans_b=False, out=None) -> str | None:
 
 # -- blocked Cholesky and trsm ----------------------------------------------------------------
 def _potrf(a_bb: np.ndarray, offset: int, n: int) -> np.ndarray:
-    """Host fp64 Cholesky of one diagonal block; the pivot in the error is global."""
-    l_bb, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(a_bb)))
-    if int(info) != 0:
+    """Host fp64 LAPACK Cholesky of one diagonal block; the pivot in the error is global."""
+    l_bb, info = torch_ops.lapack_potrf(np.ascontiguousarray(a_bb, dtype=np.float64))
+    if info != 0:
         raise NotPositiveDefiniteError(
-            f"Cholesky factorisation failed at pivot {offset + int(info)} of {n} "
-            f"(diagonal block {offset}:{offset + a_bb.shape[0]}, factored on the host in fp64)"
+            f"Cholesky factorisation failed at pivot {offset + info} of {n} "
+            f"(diagonal block {offset}:{offset + a_bb.shape[0]} factored on the host in fp64 "
+            "after fp32 trailing updates on NKI)"
         )
-    return l_bb.numpy()
+    return l_bb
 
 
 def _trtri(l_bb: np.ndarray) -> np.ndarray:

@@ -20,6 +20,8 @@ import importlib.util
 import numpy as np
 import torch
 
+from ..errors import BackendUnavailableError
+
 try:
     from . import _pair_reduce
 except ImportError as exc:  # the optional C extension was not built (no C compiler at install)
@@ -27,8 +29,14 @@ except ImportError as exc:  # the optional C extension was not built (no C compi
     _MISSING = (str(exc) if importlib.util.find_spec(f"{__package__}._pair_reduce") else
                 "not built at install, as no C compiler was found; reinstall with one")
 
-__all__ = ["mp2_pair_energy", "pair_reduction", "trmm", "CHUNK_BYTES", "GROUP_ROWS",
-           "PAIR_REDUCTION"]
+__all__ = [
+    "CHUNK_BYTES",
+    "GROUP_ROWS",
+    "PAIR_REDUCTION",
+    "mp2_pair_energy",
+    "pair_reduction",
+    "trmm",
+]
 
 #: How this install reduces (ia|jb) blocks to pair energies, for the run's record.
 PAIR_REDUCTION = ("compiled single pass (dfmp2.linalg._pair_reduce)" if _pair_reduce is not None
@@ -64,7 +72,8 @@ def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tenso
     if compiled is None:
         compiled = _pair_reduce is not None and e_v.dtype == np.float64
     elif compiled and _pair_reduce is None:
-        raise RuntimeError(f"the compiled pair reduction is not built here: {PAIR_REDUCTION}")
+        raise BackendUnavailableError(
+            f"the compiled pair reduction is not built here: {PAIR_REDUCTION}")
     group = min(GROUP_ROWS, ni)
     chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nv * nv * b_i.itemsize))))
     rows = _Rows(max(chunk, group), group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype,

@@ -10,18 +10,34 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable
 
 from .._names import BACKENDS
-from ..errors import BackendUnavailableError, NotPositiveDefiniteError, UnsupportedShapeError
+from ..errors import (
+    BackendUnavailableError,
+    InputError,
+    KernelError,
+    NotPositiveDefiniteError,
+    UnsupportedShapeError,
+)
 from . import torch_ops
 from .cpu_blas import CpuBlas
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "OPS", "HOST_OPS", "Impl", "DispatchPolicy", "OpRecord", "Dispatcher"]
+__all__ = [
+    "BACKENDS",
+    "HOST_MODE",
+    "HOST_OPS",
+    "OPS",
+    "DispatchPolicy",
+    "Dispatcher",
+    "HostOps",
+    "Impl",
+    "OpRecord",
+]
 
 #: Ops that have an implementation per backend.
 OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy")
@@ -29,6 +45,9 @@ OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy")
 HOST_OPS = ("eigh", "pair_energy_from_ovov")
 #: pytorch ops whose matrix products go through the run's CPU BLAS choice.
 MATMUL_OPS = ("gemm", "trmm", "mp2_pair_energy")
+#: The execution mode recorded for calls that ran on the host in float64: the :data:`HOST_OPS`,
+#: and the calls an NKI run places there on purpose (:meth:`Dispatcher.on_host`).
+HOST_MODE = "host"
 
 
 @dataclass(frozen=True)
@@ -93,21 +112,29 @@ class DispatchPolicy:
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+            raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 @dataclass
 class OpRecord:
-    """What ran one op during a run: backend, execution mode, call count, fallback reason."""
+    """What ran one op during a run: backend, execution mode, call count, fallback reason.
+
+    host_calls : how many of ``calls`` an NKI run placed on the host in float64 on purpose
+    (:meth:`Dispatcher.on_host`), and host_reason why (the first reason given). An op that ran
+    both on NKI and on the host has backend 'mixed' and mode e.g. 'emulator+host'.
+    """
 
     backend: str
     mode: str
     calls: int = 0
     fallback: str | None = None
+    host_calls: int = 0
+    host_reason: str | None = None
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "mode": self.mode, "calls": self.calls,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "host_calls": self.host_calls,
+                "host_reason": self.host_reason}
 
 
 def probe_nki(policy: DispatchPolicy) -> tuple[str | None, str | None]:
@@ -119,8 +146,36 @@ def probe_nki(policy: DispatchPolicy) -> tuple[str | None, str | None]:
     return module.probe(simulator=policy.nki_simulator, emulator=policy.nki_emulator)
 
 
+class _NamedOps:
+    """The ops by name, with the signatures of :mod:`.torch_ops`; subclasses define ``call``."""
+
+    def call(self, op: str, *args):
+        raise NotImplementedError
+
+    def gemm(self, a, b, trans_a: bool = False, trans_b: bool = False, out=None):
+        return self.call("gemm", a, b, trans_a, trans_b, out)
+
+    def cholesky(self, a_nn):
+        return self.call("cholesky", a_nn)
+
+    def eigh(self, a_nn):
+        return self.call("eigh", a_nn)
+
+    def trsm(self, l_nn, b_mn):
+        return self.call("trsm", l_nn, b_mn)
+
+    def trmm(self, u_nn, b_mn):
+        return self.call("trmm", u_nn, b_mn)
+
+    def mp2_pair_energy(self, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block: bool):
+        return self.call("mp2_pair_energy", ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+
+    def pair_energy_from_ovov(self, ovov, eps_i, eps_j, eps_v, diagonal_block: bool):
+        return self.call("pair_energy_from_ovov", ovov, eps_i, eps_j, eps_v, diagonal_block)
+
+
 @dataclass
-class Dispatcher:
+class Dispatcher(_NamedOps):
     """Routes op calls for one run and records what ran.
 
     Attributes after construction: ``backend`` (the resolved backend, 'pytorch' or 'nki'),
@@ -158,22 +213,45 @@ class Dispatcher:
 
     # -- dispatch ---------------------------------------------------------------------------
     def call(self, op: str, *args):
-        """Run ``op`` on the resolved backend, falling back to pytorch where the policy allows."""
+        """Run ``op`` on the resolved backend, falling back to pytorch where the policy allows.
+
+        Raises :class:`KernelError` when an NKI kernel crashes (not a shape refusal) and the
+        policy allows no fallback (``--backend nki`` or ``--require-nki``).
+        """
         if op in HOST_OPS or self.backend == "pytorch":
-            return self._run_pytorch(op, args, mode="host" if op in HOST_OPS else "pytorch")
+            return self._run_pytorch(op, args, mode=HOST_MODE if op in HOST_OPS else "pytorch")
         impl = REGISTRY[(op, "nki")]
         limit = impl.supports(*args)
         if limit is not None:
             return self._fall_back(op, args, f"shape not supported by the NKI kernel: {limit}")
         try:
             result = impl.fn(*args, mode=self.nki_mode)
-        except NotPositiveDefiniteError:
-            raise  # a property of the matrix, not of the backend: the caller handles it
-        except Exception as exc:  # noqa: BLE001 - made visible by _fall_back (WARNING + record)
+        except (NotPositiveDefiniteError, InputError):
+            raise  # a property of the operands, not of the backend: the caller handles it
+        except Exception as exc:  # made visible by _fall_back (WARNING + record) or KernelError
+            crash = f"{type(exc).__name__}: {_first_line(exc)}"
             if self.policy.require_nki or self.policy.backend == "nki":
-                raise BackendUnavailableError(f"NKI {op} failed: {exc}") from exc
-            return self._fall_back(op, args, f"NKI kernel failed: {type(exc).__name__}: {exc}")
+                raise KernelError(
+                    f"the NKI {op} kernel crashed (backend nki, {self.nki_mode} mode): {crash}; "
+                    "rerun with --backend pytorch"
+                ) from exc
+            return self._fall_back(op, args, f"NKI kernel failed: {crash}")
         self._record(op, "nki", self.nki_mode)
+        return result
+
+    def on_host(self, reason: str) -> HostOps:
+        """The same ops, run on the host in float64 by the pytorch implementations whatever the
+        resolved backend, each call recorded with ``reason`` (:attr:`OpRecord.host_reason`).
+        For stages an NKI run keeps off the device on purpose (precision, see
+        :mod:`dfmp2.pipeline`); operands must be float64."""
+        return HostOps(self, reason)
+
+    def run_on_host(self, op: str, args: tuple, reason: str):
+        """Run ``op`` by its pytorch implementation in host mode and record ``reason``."""
+        result = self._run_pytorch(op, args, mode=HOST_MODE)
+        record = self.records[op]
+        record.host_calls += 1
+        record.host_reason = record.host_reason or reason
         return result
 
     def _run_pytorch(self, op: str, args: tuple, mode: str):
@@ -196,7 +274,7 @@ class Dispatcher:
         record = self.records.get(op)
         if record is None:
             record = self.records[op] = OpRecord(backend, mode)
-        elif (record.backend, record.mode) != (backend, mode):
+        elif (record.backend, record.mode) != (backend, mode) and mode not in record.mode.split("+"):
             record.backend, record.mode = "mixed", f"{record.mode}+{mode}"
         record.calls += 1
         record.fallback = record.fallback or fallback
@@ -205,24 +283,23 @@ class Dispatcher:
         """Per-op records as plain dicts (for the result and JSON)."""
         return {op: rec.as_dict() for op, rec in sorted(self.records.items())}
 
-    # -- named ops (the signatures of torch_ops) --------------------------------------------
-    def gemm(self, a, b, trans_a: bool = False, trans_b: bool = False, out=None):
-        return self.call("gemm", a, b, trans_a, trans_b, out)
 
-    def cholesky(self, a_nn):
-        return self.call("cholesky", a_nn)
+@dataclass(frozen=True)
+class HostOps(_NamedOps):
+    """A view of a :class:`Dispatcher` whose ops all run on the host in float64, recorded in the
+    parent's records with ``reason`` (from :meth:`Dispatcher.on_host`)."""
 
-    def eigh(self, a_nn):
-        return self.call("eigh", a_nn)
+    parent: Dispatcher
+    reason: str
 
-    def trsm(self, l_nn, b_mn):
-        return self.call("trsm", l_nn, b_mn)
+    @property
+    def backend(self) -> str:
+        return "pytorch"
 
-    def trmm(self, u_nn, b_mn):
-        return self.call("trmm", u_nn, b_mn)
+    def call(self, op: str, *args):
+        return self.parent.run_on_host(op, args, self.reason)
 
-    def mp2_pair_energy(self, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block: bool):
-        return self.call("mp2_pair_energy", ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
 
-    def pair_energy_from_ovov(self, ovov, eps_i, eps_j, eps_v, diagonal_block: bool):
-        return self.call("pair_energy_from_ovov", ovov, eps_i, eps_j, eps_v, diagonal_block)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"

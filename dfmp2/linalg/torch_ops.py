@@ -7,13 +7,25 @@ where a dtype change forces it.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import NotPositiveDefiniteError
 from .cpu_blas import torch_matmul
 
-__all__ = ["gemm", "cholesky", "eigh", "trsm", "trmm", "mp2_pair_energy", "pair_energy_from_ovov",
-           "upper_product_in_place", "TRMM_COLUMN_BLOCK"]
+__all__ = [
+    "TRMM_COLUMN_BLOCK",
+    "cholesky",
+    "eigh",
+    "gemm",
+    "lapack_cholesky",
+    "lapack_potrf",
+    "mp2_pair_energy",
+    "pair_energy_from_ovov",
+    "trmm",
+    "trsm",
+    "upper_product_in_place",
+]
 
 #: Columns per GEMM of the blocked :func:`trmm` (here and in the NKI wrapper). Smaller blocks skip
 #: more of the zero triangle (26% extra flops at 256 for n = 1708) but run narrower GEMMs.
@@ -37,15 +49,44 @@ def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool 
 def cholesky(a_nn: torch.Tensor) -> torch.Tensor:
     """Lower Cholesky factor ``l`` of a symmetric positive definite matrix, ``a = l @ l.T``.
 
+    On the CPU this is LAPACK's ``potrf`` through SciPy (:func:`lapack_cholesky`), so whether a
+    matrix counts as positive definite is LAPACK's decision (torch's own factorisation, another
+    LAPACK build, disagrees on borderline matrices in either direction); on CUDA it is torch's.
     Raises :class:`NotPositiveDefiniteError` with the failing pivot when ``a`` is not positive
     definite (numerically linearly dependent auxiliary functions).
     """
+    if a_nn.device.type == "cpu":
+        return torch.from_numpy(lapack_cholesky(a_nn.numpy()))
     l_nn, info = torch.linalg.cholesky_ex(a_nn)
     if int(info) != 0:
         raise NotPositiveDefiniteError(
             f"Cholesky factorisation failed at pivot {int(info)} of {a_nn.shape[0]}"
         )
     return l_nn
+
+
+def lapack_cholesky(a_nn: np.ndarray) -> np.ndarray:
+    """Lower Cholesky factor (n, n) of ``a_nn`` by SciPy's LAPACK ``?potrf``: a new array, zero
+    above the diagonal, in ``a_nn``'s dtype. Raises :class:`NotPositiveDefiniteError` with the
+    failing pivot (1-based, LAPACK's ``info``)."""
+    l_nn, info = lapack_potrf(a_nn)
+    if info != 0:
+        raise NotPositiveDefiniteError(
+            f"Cholesky factorisation failed at pivot {info} of {a_nn.shape[0]} (LAPACK potrf)"
+        )
+    return l_nn
+
+
+def lapack_potrf(a_nn: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(l_nn, info)`` from SciPy's LAPACK ``?potrf`` (lower, zero above the diagonal); ``info``
+    is 0 on success, else the 1-based order of the first leading minor that is not positive."""
+    from scipy.linalg import lapack
+
+    routine = lapack.spotrf if a_nn.dtype == np.float32 else lapack.dpotrf
+    l_nn, info = routine(a_nn, lower=1, clean=1, overwrite_a=0)
+    if info < 0:  # an argument error is a bug here, never a property of the matrix
+        raise AssertionError(f"?potrf rejected argument {-info}")
+    return l_nn, int(info)
 
 
 def eigh(a_nn: torch.Tensor):
@@ -105,7 +146,7 @@ def pair_energy_from_ovov(
     The reduction runs in the dtype of the orbital energies (float64: the mixed-precision path;
     float32: the fp32 path, per pair); pair sums are added in float64.
     """
-    ni, nv, nj, _ = ovov.shape
+    ni = ovov.shape[0]
     work = _RowWork(eps_j, eps_v)
     total = torch.zeros(2, dtype=torch.float64, device=ovov.device)
     for i in range(ni):
