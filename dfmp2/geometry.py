@@ -27,7 +27,7 @@ from pyscf.data.elements import ELEMENTS
 
 from .errors import InputError
 
-__all__ = ["GHOST_PREFIX", "Geometry", "read_xyz", "parse_geometry", "atom_label"]
+__all__ = ["GHOST_PREFIX", "Geometry", "atom_label", "parse_geometry", "read_xyz"]
 
 #: PySCF's spelling of a ghost atom: ``GHOST-O`` carries O's basis functions and nothing else.
 GHOST_PREFIX = "GHOST-"

@@ -11,25 +11,32 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, lib
-from pyscf.gto import moleintor
 from pyscf.data.elements import chemcore
+from pyscf.gto import moleintor
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
-from .molecule import basis_record, describe_shells, element_of, first_line, quiet_pyscf
+from .molecule import (
+    basis_record,
+    describe_shells,
+    element_of,
+    first_line,
+    ghost_basis,
+    quiet_pyscf,
+)
 
 __all__ = [
     "INT3C_EXPCUTOFF",
     "OrbitalSpace",
-    "make_auxmol",
-    "resolve_auxbasis",
-    "auxbasis_record",
-    "metric",
     "aux_shell_blocks",
-    "iter_int3c2e",
-    "unpack_pairs",
+    "auxbasis_record",
     "frozen_mask",
+    "iter_int3c2e",
+    "make_auxmol",
+    "metric",
     "orbital_space",
+    "resolve_auxbasis",
+    "unpack_pairs",
 ]
 
 
@@ -58,7 +65,7 @@ def resolve_auxbasis(mol, auxbasis=None):
     MP2-fit partner of the orbital basis per atom label (``df.make_auxbasis(mol, mp2fit=True)``:
     a name, or even-tempered shells for elements the named RI set lacks)."""
     if auxbasis is not None:
-        return auxbasis
+        return ghost_basis(auxbasis, [a[0] for a in mol._atom])
     try:
         with quiet_pyscf():
             return df.make_auxbasis(_quiet_copy(mol), mp2fit=True)
@@ -88,8 +95,6 @@ def auxbasis_record(mol, auxbasis=None) -> dict[str, str]:
     names: dict[str, list[str]] = {}
     for label in sorted({a[0] for a in mol._atom}):
         value = spec.get(label, spec.get("default")) if isinstance(spec, dict) else spec
-        if value is None and isinstance(spec, dict):
-            value = spec.get(element_of(label))
         if isinstance(value, str):
             name = value
         elif auxbasis is None:
@@ -197,7 +202,7 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False)
             raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
         mask[: int(frozen)] = False
         return mask
-    indices = np.asarray(sorted(set(int(k) for k in frozen)), dtype=int)
+    indices = np.asarray(sorted({int(k) for k in frozen}), dtype=int)
     if indices.size and (indices.max() >= nmo):
         raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
     mask[indices] = False

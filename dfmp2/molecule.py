@@ -28,16 +28,17 @@ __all__ = [
     "DEFAULT_BASIS",
     "MIN_DISTANCE",
     "Geometry",
-    "read_xyz",
-    "parse_geometry",
-    "build_mole",
-    "ecp_record",
     "basis_record",
-    "molecule_record",
-    "element_of",
+    "build_mole",
     "describe_shells",
+    "ecp_record",
+    "element_of",
     "first_line",
+    "ghost_basis",
+    "molecule_record",
+    "parse_geometry",
     "quiet_pyscf",
+    "read_xyz",
 ]
 
 #: The orbital basis of an xyz path or atom string when none is given.
@@ -300,9 +301,9 @@ def _build(mol, basis, source: str) -> gto.Mole:
     return mol
 
 
-def _ghost_basis(basis, labels):
-    """A per-element basis dict also covers the element's ghost atoms (PySCF looks ghosts up by
-    their own label ``GHOST-O``)."""
+def ghost_basis(basis, labels):
+    """A per-element basis dict (orbital or auxiliary) also covers the element's ghost atoms: PySCF
+    looks a ghost up by its own label (``GHOST-O``) and would give it the 'default' entry."""
     if not isinstance(basis, dict):
         return basis
     extra = {label: basis[element_of(label)] for label in labels
@@ -330,7 +331,7 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
     real = sorted({label for label in labels if not label.startswith(GHOST_PREFIX)})
     mol = gto.Mole()
     mol.atom = atom
-    mol.basis = _ghost_basis(basis, labels)
+    mol.basis = ghost_basis(basis, labels)
     mol.ecp = {element: name for element, (name, _) in _ecp_table(basis, ecp, real).items()}
     mol.charge = 0 if charge is None else int(charge)
     mol.unit = "Angstrom"
@@ -367,7 +368,7 @@ def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
         labels = [a[0] for a in gto.format_atom(mol.atom, unit=1)]
         if basis is not None:
             _check_basis_arg(basis)
-            mol.basis = _ghost_basis(basis, labels)
+            mol.basis = ghost_basis(basis, labels)
         if charge is not None:
             mol.charge = int(charge)
         if ecp is not None:
