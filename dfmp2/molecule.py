@@ -107,7 +107,8 @@ def describe_shells(shells) -> str:
         primitives = shell[2:] if isinstance(shell[1], (int, np.integer)) else shell[1:]
         counts[shell[0]] = counts.get(shell[0], 0) + len(primitives[0]) - 1
     letters = "spdfghiklmnoqrtuvwxyz"
-    return "user-given data [" + "".join(f"{n}{letters[l]}" for l, n in sorted(counts.items())) + "]"
+    shells_text = "".join(f"{n}{letters[l]}" for l, n in sorted(counts.items()))
+    return f"user-given data [{shells_text}]"
 
 
 def _load_ecp(name: str, element: str) -> list:
@@ -286,7 +287,7 @@ def _basis_problem(exc: Exception, basis) -> str:
 
 
 def _build(mol, basis, source: str) -> gto.Mole:
-    """``mol.build()`` quietly (spin inferred, checked by the caller); PySCF errors -> InputError."""
+    """``mol.build()`` quietly, spin inferred (the caller checks it); PySCF errors -> InputError."""
     verbose, mol.verbose, mol.spin = mol.verbose, 0, None
     if not mol.ecp:  # Mole.build keeps a copied Mole's old ECP when the new one is empty
         mol._ecp, mol._ecpbas = {}, np.zeros((0, gto.BAS_SLOTS), dtype=np.int32)
@@ -296,7 +297,9 @@ def _build(mol, basis, source: str) -> gto.Mole:
     except BasisNotFoundError as exc:
         raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise InputError(f"{source}: PySCF could not build the molecule: {first_line(exc)}") from None
+        raise InputError(
+            f"{source}: PySCF could not build the molecule: {first_line(exc)}"
+        ) from None
     mol.verbose = verbose
     return mol
 
@@ -326,8 +329,8 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
         _check_coordinates(labels, [xyz for _, xyz in parsed.atoms], parsed.source)
         atom = [(label, xyz) for label, xyz in parsed.atoms]
     else:
-        atom = "; ".join(xyz if isinstance(xyz, str) else f"{label} {xyz[0]!r} {xyz[1]!r} {xyz[2]!r}"
-                         for label, xyz in parsed.atoms)
+        atom = "; ".join(xyz if isinstance(xyz, str) else f"{label} {xyz[0]!r} {xyz[1]!r} "
+                         f"{xyz[2]!r}" for label, xyz in parsed.atoms)
     real = sorted({label for label in labels if not label.startswith(GHOST_PREFIX)})
     mol = gto.Mole()
     mol.atom = atom

