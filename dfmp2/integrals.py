@@ -6,27 +6,37 @@ whole auxiliary shells.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, lib
-from pyscf.gto import moleintor
 from pyscf.data.elements import chemcore
+from pyscf.gto import moleintor
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
-from .molecule import first_line, quiet_pyscf
+from .molecule import (
+    basis_record,
+    describe_shells,
+    element_of,
+    first_line,
+    ghost_basis,
+    quiet_pyscf,
+)
 
 __all__ = [
     "INT3C_EXPCUTOFF",
     "OrbitalSpace",
+    "aux_shell_blocks",
+    "auxbasis_record",
+    "frozen_mask",
+    "iter_int3c2e",
     "make_auxmol",
     "metric",
-    "aux_shell_blocks",
-    "iter_int3c2e",
-    "unpack_pairs",
-    "frozen_mask",
     "orbital_space",
+    "resolve_auxbasis",
+    "unpack_pairs",
 ]
 
 
@@ -36,18 +46,93 @@ __all__ = [
 INT3C_EXPCUTOFF = 40
 
 
-def make_auxmol(mol, auxbasis=None):
-    """The auxiliary molecule of the MP2 fit: ``auxbasis`` or the RI partner of mol's basis."""
-    if auxbasis is None:
-        auxbasis = df.make_auxbasis(mol, mp2fit=True)
+#: Advice when PySCF has no MP2-fit partner for the orbital basis or cannot build the one named.
+_AUX_ADVICE = ("choose one with --auxbasis (Python: auxbasis=), e.g. cc-pvtz-ri or def2-tzvpp-ri "
+               "(MP2-fit sets), or def2-universal-jkfit")
+_AUX_ERRORS = (BasisNotFoundError, KeyError, RuntimeError, ValueError, TypeError, IndexError,
+               AttributeError, AssertionError)
+
+
+def _quiet_copy(mol):
+    """A shallow copy of ``mol`` that logs nothing (PySCF writes its logs to ``mol.stdout``)."""
+    quiet = mol.copy(deep=False)
+    quiet.verbose = 0
+    return quiet
+
+
+def resolve_auxbasis(mol, auxbasis=None):
+    """The auxiliary basis input handed to PySCF: ``auxbasis`` itself, or, when None, PySCF's
+    MP2-fit partner of the orbital basis per atom label (``df.make_auxbasis(mol, mp2fit=True)``:
+    a name, or even-tempered shells for elements the named RI set lacks)."""
+    if auxbasis is not None:
+        return ghost_basis(auxbasis, [a[0] for a in mol._atom])
     try:
         with quiet_pyscf():
-            return df.addons.make_auxmol(mol, auxbasis)
-    except BasisNotFoundError as exc:
-        raise InputError(f"auxiliary basis {auxbasis!r}: {first_line(exc)}") from None
-    except (KeyError, RuntimeError) as exc:
+            return df.make_auxbasis(_quiet_copy(mol), mp2fit=True)
+    except _AUX_ERRORS as exc:
         raise InputError(
-            f"auxiliary basis {auxbasis!r} could not be built: {first_line(exc)}") from None
+            f"no default RI auxiliary basis for basis {_basis_text(mol)} "
+            f"(PySCF: {type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
+        ) from None
+
+
+def _basis_text(mol) -> str:
+    names = sorted(set(basis_record(mol).values()))
+    return repr(names[0]) if len(names) == 1 else "(" + "; ".join(names) + ")"
+
+
+def _etb_description() -> str:
+    """How PySCF's ``aug_etb`` fills elements a named RI set lacks, with the beta it uses."""
+    beta = inspect.signature(df.addons.aug_etb).parameters["beta"].default
+    return f"even-tempered (PySCF aug_etb, beta={beta})"
+
+
+def auxbasis_record(mol, auxbasis=None) -> dict[str, str]:
+    """The MP2 auxiliary basis per element as :func:`make_auxmol` resolves it (ghost atoms under
+    their element): a name, ``'even-tempered (PySCF aug_etb, beta=2.0)'`` where PySCF's default
+    generated the functions, or ``'user-given data [..]'`` for explicit shells."""
+    spec = resolve_auxbasis(mol, auxbasis)
+    names: dict[str, list[str]] = {}
+    for label in sorted({a[0] for a in mol._atom}):
+        value = spec.get(label, spec.get("default")) if isinstance(spec, dict) else spec
+        if isinstance(value, str):
+            name = value
+        elif auxbasis is None:
+            name = _etb_description()
+        else:
+            name = describe_shells(value)
+        entry = names.setdefault(element_of(label), [])
+        if name not in entry:
+            entry.append(name)
+    return {element: ", ".join(entry) for element, entry in sorted(names.items())}
+
+
+def make_auxmol(mol, auxbasis=None):
+    """The auxiliary molecule of the MP2 fit: ``auxbasis`` (a name, or a dict per element) or,
+    when None, PySCF's MP2-fit partner of mol's basis (:func:`auxbasis_record` says which).
+    Every PySCF failure becomes one :class:`InputError` line naming ``--auxbasis``."""
+    spec = resolve_auxbasis(mol, auxbasis)
+    try:
+        with quiet_pyscf():
+            auxmol = df.addons.make_auxmol(_quiet_copy(mol), spec)
+    except BasisNotFoundError as exc:
+        raise InputError(
+            f"auxiliary basis {_aux_text(auxbasis, spec)}: {first_line(exc)}; {_AUX_ADVICE}"
+        ) from None
+    except _AUX_ERRORS as exc:
+        raise InputError(
+            f"auxiliary basis {_aux_text(auxbasis, spec)} could not be built (PySCF: "
+            f"{type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
+        ) from None
+    auxmol.verbose = mol.verbose
+    return auxmol
+
+
+def _aux_text(auxbasis, spec) -> str:
+    if auxbasis is None:
+        names = sorted({v for v in spec.values() if isinstance(v, str)})
+        return f"{', '.join(names) or 'generated'} (PySCF's default for the orbital basis)"
+    return repr(auxbasis)
 
 
 def metric(auxmol) -> np.ndarray:
@@ -117,7 +202,7 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False)
             raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
         mask[: int(frozen)] = False
         return mask
-    indices = np.asarray(sorted(set(int(k) for k in frozen)), dtype=int)
+    indices = np.asarray(sorted({int(k) for k in frozen}), dtype=int)
     if indices.size and (indices.max() >= nmo):
         raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
     mask[indices] = False

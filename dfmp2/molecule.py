@@ -1,36 +1,52 @@
 """Geometry input -> a built PySCF ``Mole``, with every input problem named precisely.
 
-Accepted geometry: a path to an xyz file (count line, comment line, ``Element x y z`` in
-Angstrom), an atom string in PySCF's format (``"O 0 0 0; H 0 0.76 0.59; ..."``, Cartesian or
-Z-matrix), or an already built ``pyscf.gto.Mole`` (used as it is).
+Accepted geometry: a path to an xyz file, an atom string (Cartesian in Angstrom, or a Z-matrix),
+or a ``pyscf.gto.Mole``; the spellings accepted are listed in :mod:`dfmp2.geometry`. Effective
+core potentials (ECPs) are attached where PySCF's library has one for the chosen basis, as ORCA
+and Psi4 do. The ``*_record`` functions describe the built molecule for the result metadata.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import io
+import logging
+import math
+import re
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
 from pyscf import gto
-from pyscf.data.elements import ELEMENTS
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
+from .geometry import GHOST_PREFIX, Geometry, parse_geometry, read_xyz
 
-__all__ = ["Geometry", "read_xyz", "parse_geometry", "build_mole", "first_line", "quiet_pyscf"]
+log = logging.getLogger(__name__)
 
-_SYMBOLS = {symbol.upper(): symbol for symbol in ELEMENTS[1:]}
+__all__ = [
+    "DEFAULT_BASIS",
+    "MIN_DISTANCE",
+    "Geometry",
+    "basis_record",
+    "build_mole",
+    "describe_shells",
+    "ecp_record",
+    "element_of",
+    "first_line",
+    "ghost_basis",
+    "molecule_record",
+    "parse_geometry",
+    "quiet_pyscf",
+    "read_xyz",
+]
 
-
-@dataclass(frozen=True)
-class Geometry:
-    """Atoms in Angstrom: ``atoms`` is a tuple of (symbol, (x, y, z)); ``source`` names the origin."""
-
-    atoms: tuple
-    source: str
-    comment: str = ""
+#: The orbital basis of an xyz path or atom string when none is given.
+DEFAULT_BASIS = "cc-pvdz"
+#: Atoms closer than this (Angstrom) are refused: a duplicated line or a unit mix-up, never a
+#: molecule (the shortest bond, H2, is 0.74 A).
+MIN_DISTANCE = 0.1
+_PYSCF_ADVICE = r"(Basis|ECP) may be available in basis-set-exchange"
 
 
 def first_line(exc: Exception) -> str:
@@ -41,152 +57,184 @@ def first_line(exc: Exception) -> str:
 
 @contextlib.contextmanager
 def quiet_pyscf():
-    """Silence PySCF's advice to install basis-set-exchange while we turn its errors into ours."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Basis may be available in basis-set-exchange")
-        yield
-
-
-def _element(token: str, where: str) -> str:
-    symbol = _SYMBOLS.get(token.strip().upper())
-    if symbol is None:
-        raise InputError(f"{where}: unknown element {token!r}")
-    return symbol
-
-
-def _atom_line(line: str, where: str):
-    fields = line.split()
-    if len(fields) != 4:
-        raise InputError(f"{where}: expected 'Element x y z', got {line.strip()!r}")
-    symbol = _element(fields[0], where)
+    """Keep PySCF's advice (install basis-set-exchange, ETB recipes printed to stdout, 'ECP not
+    found' on stderr) off the terminal while we turn its errors into ours; logged at DEBUG."""
+    captured = io.StringIO()
     try:
-        xyz = tuple(float(value) for value in fields[1:])
-    except ValueError:
-        raise InputError(
-            f"{where}: coordinates must be numbers, got {' '.join(fields[1:])!r}"
-        ) from None
-    return symbol, xyz
+        with warnings.catch_warnings(), contextlib.redirect_stdout(captured), \
+                contextlib.redirect_stderr(captured):
+            warnings.filterwarnings("ignore", message=_PYSCF_ADVICE)
+            yield
+    finally:
+        if captured.getvalue().strip():
+            log.debug("PySCF said: %s", " ".join(captured.getvalue().split()))
 
 
-def read_xyz(path: str | os.PathLike) -> Geometry:
-    """Read an xyz file; errors name the file and the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"geometry file {str(path)!r} does not exist")
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read geometry file {str(path)!r}: {exc}") from None
-    if not lines or not lines[0].strip():
-        raise InputError(f"{path} line 1: expected the number of atoms, got an empty line")
-    try:
-        natm = int(lines[0].split()[0])
-    except ValueError:
-        raise InputError(
-            f"{path} line 1: expected the number of atoms, got {lines[0].strip()!r}"
-        ) from None
-    if natm < 1:
-        raise InputError(f"{path} line 1: the number of atoms must be positive, got {natm}")
-    body = lines[2 : 2 + natm]
-    atom_lines = [line for line in body if line.strip()]
-    if len(atom_lines) < natm or any(not line.strip() for line in body):
-        first_bad = next((k for k, line in enumerate(body) if not line.strip()), len(body))
-        raise InputError(
-            f"{path} line {first_bad + 3}: expected {natm} atom lines after the comment line, "
-            f"found {first_bad}"
-        )
-    extra = [k for k, line in enumerate(lines[2 + natm :], start=3 + natm) if line.strip()]
-    if extra:
-        raise InputError(
-            f"{path} line {extra[0]}: line 1 says {natm} atoms but more lines follow: "
-            f"{lines[extra[0] - 1].strip()!r}"
-        )
-    atoms = tuple(_atom_line(line, f"{path} line {k}") for k, line in enumerate(body, start=3))
-    comment = lines[1].strip() if len(lines) > 1 else ""
-    return Geometry(atoms, str(path), comment)
+def element_of(label: str) -> str:
+    """The element symbol of a PySCF atom label (``'GHOST-O'``, ``'X-O'``, ``'O1'`` -> ``'O'``)."""
+    upper = label.upper()
+    for prefix in ("GHOST-", "GHOST", "X-"):
+        if upper.startswith(prefix):
+            label = label[len(prefix) :]
+            break
+    match = re.match(r"[A-Za-z]+", label)
+    symbol = match.group(0) if match else label
+    return symbol[:1].upper() + symbol[1:].lower()
 
 
-def _looks_like_atom_string(text: str) -> bool:
-    return ";" in text or "\n" in text or len(text.split()) >= 4
+def _is_ghost(mol, atom: int) -> bool:
+    return mol.atom_charge(atom) == 0 and mol.atom_nelec_core(atom) == 0
 
 
-def parse_geometry(geometry) -> Geometry | gto.Mole:
-    """A path, an atom string or a ``Mole`` -> :class:`Geometry` (or the ``Mole`` unchanged)."""
-    if isinstance(geometry, gto.Mole):
-        return geometry
-    if isinstance(geometry, Geometry):
-        return geometry
-    if isinstance(geometry, os.PathLike):
-        return read_xyz(geometry)
-    if not isinstance(geometry, str):
-        raise InputError(
-            f"geometry must be an xyz path, an atom string or a pyscf Mole, got {type(geometry)}"
-        )
-    if not _looks_like_atom_string(geometry):
-        return read_xyz(geometry)
-    entries = [e for e in geometry.replace("\n", ";").split(";") if e.strip()]
-    if not entries:
-        raise InputError("the atom string is empty")
-    atoms = []
-    for k, entry in enumerate(entries, start=1):
-        where = f"atom string entry {k}"
-        fields = entry.split()
-        if len(fields) == 4 and _is_cartesian(fields[1:]):
-            atoms.append(_atom_line(entry, where))
-        else:  # Z-matrix or another PySCF spelling: validate the element, let PySCF parse it
-            atoms.append((_element(fields[0], where), entry.strip()))
-    return Geometry(tuple(atoms), "atom string")
+# ---------------------------------------------------------------- basis names and ECPs
 
 
-def _is_cartesian(fields) -> bool:
-    try:
-        [float(value) for value in fields]
-    except ValueError:
-        return False
-    return True
+def _label_spec(spec, label: str):
+    """What PySCF uses for atom ``label`` from a basis or ECP input (a name, a dict with an optional
+    'default', or explicit data), the way ``Mole.build`` resolves it; None if nothing."""
+    if not isinstance(spec, dict):
+        return spec
+    for key in (label, re.sub(r"\d", "", label)):
+        if key in spec:
+            return spec[key]
+    return spec.get("default")
 
 
-def _pyscf_atom(geometry: Geometry):
-    if all(isinstance(xyz, tuple) for _, xyz in geometry.atoms):
-        return [(symbol, xyz) for symbol, xyz in geometry.atoms]
-    return "; ".join(
-        xyz if isinstance(xyz, str) else f"{symbol} {xyz[0]} {xyz[1]} {xyz[2]}"
-        for symbol, xyz in geometry.atoms
-    )
+def describe_shells(shells) -> str:
+    """Explicit basis data in contracted notation, e.g. ``'user-given data [3s2p1d]'``."""
+    counts: dict[int, int] = {}
+    for shell in shells:
+        primitives = shell[2:] if isinstance(shell[1], (int, np.integer)) else shell[1:]
+        counts[shell[0]] = counts.get(shell[0], 0) + len(primitives[0]) - 1
+    letters = "spdfghiklmnoqrtuvwxyz"
+    shells_text = "".join(f"{n}{letters[l]}" for l, n in sorted(counts.items()))
+    return f"user-given data [{shells_text}]"
 
 
-def build_mole(geometry, basis: str = "cc-pvdz", charge: int = 0, spin: int = 0) -> gto.Mole:
-    """Build a PySCF ``Mole`` (spherical functions, Angstrom), checking charge, spin and basis."""
-    parsed = parse_geometry(geometry)
-    if isinstance(parsed, gto.Mole):
-        mol = parsed if parsed._built else parsed.build()
-        _check_electrons(mol.nelectron, mol.spin, mol.charge, "the given Mole")
-        return mol
-    nuclear_charge = sum(ELEMENTS.index(symbol) for symbol, _ in parsed.atoms)
-    _check_electrons(nuclear_charge - charge, spin, charge, parsed.source)
-    mol = gto.Mole()
-    mol.atom = _pyscf_atom(parsed)
-    mol.basis = basis
-    mol.charge = charge
-    mol.spin = spin
-    mol.unit = "Angstrom"
-    mol.cart = False
-    mol.verbose = 0
+def _load_ecp(name: str, element: str) -> list:
+    """PySCF's ECP ``name`` for ``element`` (``[n_core, terms]``), ``[]`` when the name has none
+    for it; an unknown name raises :class:`InputError`."""
     try:
         with quiet_pyscf():
-            mol.build(dump_input=False, parse_arg=False)
-    except BasisNotFoundError as exc:
-        raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise InputError(f"{parsed.source}: PySCF could not build the molecule: {first_line(exc)}") from None
-    return mol
+            return gto.basis.load_ecp(name, element) or []
+    except (BasisNotFoundError, RuntimeError, KeyError, ValueError, TypeError, OSError) as exc:
+        # TypeError: names PySCF maps to two library files (aug-cc-pVXZ-PP) it cannot read
+        raise InputError(
+            f"unknown ECP {name!r} (PySCF: {first_line(exc)}); give an ECP name from PySCF's "
+            "library (def2-svp, lanl2dz, cc-pvdz-pp, ...) or ecp='none' for all electrons"
+        ) from None
 
 
-def _basis_problem(exc: Exception, basis: str) -> str:
-    text = first_line(exc)
-    if text.startswith("Basis set not found for"):
-        return text.replace("Basis set not found for", "has no functions for element")
-    return f"unknown basis name (PySCF: {text})"
+def _library_ecps(basis, elements) -> dict[str, tuple[str, int]]:
+    """Element -> (ECP name, core electrons) for the elements whose basis name has an ECP in
+    PySCF's library (def2-* beyond Kr, lanl2dz, cc-pVXZ-PP, ...)."""
+    table = {}
+    for element in elements:
+        name = _label_spec(basis, element)
+        if not isinstance(name, str):
+            continue
+        try:
+            data = _load_ecp(name, element)
+        except InputError:  # not an ECP name at all: the basis itself is checked by the build
+            continue
+        if data:
+            table[element] = (name, int(data[0]))
+    return table
+
+
+def _ecp_table(basis, ecp, elements) -> dict[str, tuple[str, int]]:
+    """The ECPs to attach: ``ecp`` None = PySCF's library ECPs of the basis, ``'none'`` = all
+    electrons, a name = that ECP for every element it has a potential for."""
+    if ecp is None:
+        return _library_ecps(basis, elements)
+    if not isinstance(ecp, str) or not ecp.strip():
+        raise InputError(f"ecp must be an ECP name or 'none', got {ecp!r}")
+    if ecp.strip().lower() == "none":
+        return {}
+    table = {}
+    for element in elements:
+        data = _load_ecp(ecp, element)
+        if data:
+            table[element] = (ecp, int(data[0]))
+    if not table:
+        raise InputError(
+            f"ECP {ecp!r} has no potential for any element of the molecule "
+            f"({', '.join(sorted(elements))}); choose another ECP or ecp='none'"
+        )
+    return table
+
+
+def ecp_record(mol) -> dict[str, dict]:
+    """Per element that carries an ECP: ``{"name": <ECP name>, "core_electrons": n}``; ``{}``
+    when the molecule is all-electron. Ghost atoms carry no ECP."""
+    record: dict[str, dict] = {}
+    for atom in range(mol.natm):
+        label = mol._atom[atom][0]
+        if label not in mol._ecp and re.sub(r"\d", "", label) not in mol._ecp:
+            continue
+        spec = _label_spec(mol.ecp, label)
+        name = spec if isinstance(spec, str) else "user-given ECP data"
+        element = element_of(label)
+        entry = {"name": name, "core_electrons": int(mol.atom_nelec_core(atom))}
+        if record.get(element, entry) != entry:
+            entry = {"name": f"{record[element]['name']}, {name}",
+                     "core_electrons": record[element]["core_electrons"]}
+        record[element] = entry
+    return record
+
+
+def basis_record(mol) -> dict[str, str]:
+    """The orbital basis per element as the run resolved it (ghost atoms under their element):
+    a library name, or ``'user-given data [3s2p1d]'`` for explicit shells."""
+    names: dict[str, list[str]] = {}
+    for label, shells in sorted(mol._basis.items()):
+        spec = _label_spec(mol.basis, label)
+        name = spec if isinstance(spec, str) else describe_shells(shells)
+        entry = names.setdefault(element_of(label), [])
+        if name not in entry:
+            entry.append(name)
+    return {element: ", ".join(entry) for element, entry in sorted(names.items())}
+
+
+def molecule_record(mol) -> dict:
+    """The QCSchema molecule: symbols (no ghost prefix), geometry (flat, Bohr), real (False for
+    ghost atoms), molecular_charge, molecular_multiplicity; ``qcelemental.models.Molecule(**r)``
+    accepts it."""
+    return {
+        "symbols": [element_of(mol.atom_symbol(k)) for k in range(mol.natm)],
+        "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),
+        "real": [not _is_ghost(mol, k) for k in range(mol.natm)],
+        "molecular_charge": float(mol.charge),
+        "molecular_multiplicity": int(mol.spin) + 1,
+    }
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _check_coordinates(labels, coords, source: str) -> None:
+    """Finite coordinates, and no two atoms (ghosts included) closer than MIN_DISTANCE."""
+    from scipy.spatial import cKDTree
+
+    coords = np.asarray(coords, dtype=float).reshape(-1, 3)
+    bad = np.argwhere(~np.isfinite(coords))
+    if bad.size:
+        atom, axis = bad[0]
+        raise InputError(
+            f"{source}: atom {atom + 1} ({labels[atom]}) has the non-finite coordinate "
+            f"{'xyz'[axis]} = {coords[atom, axis]}; give its position in Angstrom"
+        )
+    pairs = cKDTree(coords).query_pairs(MIN_DISTANCE, output_type="ndarray")
+    if not len(pairs):
+        return
+    distances = np.linalg.norm(coords[pairs[:, 0]] - coords[pairs[:, 1]], axis=1)
+    i, j = sorted(pairs[int(np.argmin(distances))])
+    d = float(distances.min())
+    how = "coincide" if d < 1e-8 else f"are closer than {MIN_DISTANCE} Å"
+    raise InputError(
+        f"{source}: atoms {i + 1} ({labels[i]}) and {j + 1} ({labels[j]}) {how} "
+        f"({d:.4f} Å apart); remove the duplicate or fix the coordinates (Angstrom)"
+    )
 
 
 def _check_electrons(nelectron: int, spin: int, charge: int, source: str) -> None:
@@ -206,37 +254,179 @@ def _check_electrons(nelectron: int, spin: int, charge: int, source: str) -> Non
         raise InputError(f"{source}: 2S = {spin} exceeds the {nelectron} electrons")
 
 
-# --- TEMPORARY (replaced by helper A's branch at merge) ---
-_build_mole_v1 = build_mole
+def _check_capacity(mol, source: str) -> None:
+    nalpha = (mol.nelectron + mol.spin) // 2
+    nao = mol.nao_nr()
+    if nalpha > nao:
+        names = ", ".join(f"{e}: {b}" for e, b in basis_record(mol).items())
+        raise InputError(
+            f"{source}: {mol.nelectron} electrons ({nalpha} alpha, charge {mol.charge:+d}) do not "
+            f"fit in the {nao} basis functions of basis {names}; choose a larger basis or "
+            "check --charge"
+        )
 
 
-def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None):  # noqa: F811
-    if isinstance(geometry, gto.Mole):
-        mol = geometry if geometry._built else geometry.build()
-        if basis is None and charge is None and spin is None:
-            return mol
-        mol = mol.copy()
-        mol.basis = basis if basis is not None else mol.basis
-        mol.charge = charge if charge is not None else mol.charge
-        mol.spin = spin if spin is not None else mol.spin
-        return mol.build(dump_input=False, parse_arg=False)
-    return _build_mole_v1(geometry, basis or "cc-pvdz", charge or 0, spin or 0)
+def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
+    """Electron count (ECPs and ghosts excluded by PySCF), 2S, basis capacity, geometry."""
+    _check_electrons(mol.nelectron, spin, charge, source)
+    mol.spin = spin
+    labels = [mol.atom_symbol(k) for k in range(mol.natm)]
+    _check_coordinates(labels, mol.atom_coords(unit="Angstrom"), source)
+    _check_capacity(mol, source)
+    return mol
 
 
-def ecp_record(mol):
-    return {}
+# ---------------------------------------------------------------- building
 
 
-def basis_record(mol):
-    return {mol.atom_pure_symbol(k): str(mol.basis) for k in range(mol.natm)}
+def _basis_problem(exc: Exception, basis) -> str:
+    text = first_line(exc)
+    if text.startswith("Basis set not found for"):
+        return text.replace("Basis set not found for", "has no functions for element")
+    return f"unknown basis name (PySCF: {text}); check the spelling, e.g. cc-pvdz or def2-svp"
 
 
-def auxbasis_record(mol, auxbasis=None):
-    return {mol.atom_pure_symbol(k): str(auxbasis or "default") for k in range(mol.natm)}
+def _build(mol, basis, source: str) -> gto.Mole:
+    """``mol.build()`` quietly, spin inferred (the caller checks it); PySCF errors -> InputError."""
+    verbose, mol.verbose, mol.spin = mol.verbose, 0, None
+    if not mol.ecp:  # Mole.build keeps a copied Mole's old ECP when the new one is empty
+        mol._ecp, mol._ecpbas = {}, np.zeros((0, gto.BAS_SLOTS), dtype=np.int32)
+    try:
+        with quiet_pyscf():
+            mol.build(dump_input=False, parse_arg=False)
+    except BasisNotFoundError as exc:
+        raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise InputError(
+            f"{source}: PySCF could not build the molecule: {first_line(exc)}"
+        ) from None
+    mol.verbose = verbose
+    return mol
 
 
-def molecule_record(mol):
-    return {"symbols": [mol.atom_pure_symbol(k) for k in range(mol.natm)],
-            "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),
-            "real": [bool(mol.atom_charge(k)) for k in range(mol.natm)],
-            "molecular_charge": mol.charge, "molecular_multiplicity": mol.spin + 1}
+def ghost_basis(basis, labels):
+    """A per-element basis dict (orbital or auxiliary) also covers the element's ghost atoms: PySCF
+    looks a ghost up by its own label (``GHOST-O``) and would give it the 'default' entry."""
+    if not isinstance(basis, dict):
+        return basis
+    extra = {label: basis[element_of(label)] for label in labels
+             if label not in basis and element_of(label) in basis}
+    return {**basis, **extra}
+
+
+def _check_basis_arg(basis) -> None:
+    if isinstance(basis, str) and not basis.strip():
+        raise InputError("the basis name is empty; give one, e.g. cc-pvdz or def2-svp")
+    if not isinstance(basis, (str, dict)):
+        raise InputError(f"basis must be a name or a dict element -> name, got {basis!r}")
+
+
+def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
+    basis = DEFAULT_BASIS if basis is None else basis
+    _check_basis_arg(basis)
+    labels = [label for label, _ in parsed.atoms]
+    if all(isinstance(xyz, tuple) for _, xyz in parsed.atoms):
+        _check_coordinates(labels, [xyz for _, xyz in parsed.atoms], parsed.source)
+        atom = [(label, xyz) for label, xyz in parsed.atoms]
+    else:
+        atom = "; ".join(xyz if isinstance(xyz, str) else f"{label} {xyz[0]!r} {xyz[1]!r} "
+                         f"{xyz[2]!r}" for label, xyz in parsed.atoms)
+    real = sorted({label for label in labels if not label.startswith(GHOST_PREFIX)})
+    mol = gto.Mole()
+    mol.atom = atom
+    mol.basis = ghost_basis(basis, labels)
+    mol.ecp = {element: name for element, (name, _) in _ecp_table(basis, ecp, real).items()}
+    mol.charge = 0 if charge is None else int(charge)
+    mol.unit = "Angstrom"
+    mol.cart = False
+    mol.verbose = 0
+    mol = _build(mol, basis, parsed.source)
+    return _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
+
+
+def _warn_missing_ecps(mol) -> None:
+    real = sorted({element_of(mol._atom[k][0]) for k in range(mol.natm) if not _is_ghost(mol, k)})
+    carried = ecp_record(mol)
+    missing = {e: v for e, v in _library_ecps(mol.basis, real).items() if e not in carried}
+    if missing:
+        names = sorted({name for name, _ in missing.values()})
+        log.warning(
+            "the given Mole has no ECP for %s although PySCF's library has one for its basis %s: "
+            "these atoms run all-electron in a basis made for an ECP; pass ecp=%r to attach it, "
+            "or ecp='none' to keep all electrons", ", ".join(missing), ", ".join(names), names[0],
+        )
+
+
+def _is_ghost_label(label: str) -> bool:
+    return label.upper().startswith(("GHOST", "X-"))
+
+
+def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
+    """Check a given ``Mole``; settings that are not None are applied to a rebuilt copy."""
+    source = "the given Mole"
+    if given._built and basis is None and charge is None and spin is None and ecp is None:
+        mol = _check_built(given, given.charge, given.spin, source)
+    else:
+        mol = given.copy()
+        labels = [a[0] for a in gto.format_atom(mol.atom, unit=1)]
+        if basis is not None:
+            _check_basis_arg(basis)
+            mol.basis = ghost_basis(basis, labels)
+        if charge is not None:
+            mol.charge = int(charge)
+        if ecp is not None:
+            real = sorted({element_of(label) for label in labels if not _is_ghost_label(label)})
+            mol.ecp = {e: name for e, (name, _) in _ecp_table(mol.basis, ecp, real).items()}
+        spin = given.spin if spin is None else int(spin)
+        mol = _build(mol, mol.basis, source)
+        mol = _check_built(mol, mol.charge, mol.spin if spin is None else spin, source)
+    if ecp is None:
+        _warn_missing_ecps(mol)
+    return mol
+
+
+def _check_integer(name: str, value) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not ok and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        ok = True
+    if not ok:
+        raise InputError(f"{name} must be an integer, got {value!r}")
+
+
+def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None) -> gto.Mole:
+    """A built PySCF ``Mole`` (spherical functions, Angstrom input), every setting checked.
+
+    Parameters
+    ----------
+    geometry : str, os.PathLike or pyscf.gto.Mole
+        An xyz path, an atom string (Cartesian or Z-matrix) or a ``Mole``.
+    basis : str or dict, optional
+        Orbital basis; for a path or string None means ``'cc-pvdz'``, for a ``Mole`` None keeps
+        its basis.
+    charge, spin : int, optional
+        Total charge and 2S; None means 0 (path or string) or the ``Mole``'s value. A given value
+        is applied to a copy of the ``Mole`` (the caller's is never changed).
+    ecp : str, optional
+        None: the ECPs PySCF's library has for the basis name (def2-* beyond Kr, lanl2dz,
+        cc-pVXZ-PP, ...); for a ``Mole``, its own ECPs, with a warning when its basis has library
+        ECPs it lacks. ``'none'``: all electrons. Another name: that ECP on every element it has a
+        potential for.
+
+    Returns
+    -------
+    pyscf.gto.Mole
+
+    Raises
+    ------
+    InputError
+        One line naming the problem: the file and line, the atom pair and distance, the electron
+        count against the basis size, an unknown basis or ECP name.
+    """
+    _check_integer("charge", charge)
+    _check_integer("spin", spin)
+    parsed = parse_geometry(geometry)
+    if isinstance(parsed, gto.Mole):
+        return _from_mole(parsed, basis, charge, spin, ecp)
+    return _from_geometry(parsed, basis, charge, spin, ecp)

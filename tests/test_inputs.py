@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import INPUTS
 from pyscf import gto
 
 import dfmp2
-from conftest import INPUTS
 from dfmp2.blocking import MB, pair_block_bytes, plan_blocks, usable_bytes
 from dfmp2.errors import InputError, ResourceError
 from dfmp2.molecule import build_mole, parse_geometry, read_xyz

@@ -20,3 +20,6 @@ TOL_MATRIX_REL = 1e-12
 TOL_IDENTITY = 1e-12
 #: What "equals PySCF to the last printed digit" means: 12 decimals are printed.
 TOL_PRINTED = 1e-14
+#: A pinned SCF total energy recomputed by a fresh PySCF RHF (conv_tol 1e-9 on the energy, and
+#: the BLAS summation order of the host): far below any ECP or basis mix-up (>= 1 Eh).
+TOL_SCF_PIN = 1e-6

@@ -1,0 +1,244 @@
+"""Geometry text -> :class:`Geometry`: xyz files and atom strings in the spellings chemists use.
+
+Accepted, in xyz files and atom strings alike:
+
+- element symbols in any case (``o``, ``O``), atomic numbers (``8``) and labels whose element is
+  the leading letters (``O1``, ``H2a``);
+- ghost atoms (basis functions, no nuclear charge, no electrons) in PySCF's spellings
+  (``ghost-O``, ``ghostO``, ``X-O``, ``XO``) and Psi4's (``@O``, ``Gh(O)``), case-insensitive;
+  they become PySCF's ``GHOST-O``. ``X`` alone is a dummy atom and is refused;
+- fields separated by blanks or commas (``O, 0, 0, 0``, ``O,0,0,0``);
+- a UTF-8 byte order mark, Unicode minus signs (U+2212) and en dashes (U+2013) used as minus,
+  Fortran exponents (``1.0D-01``, ``1.0d-1``).
+
+Atom strings separate atoms by ``;`` or new lines and may be a Z-matrix (handed to PySCF). A
+string that names an existing file is always read as an xyz file, whatever it contains.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyscf.data.elements import ELEMENTS
+
+from .errors import InputError
+
+__all__ = ["GHOST_PREFIX", "Geometry", "atom_label", "parse_geometry", "read_xyz"]
+
+#: PySCF's spelling of a ghost atom: ``GHOST-O`` carries O's basis functions and nothing else.
+GHOST_PREFIX = "GHOST-"
+
+_SYMBOLS = {symbol.upper(): symbol for symbol in ELEMENTS[1:]}
+_MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})
+_BOM = "\ufeff"
+_FORTRAN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[dD]([+-]?\d+)$")
+_PSI4_GHOST = re.compile(r"^gh\((.+)\)$", re.IGNORECASE)
+_LABEL = re.compile(r"^([A-Za-z]+)([^A-Za-z].*)?$")
+_EXAMPLE = "'O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59'"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Atoms in Angstrom: ``atoms`` is a tuple of (label, (x, y, z)) or, for a Z-matrix entry,
+    (label, entry text); a label is an element symbol or ``GHOST-`` + symbol. ``where`` names the
+    origin of each atom (file and line, or atom-string entry); ``source`` names the input."""
+
+    atoms: tuple
+    source: str
+    comment: str = ""
+    where: tuple = ()
+
+
+def _element(token: str) -> str | None:
+    """The element of an atom token (symbol, atomic number, or a label like ``O1``), or None."""
+    if token.isdigit():
+        z = int(token)
+        return ELEMENTS[z] if 1 <= z < len(ELEMENTS) else None
+    match = _LABEL.match(token)
+    return _SYMBOLS.get(match.group(1).upper()) if match else None
+
+
+def _ghost_body(token: str) -> str | None:
+    """The atom inside a ghost spelling (``@O``, ``Gh(O)``, ``ghost-O``, ``X-O``), else None."""
+    if token.startswith("@"):
+        return token[1:]
+    match = _PSI4_GHOST.match(token)
+    if match:
+        return match.group(1)
+    upper = token.upper()
+    if upper.startswith("GHOST"):
+        return token[6:] if token[5:6] in ("-", "_") else token[5:]
+    if upper.startswith("X-"):
+        return token[2:]
+    if upper.startswith("X") and token[1:2].isalpha() and _element(token) is None:
+        return token[1:]  # PySCF's XO; Xe and its labels are xenon
+    return None
+
+
+def atom_label(token: str, where: str) -> str:
+    """The PySCF label of one atom token: ``'O'`` or, for a ghost spelling, ``'GHOST-O'``."""
+    token = token.strip()
+    body = _ghost_body(token)
+    element = _element(body.strip() if body is not None else token)
+    if element is not None:
+        return GHOST_PREFIX + element if body is not None else element
+    if re.fullmatch(r"[Xx]\d*", token):
+        raise InputError(
+            f"{where}: {token!r} is a dummy atom (no basis functions, no charge), which dfmp2 "
+            "does not use; remove it, or write a ghost atom as @O, Gh(O), X-O or ghost-O"
+        )
+    raise InputError(
+        f"{where}: unknown element {token!r}; write a symbol (O), an atomic number (8), a label "
+        "(O1) or a ghost atom (@O, Gh(O), X-O, ghost-O)"
+    )
+
+
+def _fields(line: str) -> list[str]:
+    """Split one line into fields: blanks or commas separate, Unicode minus signs become '-'."""
+    return line.translate(_MINUS).replace(",", " ").split()
+
+
+def _number(field: str) -> float | None:
+    """A float from a field, Fortran ``D`` exponents included; None when it is not a number."""
+    try:
+        return float(_FORTRAN.sub(r"\1e\2", field))
+    except ValueError:
+        return None
+
+
+def _finite(field: str, value: float | None, where: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InputError(
+            f"{where}: coordinate {field!r} is not a finite number; give the position in Angstrom"
+        )
+
+
+def _atom_line(line: str, where: str):
+    fields = _fields(line)
+    if len(fields) != 4:
+        raise InputError(f"{where}: expected 'Element x y z', got {line.strip()!r}")
+    label = atom_label(fields[0], where)
+    values = [_number(field) for field in fields[1:]]
+    if any(value is None for value in values):
+        raise InputError(
+            f"{where}: coordinates must be numbers, got {' '.join(fields[1:])!r}"
+        )
+    for field, value in zip(fields[1:], values):
+        _finite(field, value, where)
+    return label, tuple(values)
+
+
+def _zmatrix_entry(fields: list[str], where: str):
+    """One Z-matrix entry ``label [i r [j angle [k dihedral]]]``, numbers normalised for PySCF."""
+    label = atom_label(fields[0], where)
+    rest = []
+    for field in fields[1:]:
+        _finite(field, _number(field), where)
+        rest.append(_FORTRAN.sub(r"\1e\2", field))
+    return label, " ".join([label, *rest])
+
+
+def _read_lines(path: Path) -> list[str]:
+    if path.is_dir():
+        raise InputError(f"{str(path)!r} is a directory, not an xyz file; name the file in it")
+    if not path.is_file():
+        raise InputError(
+            f"geometry file {str(path)!r} does not exist; give an xyz path or an atom string "
+            f"such as {_EXAMPLE}"
+        )
+    try:
+        return path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read geometry file {str(path)!r}: {exc}") from None
+
+
+def read_xyz(path: str | os.PathLike) -> Geometry:
+    """Read an xyz file (count line, comment line, atom lines); errors name the file and line."""
+    path = Path(path)
+    lines = _read_lines(path)
+    if not lines or not lines[0].strip():
+        raise InputError(f"{path} line 1: expected the number of atoms, got an empty line")
+    try:
+        natm = int(_fields(lines[0])[0])
+    except ValueError:
+        raise InputError(
+            f"{path} line 1: expected the number of atoms, got {lines[0].strip()!r}"
+        ) from None
+    if natm < 1:
+        raise InputError(f"{path} line 1: the number of atoms must be positive, got {natm}")
+    body = lines[2 : 2 + natm]
+    if len(body) < natm or any(not line.strip() for line in body):
+        first_bad = next((k for k, line in enumerate(body) if not line.strip()), len(body))
+        raise InputError(
+            f"{path} line {first_bad + 3}: expected {natm} atom lines after the comment line, "
+            f"found {first_bad}"
+        )
+    extra = [k for k, line in enumerate(lines[2 + natm :], start=3 + natm) if line.strip()]
+    if extra:
+        raise InputError(
+            f"{path} line {extra[0]}: line 1 says {natm} atoms but more lines follow: "
+            f"{lines[extra[0] - 1].strip()!r}"
+        )
+    where = tuple(f"{path} line {k}" for k in range(3, 3 + natm))
+    atoms = tuple(_atom_line(line, w) for line, w in zip(body, where))
+    comment = lines[1].strip() if len(lines) > 1 else ""
+    return Geometry(atoms, str(path), comment, where)
+
+
+def parse_atom_string(text: str) -> Geometry:
+    """``"O 0 0 0; H 0 0.76 0.59; ..."`` (Cartesian, Angstrom) or a Z-matrix -> Geometry."""
+    entries = [e for e in text.lstrip(_BOM).replace("\n", ";").split(";") if e.strip()]
+    if not entries:
+        raise InputError(f"the atom string is empty; give atoms such as {_EXAMPLE}")
+    atoms, where = [], []
+    for k, entry in enumerate(entries, start=1):
+        here = f"atom string entry {k} ({entry.strip()!r})"
+        fields = _fields(entry)
+        if len(fields) == 4 and all(_number(field) is not None for field in fields[1:]):
+            atoms.append(_atom_line(entry, here))
+        else:  # Z-matrix: validate the label and the numbers, PySCF converts it
+            atoms.append(_zmatrix_entry(fields, here))
+        where.append(here)
+    return Geometry(tuple(atoms), "atom string", "", tuple(where))
+
+
+def _looks_like_atom_string(text: str) -> bool:
+    if ";" in text or "\n" in text:
+        return True
+    if text.strip().lower().endswith(".xyz"):
+        return False
+    fields = _fields(text)
+    if len(fields) == 1:  # one atom at the origin, e.g. "He" or "@He"
+        try:
+            atom_label(fields[0], "")
+        except InputError:
+            return False
+        return True
+    return len(fields) >= 4
+
+
+def parse_geometry(geometry):
+    """A path, an atom string, a :class:`Geometry` or a ``Mole`` -> :class:`Geometry` (a
+    ``Mole`` is returned unchanged). An existing file always wins over an atom string."""
+    from pyscf import gto
+
+    if isinstance(geometry, (gto.Mole, Geometry)):
+        return geometry
+    if isinstance(geometry, os.PathLike):
+        return read_xyz(geometry)
+    if not isinstance(geometry, str):
+        raise InputError(
+            f"geometry must be an xyz path, an atom string or a pyscf Mole, got "
+            f"{type(geometry).__name__}"
+        )
+    if not geometry.lstrip(_BOM).strip():
+        raise InputError(f"the geometry is empty; give an xyz path or an atom string such as "
+                         f"{_EXAMPLE}")
+    if os.path.isfile(geometry) or os.path.isdir(geometry):
+        return read_xyz(geometry)
+    text = geometry.lstrip(_BOM)
+    return parse_atom_string(text) if _looks_like_atom_string(text) else read_xyz(geometry)

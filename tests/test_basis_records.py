@@ -1,0 +1,96 @@
+"""Metadata that reproduces the run: the orbital, auxiliary and ECP choices per element, and a
+QCSchema molecule (ghost atoms included); PySCF's failures to find an RI basis are one line."""
+
+from __future__ import annotations
+
+import pytest
+from pyscf import df, gto
+from tolerances import TOL_8DP
+
+from dfmp2.errors import InputError
+from dfmp2.integrals import auxbasis_record, make_auxmol
+from dfmp2.molecule import basis_record, build_mole, molecule_record
+
+WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
+HI = "H 0 0 0; I 0 0 1.609"
+ETB = "even-tempered (PySCF aug_etb, beta=2.0)"
+
+
+def test_basis_record_names_the_basis_per_element_ghosts_under_their_element():
+    mol = build_mole(WATER + "; @O 3 0 0; @Ne 5 0 0", basis="cc-pvdz")
+    assert basis_record(mol) == {"H": "cc-pvdz", "Ne": "cc-pvdz", "O": "cc-pvdz"}
+    mixed = build_mole(WATER + "; @O 3 0 0", basis={"O": "aug-cc-pvdz", "H": "cc-pvdz"})
+    assert basis_record(mixed) == {"H": "cc-pvdz", "O": "aug-cc-pvdz"}
+    assert mixed.nao_nr() == 2 * 23 + 2 * 5  # the ghost O has O's aug-cc-pVDZ functions
+
+
+def test_basis_record_describes_explicit_shells():
+    data = {"H": [[0, [1.0, 1.0]], [0, [0.2, 1.0]], [1, [0.5, 1.0]]], "default": "sto-3g"}
+    mol = gto.M(atom=WATER, basis=data, verbose=0)
+    assert basis_record(mol) == {"H": "user-given data [2s1p]", "O": "sto-3g"}
+
+
+@pytest.mark.filterwarnings("ignore:Basis may be available")
+def test_auxbasis_record_names_pyscf_even_tempered_fill_in():
+    """def2-SVP-RI has no iodine: PySCF's default fills it with aug_etb functions."""
+    mol = build_mole(HI, basis="def2-svp")
+    record = auxbasis_record(mol)
+    assert record == {"H": "def2-svp-ri", "I": ETB}
+    beta = df.addons.aug_etb.__defaults__[0]
+    assert f"beta={beta}" in record["I"]
+    assert make_auxmol(mol).nao_nr() == df.addons.make_auxmol(mol, df.make_auxbasis(
+        mol, mp2fit=True)).nao_nr()
+
+
+def test_auxbasis_record_of_a_named_and_a_dict_auxbasis():
+    mol = build_mole(WATER + "; @O 3 0 0")
+    assert auxbasis_record(mol) == {"H": "cc-pvdz-ri", "O": "cc-pvdz-ri"}
+    assert auxbasis_record(mol, "def2-universal-jkfit") == {"H": "def2-universal-jkfit",
+                                                             "O": "def2-universal-jkfit"}
+    spec = {"O": "cc-pvtz-ri", "default": "cc-pvdz-ri"}
+    assert auxbasis_record(mol, spec) == {"H": "cc-pvdz-ri", "O": "cc-pvtz-ri"}
+    assert make_auxmol(mol, spec).nao_nr() == gto.M(
+        atom=WATER + "; O 3 0 0", basis={"O": "cc-pvtz-ri", "H": "cc-pvdz-ri"}).nao_nr()
+
+
+def test_no_default_ri_basis_is_one_line_naming_auxbasis(capfd):
+    mol = build_mole(WATER, basis="6-311g**")
+    with pytest.raises(InputError) as info:
+        make_auxmol(mol)
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith("no default RI auxiliary basis for basis '6-311g**' (PySCF: KeyError")
+    assert "--auxbasis" in text
+    with pytest.raises(InputError, match="no default RI auxiliary basis"):
+        auxbasis_record(mol)
+    assert make_auxmol(mol, "cc-pvtz-ri").nao_nr() > 0
+    assert capfd.readouterr().out == ""
+
+
+def test_unknown_or_incomplete_auxbasis_keeps_stdout_clean(capfd):
+    mol = build_mole(HI, basis="def2-svp")
+    with pytest.raises(InputError, match=r"auxiliary basis 'def2-svp-ri': .*I.*--auxbasis") as info:
+        make_auxmol(mol, "def2-svp-ri")  # no iodine in it: PySCF prints ETB advice to stdout
+    assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match=r"auxiliary basis 'no-such-ri'.*--auxbasis"):
+        make_auxmol(mol, "no-such-ri")
+    out, err = capfd.readouterr()
+    assert out == "" and "basis-set-exchange" not in err
+
+
+@pytest.mark.parametrize("text,charge,spin", [(WATER, 0, 0), (WATER + "; @O 3 0 0", 0, 0),
+                                              ("O 0 0 0; H 0 0 0.97", 0, 1), (HI, 1, 1)])
+def test_molecule_record_is_a_valid_qcschema_molecule(text, charge, spin):
+    from qcelemental.models import Molecule
+
+    mol = build_mole(text, basis="def2-svp", charge=charge, spin=spin)
+    record = molecule_record(mol)
+    assert record["symbols"] == [s for s in ("O H H O" if "@O" in text else
+                                             " ".join(mol.atom_pure_symbol(k) for k in
+                                                      range(mol.natm))).split()]
+    qc = Molecule(**record)
+    assert list(qc.symbols) == record["symbols"]
+    assert list(qc.real) == [not s.startswith("@") for s in text.replace(" ", "").split(";")]
+    assert qc.molecular_charge == charge and qc.molecular_multiplicity == spin + 1
+    # qcelemental rounds coordinates to 8 decimals (Bohr)
+    assert abs(qc.geometry.ravel() - mol.atom_coords(unit="Bohr").ravel()).max() < TOL_8DP

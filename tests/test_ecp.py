@@ -1,0 +1,128 @@
+"""Effective core potentials: attached where PySCF's library has one for the basis, recorded,
+and counted by the frozen core; never an all-electron run in a basis made for an ECP."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pyscf import gto, scf
+from pyscf.data.elements import chemcore_atm
+from tolerances import TOL_SCF_PIN
+
+from dfmp2.errors import InputError
+from dfmp2.integrals import frozen_mask
+from dfmp2.molecule import build_mole, ecp_record
+
+HI = "H 0 0 0; I 0 0 1.609"
+#: PySCF 2.14 RHF, HI at 1.609 A. def2-SVP with its ECP (28 core electrons on I); the same
+#: basis all-electron (what dfmp2 computed before ECPs were attached); LANL2DZ (46 core).
+E_HI_DEF2SVP_ECP = -297.231531663359
+E_HI_DEF2SVP_ALL_ELECTRON = -1996.902105556037
+E_HI_LANL2DZ = -11.726080142136
+
+
+def _hf(mol) -> float:
+    mf = scf.RHF(mol)
+    mf.verbose = 0
+    mf.conv_tol = 1e-10
+    mf.kernel()
+    assert mf.converged
+    return mf.e_tot
+
+
+@pytest.fixture(scope="module")
+def hi_def2svp():
+    return build_mole(HI, basis="def2-svp")
+
+
+def test_def2_basis_gets_its_ecp_automatically(hi_def2svp):
+    assert ecp_record(hi_def2svp) == {"I": {"name": "def2-svp", "core_electrons": 28}}
+    assert hi_def2svp.nelectron == 1 + 53 - 28
+    assert abs(_hf(hi_def2svp) - E_HI_DEF2SVP_ECP) < TOL_SCF_PIN
+
+
+def test_ecp_none_runs_all_electron():
+    mol = build_mole(HI, basis="def2-svp", ecp="none")
+    assert ecp_record(mol) == {} and mol.nelectron == 54
+    assert abs(_hf(mol) - E_HI_DEF2SVP_ALL_ELECTRON) < TOL_SCF_PIN
+
+
+def test_named_ecp_basis_lanl2dz():
+    mol = build_mole(HI, basis="lanl2dz")
+    assert ecp_record(mol) == {"I": {"name": "lanl2dz", "core_electrons": 46}}
+    assert abs(_hf(mol) - E_HI_LANL2DZ) < TOL_SCF_PIN
+
+
+def test_per_element_basis_dict_gets_the_pp_ecp():
+    mol = build_mole(HI, basis={"H": "cc-pvdz", "I": "cc-pvdz-pp"})
+    assert ecp_record(mol) == {"I": {"name": "cc-pvdz-pp", "core_electrons": 28}}
+
+
+def test_a_named_ecp_applies_where_it_has_a_potential():
+    mol = build_mole(HI, basis="def2-svp", ecp="lanl2dz")
+    assert ecp_record(mol) == {"I": {"name": "lanl2dz", "core_electrons": 46}}
+    assert mol.nelectron == 8
+
+
+def test_light_elements_carry_no_ecp():
+    mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis="def2-svp")
+    assert ecp_record(mol) == {} and mol.nelectron == 10
+
+
+def test_unknown_ecp_name_is_an_input_error():
+    with pytest.raises(InputError, match=r"unknown ECP 'no-such-ecp'.*ecp='none'") as info:
+        build_mole(HI, basis="def2-svp", ecp="no-such-ecp")
+    assert "\n" not in str(info.value)
+
+
+def test_ecp_without_a_potential_for_the_molecule_is_an_input_error():
+    with pytest.raises(InputError, match=r"ECP 'cc-pvdz' has no potential for any element.*H, O"):
+        build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", ecp="cc-pvdz")
+
+
+def test_ghost_atoms_carry_no_ecp():
+    mol = build_mole(HI + "; @I 0 0 6", basis="def2-svp")
+    assert [mol.atom_nelec_core(k) for k in range(3)] == [0, 28, 0]
+    assert mol.nelectron == 26 and ecp_record(mol)["I"]["core_electrons"] == 28
+
+
+def test_frozen_core_counts_only_the_electrons_the_ecp_leaves(hi_def2svp):
+    """I's chemical core is 18 orbitals (1s-4p); the def2 ECP replaces 14 of them (28 e)."""
+    all_electron = build_mole(HI, basis="def2-svp", ecp="none")
+    for mol, nfrozen in ((hi_def2svp, chemcore_atm[53] - 14), (all_electron, chemcore_atm[53])):
+        nocc = mol.nelectron // 2
+        mo_occ = [2.0] * nocc + [0.0] * (mol.nao_nr() - nocc)
+        import numpy as np
+
+        mask = frozen_mask(mol, np.array(mo_occ), frozen_core=True)
+        assert np.count_nonzero(~mask) == nfrozen
+        assert not mask[:nfrozen].any() and mask[nfrozen:].all()
+    assert chemcore_atm[53] - 14 == 4
+
+
+def test_mole_without_its_library_ecp_warns(caplog):
+    given = gto.M(atom=HI, basis="def2-svp", verbose=0)
+    with caplog.at_level(logging.WARNING, logger="dfmp2.molecule"):
+        mol = build_mole(given)
+    assert mol is given and ecp_record(mol) == {}
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "no ECP for I" in text and "ecp='def2-svp'" in text and "ecp='none'" in text
+
+
+def test_mole_with_its_ecp_does_not_warn(caplog):
+    given = gto.M(atom=HI, basis="def2-svp", ecp="def2-svp", verbose=0)
+    with caplog.at_level(logging.WARNING, logger="dfmp2.molecule"):
+        build_mole(given)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_settings_given_with_a_mole_are_applied_to_a_copy():
+    given = gto.M(atom=HI, basis="sto-3g", verbose=0)
+    mol = build_mole(given, basis="def2-svp", ecp="def2-svp", charge=1, spin=1)
+    assert ecp_record(mol) == {"I": {"name": "def2-svp", "core_electrons": 28}}
+    assert (mol.basis, mol.charge, mol.spin, mol.nelectron) == ("def2-svp", 1, 1, 25)
+    assert (given.basis, given.charge, given.spin, given.nelectron) == ("sto-3g", 0, 0, 54)
+    assert not given.ecp and mol is not given
+    none = build_mole(gto.M(atom=HI, basis="def2-svp", ecp="def2-svp", verbose=0), ecp="none")
+    assert ecp_record(none) == {} and none.nelectron == 54

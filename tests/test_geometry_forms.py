@@ -1,0 +1,216 @@
+"""Every geometry spelling a chemist brings gives the molecule of the plain spelling, and every bad
+geometry is one InputError line naming the place and the value, never a traceback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyscf import gto, scf
+from tolerances import TOL_IDENTITY
+
+from dfmp2.errors import InputError
+from dfmp2.molecule import build_mole, parse_geometry, read_xyz
+
+WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
+GHOST_WATER = "O 3 0 0; H 3 0.76 0.59; H 3 -0.76 0.59"
+
+
+def _same(a, b) -> None:
+    assert [a.atom_symbol(k) for k in range(a.natm)] == [b.atom_symbol(k) for k in range(b.natm)]
+    assert np.abs(a.atom_coords() - b.atom_coords()).max() < TOL_IDENTITY
+    assert (a.nao_nr(), a.nelectron, a.charge, a.spin) == (b.nao_nr(), b.nelectron, b.charge,
+                                                          b.spin)
+    assert np.array_equal(a.atom_charges(), b.atom_charges())
+
+
+@pytest.fixture(scope="module")
+def water():
+    return build_mole(WATER, basis="sto-3g")
+
+
+@pytest.mark.parametrize("text", [
+    "8 0 0 0; 1 0 0.76 0.59; 1 0 -0.76 0.59",                      # atomic numbers
+    "O1 0 0 0; H2a 0 0.76 0.59; h3 0 -0.76 0.59",                  # labels
+    "O, 0, 0, 0; H, 0, 0.76, 0.59; H, 0, -0.76, 0.59",              # commas and blanks
+    "O,0,0,0;H,0,0.76,0.59;H,0,-0.76,0.59",                         # commas only
+    "\ufeffO 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59",                 # byte order mark
+    "O 0 0 0; H 0 0.76 0.59; H 0 \u22120.76 0.59",                  # U+2212 minus
+    "O 0 0 0; H 0 0.76 0.59; H 0 \u20130.76 0.59",                  # en dash as minus
+    "O 0 0 0; H 0 7.6D-01 5.9d-1; H 0 -7.6D-1 0.59D0",              # Fortran exponents
+    "O 0 0 0\nH 0 0.76 0.59\nH 0 -0.76 0.59\n",                     # lines
+])
+def test_atom_string_spellings_give_the_plain_molecule(text, water):
+    _same(build_mole(text, basis="sto-3g"), water)
+
+
+def test_xyz_file_spellings_give_the_plain_molecule(tmp_path, water):
+    path = tmp_path / "water forms.xyz"  # a path with a space: the file wins over an atom string
+    path.write_text("\ufeff3\ncomment\n8, 0, 0, 0\nH1 0 7.6D-01 0.59\nH2 0 \u22120.76 0.59\n",
+                    encoding="utf-8")
+    _same(build_mole(str(path), basis="sto-3g"), water)
+    _same(build_mole(path, basis="sto-3g"), water)
+
+
+def test_an_existing_file_wins_over_an_atom_string(tmp_path, monkeypatch, water):
+    monkeypatch.chdir(tmp_path)
+    name = "He 0 0 0"  # also a valid atom string
+    (tmp_path / name).write_text("3\n\n" + WATER.replace("; ", "\n") + "\n")
+    _same(build_mole(name, basis="sto-3g"), water)
+
+
+def test_zmatrix_still_works_with_labels_and_ghosts():
+    mol = build_mole("O1; H2 1 0.96; H3 1 0.96 2 104.5", basis="sto-3g")
+    assert mol.natm == 3 and mol.nelectron == 10
+    ghost = build_mole("O; H 1 0.96; H 1 0.96 2 104.5; @He 1 3.0 2 90.0 3 0.0", basis="sto-3g")
+    assert ghost.nelectron == 10 and ghost.atom_charge(3) == 0
+    assert ghost.nao_nr() == mol.nao_nr() + 1
+
+
+@pytest.mark.parametrize("spelling", ["ghost-{}", "X-{}", "ghost{}", "@{}", "Gh({})",
+                                      "GHOST-{}", "gh({})", "x-{}", "X{}"])
+def test_ghost_spellings_give_identical_moles(spelling):
+    plain = build_mole(WATER + "; GHOST-O 3 0 0; GHOST-H 3 0.76 0.59", basis="sto-3g")
+    text = WATER + "; " + "; ".join(
+        f"{spelling.format(s)} {xyz}"
+        for s, xyz in (("O", "3 0 0"), ("H", "3 0.76 0.59")))
+    mol = build_mole(text, basis="sto-3g")
+    _same(mol, plain)
+    assert mol._atom[3][0] == "GHOST-O" and mol._atom[4][0] == "GHOST-H"
+
+
+def test_ghost_atoms_add_basis_functions_but_no_electrons_or_charge(tmp_path, water):
+    path = tmp_path / "cp.xyz"
+    path.write_text("6\ncounterpoise\n" + (WATER + "; @O 3 0 0; @H 3 0.76 0.59; @H 3 -0.76 0.59")
+                    .replace("; ", "\n") + "\n")
+    mol = build_mole(path, basis="sto-3g")
+    assert mol.nao_nr() == 2 * water.nao_nr()
+    assert mol.nelectron == water.nelectron == 10
+    assert list(mol.atom_charges()) == [8, 1, 1, 0, 0, 0] and mol.charge == 0
+    odd = build_mole("H 0 0 0; @H 0 0 0.74", basis="sto-3g", spin=1)  # one electron, a doublet
+    assert odd.nelectron == 1
+    with pytest.raises(InputError, match="1 electrons cannot have 2S = 0"):
+        build_mole("H 0 0 0; @H 0 0 0.74", basis="sto-3g")
+
+
+def test_counterpoise_monomer_in_dimer_basis_is_lower():
+    def energy(text):
+        mf = scf.RHF(build_mole(text, basis="cc-pvdz"))
+        mf.verbose = 0
+        return mf.kernel()
+
+    dimer_basis = WATER + "; " + "; ".join("@" + e for e in GHOST_WATER.split("; "))
+    assert energy(dimer_basis) < energy(WATER) - 1e-5
+
+
+def test_dummy_atom_x_alone_is_refused_with_the_ghost_spellings():
+    with pytest.raises(InputError, match=r"entry 2.*'X' is a dummy atom.*@O"):
+        build_mole("O 0 0 0; X 0 0 1; H 0 0.76 0.59; H 0 -0.76 0.59")
+
+
+def test_xenon_is_not_a_ghost():
+    assert parse_geometry("Xe 0 0 0; xe 0 0 3").atoms[1][0] == "Xe"
+
+
+# ---------------------------------------------------------------- bad input, one line each
+
+
+def _one_line(info) -> str:
+    text = str(info.value)
+    assert "\n" not in text and text
+    return text
+
+
+def test_coinciding_atoms_name_the_pair_and_distance():
+    with pytest.raises(InputError) as info:
+        build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; H 0 0.76 0.59")
+    text = _one_line(info)
+    assert "atoms 2 (H) and 4 (H) coincide (0.0000 Å apart)" in text
+
+
+def test_atoms_closer_than_a_tenth_of_an_angstrom_ghosts_included(tmp_path):
+    with pytest.raises(InputError) as info:
+        build_mole(WATER + "; @O 0.05 0 0")
+    assert "atoms 1 (O) and 4 (GHOST-O) are closer than 0.1 Å (0.0500 Å apart)" in _one_line(info)
+    path = tmp_path / "close.xyz"
+    path.write_text("2\n\nH 0 0 0\nH 0 0 0.09\n")
+    with pytest.raises(InputError, match=r"close.xyz: atoms 1 \(H\) and 2 \(H\) .*0.0900 Å"):
+        build_mole(path)
+
+
+def test_close_atoms_in_a_zmatrix_and_in_a_given_mole():
+    with pytest.raises(InputError, match=r"atoms 1 \(O\) and 2 \(H\) .*0.0500 Å"):
+        build_mole("O; H 1 0.05; H 1 0.96 2 104.5")
+    given = gto.M(atom="H 0 0 0; H 0 0 0", basis="sto-3g", verbose=0)
+    with pytest.raises(InputError, match=r"the given Mole: atoms 1 \(H\) and 2 \(H\) coincide"):
+        build_mole(given)
+
+
+def test_non_finite_coordinates_name_the_line_and_value(tmp_path):
+    path = tmp_path / "nan.xyz"
+    path.write_text("2\n\nH 0 0 0\nH 0 nan 0.74\n")
+    with pytest.raises(InputError) as info:
+        build_mole(path)
+    assert "nan.xyz line 4: coordinate 'nan' is not a finite number" in _one_line(info)
+    with pytest.raises(InputError, match=r"atom string entry 2 \('H 0 0 inf'\): coordinate 'inf'"):
+        build_mole("H 0 0 0; H 0 0 inf")
+    with pytest.raises(InputError, match=r"entry 2 .*coordinate '-inf'"):
+        build_mole("O; H 1 -inf")
+    given = gto.M(atom=[("H", (0, 0, 0)), ("H", (0, 0, float("nan")))], basis="sto-3g",
+                  verbose=0)
+    with pytest.raises(InputError, match=r"given Mole: atom 2 \(H\) has the non-finite coord"):
+        build_mole(given)
+
+
+def test_more_electrons_than_the_basis_holds():
+    with pytest.raises(InputError) as info:
+        build_mole("H 0 0 0; H 0 0 0.74", basis="sto-3g", charge=-4)
+    text = _one_line(info)
+    assert "6 electrons (3 alpha, charge -4) do not fit in the 2 basis functions" in text
+    assert "sto-3g" in text
+    with pytest.raises(InputError, match=r"3 electrons \(3 alpha.*2 basis functions"):
+        build_mole("H 0 0 0; H 0 0 0.74", basis="sto-3g", charge=-1, spin=3)
+
+
+def test_directory_empty_and_missing_arguments_have_their_own_messages(tmp_path):
+    with pytest.raises(InputError, match="is a directory, not an xyz file"):
+        build_mole(str(tmp_path))
+    for blank in ("", "   ", "\ufeff", "\n"):
+        with pytest.raises(InputError, match="the geometry is empty"):
+            build_mole(blank)
+    with pytest.raises(InputError, match="does not exist"):
+        build_mole(str(tmp_path / "no such file.xyz"))
+
+
+def test_unknown_element_and_bad_numbers_name_the_line(tmp_path):
+    path = tmp_path / "bad.xyz"
+    path.write_text("2\n\nH 0 0 0\nQq 0 0 1\n")
+    with pytest.raises(InputError, match=r"bad.xyz line 4: unknown element 'Qq'"):
+        read_xyz(path)
+    with pytest.raises(InputError, match=r"entry 1 .*unknown element '0'"):
+        build_mole("0 0 0 0; H 0 0 1")
+    path.write_text("2\n\nH 0 0 0\nH 0 0 1.0E\n")
+    with pytest.raises(InputError, match=r"line 4: coordinates must be numbers, got '0 0 1.0E'"):
+        read_xyz(path)
+
+
+def test_unknown_basis_keeps_stdout_clean(capfd):
+    with pytest.raises(InputError, match=r"basis 'no-such-basis': unknown basis name"):
+        build_mole(WATER, basis="no-such-basis")
+    out, err = capfd.readouterr()
+    assert out == "" and "basis-set-exchange" not in err
+
+
+def test_frozen_core_ignores_ghost_atoms():
+    from dfmp2.integrals import frozen_mask
+
+    mol = build_mole(WATER + "; " + "; ".join("@" + e for e in GHOST_WATER.split("; ")))
+    nocc = mol.nelectron // 2
+    mo_occ = np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc))
+    assert np.count_nonzero(~frozen_mask(mol, mo_occ, frozen_core=True)) == 1  # O 1s only
+
+
+def test_a_single_atom_and_an_unbuilt_mole():
+    assert build_mole("He", basis="sto-3g").nelectron == 2
+    given = gto.Mole(atom=WATER, basis="sto-3g", verbose=0)
+    mol = build_mole(given)
+    assert mol._built and mol.nelectron == 10 and not given._built
