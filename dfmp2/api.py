@@ -24,10 +24,10 @@ from .blocking import MB, BlockPlan, plan_blocks
 from .energy import scs_energy
 from .errors import (ConvergenceError, InputError, NotComputedError, OrbitalError,
                      ResourceError)
-from .integrals import INT3C_EXPCUTOFF, frozen_mask, make_auxmol, orbital_space
+from .integrals import (INT3C_EXPCUTOFF, auxbasis_record, frozen_mask, make_auxmol,
+                        orbital_space)
 from .linalg import DispatchPolicy, Dispatcher, numpy_ops
-from .molecule import (auxbasis_record, basis_record, build_mole, ecp_record,
-                       molecule_record)
+from .molecule import basis_record, build_mole, ecp_record, molecule_record
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
@@ -169,11 +169,12 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan.blocks, la, **kwargs)
         e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
         naux_fit, ndropped = factor.naux_fit, factor.ndropped
-        metric = "cholesky" if factor.lower is not None else "eigh"
-        note = None
+        metric, condition = factor.method, factor.condition
+        stages, note = energies.stages_dict(), None
     else:
         e_os = e_ss = 0.0
         npairs, naux_fit, ndropped, metric = 0, auxmol.nao_nr(), 0, "not needed"
+        condition, stages = None, {}
         note = (f"no {'active occupied' if plan.nocc == 0 else 'virtual'} orbitals "
                 f"({plan.nocc} occupied x {plan.nvir} virtual active): E(corr) = 0")
         log.warning("%s", note)
@@ -196,6 +197,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         scf_type="df" if getattr(mf, "with_df", None) is not None else "conv",
         scf_auxbasis=scf_fit_record(mf), fused_energy=opts.fused_energy,
         precision=opts.precision, os_scale=opts.os_scale, ss_scale=opts.ss_scale, metric=metric,
+        metric_condition=condition, stage_precision=stages,
         int3c2e_expcutoff=float(mol._env[gto.PTR_EXPCUTOFF] or INT3C_EXPCUTOFF),
         blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
         max_memory_mb=opts.max_memory, note=note)

@@ -78,7 +78,10 @@ class Method:
     """Every setting that shaped the numbers. ``basis``, ``auxbasis`` and ``ecp`` map element
     symbols to what PySCF resolved (an even-tempered auxiliary set says so, with its beta);
     ``basis_name``/``auxbasis_name`` are the names as given (None for the RI default).
-    ``note`` explains a zero correlation energy (no active pairs)."""
+    ``metric`` says how the Coulomb metric was factored ('cholesky', 'eigh') and
+    ``metric_condition`` its condition estimate; ``stage_precision`` where each pipeline stage
+    computed and why (``{stage: {"placement", "reason"}}``); ``note`` explains a zero
+    correlation energy (no active pairs)."""
 
     reference: str
     basis_name: str | None
@@ -93,6 +96,7 @@ class Method:
     os_scale: float
     ss_scale: float
     metric: str
+    metric_condition: float | None
     int3c2e_expcutoff: float
     blocks: dict
     max_memory_mb: int
@@ -270,12 +274,14 @@ class Result:
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
             + f" ({b.resolution})",
             f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "
-            f"metric {m.metric}  int3c2e cutoff exp(-{m.int3c2e_expcutoff:g})",
+            f"metric {m.metric}"
+            + (f" (condition {m.metric_condition:.1e})" if m.metric_condition else "")
+            + f"  int3c2e cutoff exp(-{m.int3c2e_expcutoff:g})",
             f"  B storage {m.blocks['storage']} ({m.blocks['b_mb']} MB)  "
             f"max memory {m.max_memory_mb} MB",
         ]
         for stage, rec in m.stage_precision.items():
-            lines.append(f"  {stage}: {rec}")
+            lines.append(f"  {stage:<12s} {rec['placement']:<13s} {rec['reason']}")
         blas = b.cpu_blas
         if blas and b.resolved == "pytorch":
             lines.append(f"  CPU products through {blas['choice']} "
@@ -286,6 +292,8 @@ class Result:
             lines.append(f"  environment {key}: {value}")
         for op, rec in b.ops.items():
             note = f"  FALLBACK: {rec['fallback']}" if rec.get("fallback") else ""
+            if rec.get("host_calls"):
+                note += f"  ({rec['host_calls']} on the host: {rec['host_reason']})"
             lines.append(f"    {op:<22s} {rec['backend']:<8s} {rec['mode']:<10s} "
                          f"{rec['calls']:>6d} calls{note}")
         lines.append("  time  " + "  ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))

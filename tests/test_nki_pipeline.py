@@ -38,8 +38,8 @@ def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
     pt = dfmp2.DFMP2(mf, backend="nki", nki_emulator=True, require_nki=True,
                      fused_energy=fused).run()
     backend = pt.result.backend
-    assert backend["resolved"] == "nki" and backend["nki_mode"] == "emulator"
-    ops = backend["ops"]
+    assert backend.resolved == "nki" and backend.nki_mode == "emulator"
+    ops = backend.ops
     expected = ("gemm", "trmm", "mp2_pair_energy" if fused else "gemm")
     for op in expected:  # well-conditioned RI metrics: transform and fit on the device
         assert (ops[op]["backend"], ops[op]["mode"], ops[op]["fallback"]) == (
@@ -57,7 +57,7 @@ def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
 def test_cli_nki_emulator_records_modes_in_json(tmp_path):
     out = tmp_path / "w.json"
     result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki",
-                                       "--nki-emulator", "--json", str(out)])
+                                       "--nki-emulator", "-v", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "backend nki [emulator]" in result.stdout
     backend = json.loads(out.read_text())["extras"]["backend"]
