@@ -119,16 +119,22 @@ def scratch_bytes(plan: RunPlan, naux: int) -> int:
 
 
 def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
-    """Before the SCF: the scratch directory of an out-of-core run exists, is writable and has
-    room for the planned HDF5 file."""
-    if plan.blocks is None or not plan.blocks.outcore:
+    """Before the SCF: a given or needed scratch directory exists and a file can be made in it
+    (tried, not inferred from permission bits), and an out-of-core run has room for its HDF5
+    file there."""
+    outcore = plan.blocks is not None and plan.blocks.outcore
+    if opts.scratch_dir is None and not outcore:
         return
     directory = opts.scratch_dir or tempfile.gettempdir()
     if not os.path.isdir(directory):
-        raise InputError(f"scratch directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise InputError(f"scratch directory {directory!r} is not writable; choose another "
-                         "with --scratch-dir")
+        raise InputError(f"scratch directory {directory!r} does not exist or is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix="dfmp2-check-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"scratch directory {directory!r} is not writable: creating a file "
+                         f"there failed ({exc.strerror}); choose another with --scratch-dir"
+                         ) from None
     need = scratch_bytes(plan, naux)
     free = shutil.disk_usage(directory).free
     if need > free:

@@ -1,0 +1,208 @@
+"""The Python API never prints a number it should not: orbitals the formulas do not describe,
+settings that would be ignored, empty orbital spaces, scratch space, KS references, QCSchema."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from pyscf import df, dft, gto, scf
+
+import dfmp2
+from conftest import INPUTS, pyscf_dfmp2
+from dfmp2.errors import InputError, NotComputedError, OrbitalError, ResourceError
+from tolerances import TOL_FP64, TOL_IDENTITY
+
+WATER = "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587"
+
+
+@pytest.fixture(scope="module")
+def water_rhf():
+    mf = scf.RHF(gto.M(atom=WATER, basis="cc-pvdz", verbose=0))
+    mf.conv_tol = 1e-11
+    return mf.run()
+
+
+def _modified(mf, mo_coeff=None, mo_energy=None):
+    """A shallow copy of ``mf`` with other orbitals (the fixture stays untouched)."""
+    new = mf.copy()
+    new.mo_coeff = mf.mo_coeff.copy() if mo_coeff is None else mo_coeff
+    new.mo_energy = mf.mo_energy.copy() if mo_energy is None else mo_energy
+    return new
+
+
+# -- 3. orbitals that are not what the formulas assume ------------------------------------------
+def test_canonical_orbitals_pass_and_the_check_is_recorded(water_rhf):
+    result = dfmp2.DFMP2(water_rhf, backend="pytorch").run().result
+    assert result.scf.orbital_check.startswith("orthonormal and canonical")
+
+
+def test_localised_occupied_orbitals_are_refused(water_rhf):
+    c = water_rhf.mo_coeff.copy()
+    theta = 0.3  # rotate occupied orbitals 3 and 4: orthonormal, but F is no longer diagonal
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    c[:, [3, 4]] = c[:, [3, 4]] @ rot
+    with pytest.raises(OrbitalError, match=r"occupied-occupied Fock block.*F\[(3, 4|4, 3)\]"):
+        dfmp2.DFMP2(_modified(water_rhf, mo_coeff=c), backend="pytorch").run()
+
+
+def test_scaled_orbitals_are_refused(water_rhf):
+    c = water_rhf.mo_coeff.copy()
+    c[:, 7] *= 1.01
+    with pytest.raises(OrbitalError, match=r"not orthonormal: \(C\^T S C - 1\)\[7, 7\]"):
+        dfmp2.DFMP2(_modified(water_rhf, mo_coeff=c), backend="pytorch").run()
+
+
+def test_reordered_virtual_orbitals_are_refused(water_rhf):
+    c = water_rhf.mo_coeff.copy()
+    c[:, [5, 9]] = c[:, [9, 5]]  # mo_energy not swapped with them
+    with pytest.raises(OrbitalError, match="virtual-virtual Fock block, diagonal minus mo_energy"):
+        dfmp2.DFMP2(_modified(water_rhf, mo_coeff=c), backend="pytorch").run()
+
+
+def test_occupied_and_virtual_swapped_is_refused(water_rhf):
+    c = water_rhf.mo_coeff.copy()
+    c[:, [4, 5]] = c[:, [5, 4]]
+    with pytest.raises(OrbitalError):
+        dfmp2.DFMP2(_modified(water_rhf, mo_coeff=c), backend="pytorch").run()
+
+
+def test_loose_scf_gets_a_warning_with_the_expected_error(caplog):
+    mf = scf.RHF(gto.M(atom=WATER, basis="cc-pvdz", verbose=0))
+    mf.conv_tol = 1e-6
+    mf.run()
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.DFMP2(mf, backend="pytorch").run()
+    assert any("conv_tol = 1e-06" in r.message and "1e-05 Eh" in r.message
+               for r in caplog.records), caplog.text
+
+
+def test_tight_scf_gets_no_warning(water_rhf, caplog):
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.DFMP2(water_rhf, backend="pytorch").run()
+    assert not [r for r in caplog.records if "conv_tol" in r.message]
+
+
+# -- 4. the API applies or refuses every setting ----------------------------------------------
+def test_settings_given_with_a_mole_are_applied_to_a_copy():
+    mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+    kept = dfmp2.run(mol, backend="pytorch")
+    assert kept.sizes.nbasis == 7 and kept.method.basis == {"O": "sto-3g", "H": "sto-3g"}
+    applied = dfmp2.run(mol, basis="cc-pvdz", charge=2, backend="pytorch")
+    assert applied.sizes.nbasis == 24 and applied.molecule.charge == 2
+    assert applied.molecule.nelectron == 8
+    assert (mol.basis, mol.charge, mol.nao_nr()) == ("sto-3g", 0, 7)  # the caller's Mole
+
+
+def test_pyscf_with_df_idiom_sets_the_fitting_basis(water_rhf):
+    ref = pyscf_dfmp2(water_rhf, "cc-pvdz-jkfit")
+    pt = dfmp2.DFMP2(water_rhf, backend="pytorch")
+    pt.with_df = df.DF(water_rhf.mol, auxbasis="cc-pvdz-jkfit")
+    pt.run()
+    assert pt.result.method.auxbasis == {"O": "cc-pvdz-jkfit", "H": "cc-pvdz-jkfit"}
+    assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP64)
+    default = dfmp2.DFMP2(water_rhf, backend="pytorch").run()
+    assert abs(default.e_corr - pt.e_corr) > 1e-6  # the setting changed the energy
+
+
+def test_contradicting_auxbasis_and_with_df_are_refused(water_rhf):
+    pt = dfmp2.DFMP2(water_rhf, auxbasis="cc-pvdz-ri", backend="pytorch")
+    pt.with_df = df.DF(water_rhf.mol, auxbasis="cc-pvdz-jkfit")
+    with pytest.raises(InputError, match="contradicts with_df.auxbasis"):
+        pt.run()
+
+
+def test_molecule_settings_on_dfmp2_are_refused(water_rhf):
+    with pytest.raises(InputError, match="basis belong to the SCF's molecule"):
+        dfmp2.DFMP2(water_rhf, basis="cc-pvtz").run()
+
+
+def test_energies_before_run_say_so(water_rhf):
+    pt = dfmp2.DFMP2(water_rhf)
+    assert pt.e_corr is None  # PySCF's convention
+    with pytest.raises(NotComputedError, match=r"call run\(\)"):
+        pt.e_tot
+    assert not hasattr(pt, "e_scs")  # NotComputedError is an AttributeError
+
+
+def test_kohn_sham_reference_is_recorded_as_rks():
+    ks = dft.RKS(gto.M(atom=WATER, basis="cc-pvdz", verbose=0))
+    ks.xc = "b3lyp"
+    ks.conv_tol = 1e-11
+    ks.run()
+    result = dfmp2.DFMP2(ks, backend="pytorch").run().result
+    assert (result.scf.kind, result.scf.xc) == ("rks", "b3lyp")
+    assert result.e_hf is None and result.e_scf == ks.e_tot
+    assert result.e_tot == pytest.approx(ks.e_tot + result.e_corr, abs=TOL_IDENTITY)
+    text = result.summary()
+    assert "E(RKS)" in text and "E(HF)" not in text and "RKS (b3lyp)" in text
+    assert result.to_dict()["model"]["method"] == "mp2 on rks-b3lyp"
+
+
+# -- 8. empty orbital spaces: E(corr) = 0 with a note, as PySCF ----------------------------------
+def test_no_virtual_orbitals_gives_zero_with_a_note():
+    result = dfmp2.run("He 0 0 0", basis="sto-3g", backend="pytorch")
+    assert (result.e_corr, result.sizes.nvir, result.sizes.npairs) == (0.0, 0, 0)
+    assert "no virtual orbitals" in result.method.note
+    assert result.scf.lumo is None and "note: no virtual" in result.summary()
+
+
+def test_all_virtuals_frozen_gives_zero_like_pyscf(water_rhf):
+    nocc = int((water_rhf.mo_occ > 0).sum())
+    frozen = list(range(nocc, len(water_rhf.mo_occ)))
+    ref = pyscf_dfmp2(water_rhf, "cc-pvdz-ri", frozen=frozen)
+    pt = dfmp2.DFMP2(water_rhf, frozen=frozen, backend="pytorch").run()
+    assert pt.e_corr == ref.e_corr == 0.0
+    assert pt.result.sizes.nfrozen_vir == len(frozen)
+
+
+# -- 9. nothing computed only to be lost ------------------------------------------------------
+def _no_scf(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the SCF ran before the problem was found")
+
+    monkeypatch.setattr(dfmp2.api, "run_scf", refuse)
+
+
+def test_unwritable_scratch_dir_is_one_line_before_the_scf(monkeypatch):
+    _no_scf(monkeypatch)
+    with pytest.raises(InputError, match="scratch directory '/proc' is not writable"):
+        dfmp2.run(INPUTS / "water.xyz", scratch_dir="/proc")
+
+
+def test_too_little_scratch_space_is_refused_before_the_scf(monkeypatch, tmp_path):
+    import shutil
+
+    _no_scf(monkeypatch)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _d: shutil._ntuple_diskusage(10, 9, 1))
+    with pytest.raises(ResourceError, match=r"has 0 MB free; the out-of-core integrals need"):
+        dfmp2.run(INPUTS / "water.xyz", force_outcore=True, scratch_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 5 / 11. what the result records --------------------------------------------------------
+def test_result_validates_as_a_qcschema_atomic_result_with_ghosts():
+    qcel = pytest.importorskip("qcelemental")
+    result = dfmp2.run("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; @He 3 0 0",
+                       basis="cc-pvdz", backend="pytorch")
+    model = qcel.models.AtomicResult(**result.to_dict())
+    assert list(model.molecule.real) == [True, True, True, False]
+    assert list(model.molecule.symbols) == ["O", "H", "H", "He"]
+    assert model.return_result == pytest.approx(result.e_tot, abs=TOL_IDENTITY)
+    assert model.properties.scf_iterations == result.scf.cycles > 0
+    assert result.molecule.formula == "H2O" and result.molecule.nghost == 1
+
+
+def test_summary_starts_with_the_molecule_and_keeps_machinery_for_verbose():
+    result = dfmp2.run(INPUTS / "water.xyz", backend="pytorch")
+    text = result.summary()
+    first = text.splitlines()[0]
+    assert first.startswith("H2O  charge +0  multiplicity 1  3 atoms  24 basis functions")
+    order = [text.index(s) for s in ("basis      cc-pvdz", "auxiliary  cc-pvdz-ri",
+                                     "nuclear repulsion", "converged in", "HOMO", "LUMO",
+                                     "E(HF)", "E(MP2) total")]
+    assert order == sorted(order)
+    assert "backend" not in text and "calls" not in text
+    verbose = result.summary(verbose=True)
+    assert "backend pytorch" in verbose and "calls" in verbose and "time" in verbose

@@ -1,0 +1,165 @@
+"""What a chemist meets at the terminal, as real subprocesses: inputs that used to crash or give a
+wrong number, signals from a batch scheduler, a JSON file that cannot be written, the summary."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import INPUTS
+from dfmp2.cli import main
+
+WATER = str(INPUTS / "water.xyz")
+
+
+def _dfmp2(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dfmp2", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+
+
+def _one_error_line(proc, *needles):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# -- the issue's inputs, end to end -----------------------------------------------------------
+def test_iodine_with_def2_gets_its_ecp():
+    proc = _dfmp2("run", "H 0 0 0; I 0 0 1.609", "--basis", "def2-svp", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["properties"]["scf_total_energy"] == pytest.approx(-297.2315, abs=1e-3)
+    ecp = data["extras"]["method"]["ecp"]
+    assert ecp == {"I": {"name": "def2-svp", "core_electrons": 28}}
+
+
+def test_iodine_all_electron_on_request_and_frozen_core_counts_the_ecp():
+    proc = _dfmp2("run", "H 0 0 0; I 0 0 1.609", "--basis", "def2-svp", "--frozen-core")
+    assert proc.returncode == 0, proc.stderr
+    assert "ECP        I: def2-svp (28 core electrons)" in proc.stdout
+    assert "(4 occupied and 0 virtual frozen)" in proc.stdout  # 4s4p: 18 - 14 ECP orbitals
+    assert "auxiliary  H: def2-svp-ri, I: even-tempered (PySCF aug_etb, beta=2.0)" in proc.stdout
+
+
+def test_counterpoise_ghost_atoms_on_the_command_line():
+    proc = _dfmp2("run", "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; @O 3 0 0; Gh(H) 3 0.757 "
+                  "0.587; ghost-H 3 -0.757 0.587", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["molecule"]["real"] == [True] * 3 + [False] * 3
+    assert data["extras"]["sizes"]["nbasis"] == 48 and data["extras"]["sizes"]["nocc"] == 5
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["O 0 0 0; H 0 0 0.05; H 0 0.76 0.59"], ["0.0500", "1 (O)", "2 (H)"]),
+    (["O 0 0 0; H 0 0 nan; H 0 0.76 0.59"], ["nan"]),
+    ([WATER, "--basis", "6-311g**"], ["--auxbasis"]),
+    ([str(INPUTS)], ["is a directory"]),
+    ([""], ["empty"]),
+    (["H 0 0 0; H 0 0 0.74", "--charge", "-4", "--basis", "sto-3g"], ["electrons"]),
+    ([WATER, "--ecp", "no-such-ecp"], ["no-such-ecp"]),
+], ids=["close-atoms", "nan", "no-default-aux", "directory", "empty", "too-many-electrons",
+        "unknown-ecp"])
+def test_bad_input_is_one_line_and_exit_1(args, needles):
+    _one_error_line(_dfmp2("run", *args), *needles)
+
+
+def test_helium_sto3g_has_no_virtuals_and_says_so():
+    proc = _dfmp2("run", "He 0 0 0", "--basis", "sto-3g", "--auxbasis", "def2-universal-jkfit")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no virtual orbitals" in proc.stdout
+    assert "E(corr) MP2                   0.000000000000 Eh" in proc.stdout
+
+
+# -- 9. nothing computed only to be lost ------------------------------------------------------
+def test_unwritable_json_path_fails_before_the_scf(tmp_path):
+    start = time.perf_counter()
+    _one_error_line(_dfmp2("run", WATER, "--json", "/proc/dfmp2.json"),
+                    "cannot write JSON to '/proc/dfmp2.json'")
+    missing = tmp_path / "no" / "such" / "dir" / "r.json"
+    _one_error_line(_dfmp2("run", WATER, "--json", str(missing)), "cannot write JSON")
+    assert not missing.parent.exists()
+    assert time.perf_counter() - start < 60
+
+
+def test_a_json_path_checked_early_leaves_no_file(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _dfmp2("run", "He 0 0 0", "--basis", "nonexistent-basis", "--json", str(out))
+    assert proc.returncode == 1 and not out.exists()
+
+
+def test_json_write_failure_after_the_run_still_prints_the_summary(tmp_path, monkeypatch):
+    import shutil
+
+    import dfmp2.api
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    real_run = dfmp2.api.run
+
+    def run_then_lose_the_folder(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        shutil.rmtree(folder)
+        return result
+
+    monkeypatch.setattr(dfmp2.api, "run", run_then_lose_the_folder)
+    result = CliRunner().invoke(main, ["run", WATER, "--json", str(folder / "r.json")])
+    assert result.exit_code == 1
+    assert "E(MP2) total" in result.stdout
+    assert "cannot write JSON" in result.stderr
+
+
+def test_unwritable_scratch_dir_fails_before_the_scf():
+    _one_error_line(_dfmp2("run", WATER, "--scratch-dir", "/proc"), "not writable")
+
+
+# -- 10. signals ------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
+                         ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_removes_the_temporary_file_and_exits_128_plus_n(tmp_path, sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfmp2", "run", str(INPUTS / "water8.xyz"), "--force-outcore",
+         "--max-memory", "40", "--scratch-dir", str(tmp_path), "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while not glob.glob(str(tmp_path / "*.h5")):
+        assert proc.poll() is None, "the run ended before its HDF5 file appeared"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"interrupted by {sig.name}" in lines[0], err
+    assert out == "" and os.listdir(tmp_path) == []
+
+
+# -- 11. what a chemist reads -----------------------------------------------------------------
+def test_default_output_is_chemistry_verbose_adds_machinery_and_scf_cycles():
+    plain = _dfmp2("run", WATER)
+    assert plain.returncode == 0 and plain.stderr == ""
+    assert plain.stdout.startswith("H2O  charge +0  multiplicity 1  3 atoms  24 basis functions")
+    assert "calls" not in plain.stdout and "OPENBLAS" not in plain.stdout
+    verbose = _dfmp2("run", WATER, "-v")
+    assert "calls" in verbose.stdout and "environment OPENBLAS_THREAD_TIMEOUT" in verbose.stdout
+    debug = _dfmp2("run", WATER, "-vv")
+    assert "SCF cycle  1" in debug.stderr and "DEBUG" in debug.stderr
+    assert "SCF cycle" not in debug.stdout
+
+
+def test_info_says_whether_the_compiled_reduction_was_built():
+    result = CliRunner().invoke(main, ["info"])
+    assert result.exit_code == 0
+    assert "compiled pair reduction: built" in result.stdout or \
+        "compiled pair reduction: NOT built" in result.stdout
