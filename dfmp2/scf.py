@@ -8,7 +8,7 @@ from pyscf import df, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import ConvergenceError, InputError
-from .molecule import first_line, quiet_pyscf
+from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,10 @@ __all__ = ["run_scf", "jk_auxbasis", "scf_fit_record"]
 
 def jk_auxbasis(mol, options: Options):
     """The JK-fit basis of a DF-SCF: the user's choice or PySCF's partner of the orbital basis."""
-    return options.scf_auxbasis or df.make_auxbasis(mol, mp2fit=False)
+    if options.scf_auxbasis:
+        return options.scf_auxbasis
+    with quiet_pyscf():
+        return df.make_auxbasis(mol, mp2fit=False)
 
 
 def run_scf(mol, options: Options):
@@ -64,17 +67,22 @@ def _log_cycle(envs: dict) -> None:
 
 
 def scf_fit_record(mf):
-    """The JK-fit basis of a density-fitted SCF as given (a name or a per-element dict), PySCF's
-    default partner per element when none was given, or None for exact integrals."""
+    """The JK-fit basis of a density-fitted SCF per element (ghost atoms under their element;
+    a ghost's entry names itself when it differs from the real atom's), or None for exact
+    integrals. An even-tempered set that PySCF generated says so."""
     with_df = getattr(mf, "with_df", None)
     if with_df is None:
         return None
-    if with_df.auxbasis is not None:
-        return with_df.auxbasis if isinstance(with_df.auxbasis, str) else {
-            str(k): str(v) if isinstance(v, str) else "custom shells"
-            for k, v in with_df.auxbasis.items()}
-    default = df.make_auxbasis(mf.mol, mp2fit=False)
-    if isinstance(default, str):
-        return default
-    return {str(k): v if isinstance(v, str) else "even-tempered (PySCF default)"
-            for k, v in default.items()}
+    spec = with_df.auxbasis
+    if spec is None:
+        with quiet_pyscf():
+            spec = df.make_auxbasis(mf.mol, mp2fit=False)
+    if isinstance(spec, str):
+        return spec
+    record = {}
+    for label, value in spec.items():
+        name = value if isinstance(value, str) else "even-tempered (PySCF aug_etb)"
+        symbol = element_of(str(label))
+        key = symbol if record.get(symbol, name) == name else f"{symbol} (ghost)"
+        record[key] = name
+    return record

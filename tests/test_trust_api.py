@@ -183,9 +183,15 @@ def test_too_little_scratch_space_is_refused_before_the_scf(monkeypatch, tmp_pat
 
 # -- 5 / 11. what the result records --------------------------------------------------------
 def test_result_validates_as_a_qcschema_atomic_result_with_ghosts():
-    qcel = pytest.importorskip("qcelemental")
-    result = dfmp2.run("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; @He 3 0 0",
-                       basis="cc-pvdz", backend="pytorch")
+    import warnings
+
+    import qcelemental as qcel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PySCF's basis-set-exchange advice must not leak
+        result = dfmp2.run("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; @He 3 0 0",
+                           basis="cc-pvdz", backend="pytorch")
+    assert result.method.scf_auxbasis["He"] == "even-tempered (PySCF aug_etb)"
     model = qcel.models.AtomicResult(**result.to_dict())
     assert list(model.molecule.real) == [True, True, True, False]
     assert list(model.molecule.symbols) == ["O", "H", "H", "He"]

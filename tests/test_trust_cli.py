@@ -57,7 +57,7 @@ def test_counterpoise_ghost_atoms_on_the_command_line():
                   "0.587; ghost-H 3 -0.757 0.587", "--json", "-")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["molecule"]["real"] == [True] * 3 + [False] * 3
+    assert data["molecule"]["real"] == [True] * 3 + [False] * 3 and proc.stderr == ""
     assert data["extras"]["sizes"]["nbasis"] == 48 and data["extras"]["sizes"]["nocc"] == 5
 
 
