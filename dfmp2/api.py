@@ -22,11 +22,9 @@ from pyscf import scf as pyscf_scf
 
 from .blocking import MB, BlockPlan, plan_blocks
 from .energy import scs_energy
-from .errors import (ConvergenceError, InputError, NotComputedError, OrbitalError,
-                     ResourceError)
-from .integrals import (INT3C_EXPCUTOFF, auxbasis_record, frozen_mask, make_auxmol,
-                        orbital_space)
-from .linalg import DispatchPolicy, Dispatcher, numpy_ops
+from .errors import ConvergenceError, InputError, NotComputedError, OrbitalError, ResourceError
+from .integrals import INT3C_EXPCUTOFF, auxbasis_record, frozen_mask, make_auxmol, orbital_space
+from .linalg import Dispatcher, DispatchPolicy, numpy_ops
 from .molecule import basis_record, build_mole, ecp_record, molecule_record
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies

@@ -107,7 +107,7 @@ def describe_shells(shells) -> str:
         primitives = shell[2:] if isinstance(shell[1], (int, np.integer)) else shell[1:]
         counts[shell[0]] = counts.get(shell[0], 0) + len(primitives[0]) - 1
     letters = "spdfghiklmnoqrtuvwxyz"
-    shells_text = "".join(f"{n}{letters[l]}" for l, n in sorted(counts.items()))
+    shells_text = "".join(f"{n}{letters[ang]}" for ang, n in sorted(counts.items()))
     return f"user-given data [{shells_text}]"
 
 

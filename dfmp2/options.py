@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from .errors import InputError
 from ._names import BACKENDS, CPU_BLAS_CHOICES
+from .errors import InputError
 
 __all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
 

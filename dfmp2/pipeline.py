@@ -396,10 +396,14 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
         log.info("stage %s: %s (%s)", stage.stage, stage.placement, stage.reason)
     placed = {stage.stage: _stage_ops(la, stage) for stage in stages}
     shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
-    # the store's allocation (the first touch of its pages, in core) counts as transform time
-    store = timer.run("transform", lambda: H5Store(*shape, dtype=b_dtype, directory=scratch_dir)
-                      if plan.outcore else IncoreStore(*shape, dtype=b_dtype))
+    # An out-of-core store registers itself here before its file exists, so an interruption
+    # (a signal turned into an exception) at any point leaves no file behind.
+    opened: list = []
     try:
+        # the store's allocation (the first touch of its pages, in core) counts as transform time
+        store = timer.run("transform", lambda: H5Store(
+            *shape, dtype=b_dtype, directory=scratch_dir, register=opened.append)
+            if plan.outcore else IncoreStore(*shape, dtype=b_dtype))
         timer.run("transform", transform, mol, auxmol, space, placed["transform"],
                   plan.aux_block, plan.unpack_block, store, progress)
         timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)
@@ -408,5 +412,6 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
         energies = timer.run("pair_energy", pair_energies, store, eps_occ, eps_vir,
                              placed["pair_energy"], plan.occ_block, fused, progress)
     finally:
-        store.close()
+        for store in opened:
+            store.close()
     return replace(energies, stages=stages), factor

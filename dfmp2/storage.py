@@ -9,6 +9,7 @@ The out-of-core store keeps both in one temporary HDF5 file that is deleted on `
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 
 import numpy as np
@@ -69,21 +70,33 @@ class IncoreStore:
 
 class H5Store:
     """Both tensors in a temporary HDF5 file (h5py) under ``directory`` (default: the system's
-    temporary directory), removed by :meth:`close` even after an error."""
+    temporary directory), removed by :meth:`close` even after an error.
+
+    ``register``, when given, is called with the store before its file exists: the caller's
+    ``finally`` then closes every registered store, so an interruption (a signal turned into an
+    exception) at any point of the construction leaves no file behind."""
 
     kind = "hdf5"
 
     def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64,
-                 directory: str | None = None):
+                 directory: str | None = None, register=None):
         import h5py
 
         self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
         self._np_dtype = np.float32 if dtype == torch.float32 else np.float64
-        handle, self.path = tempfile.mkstemp(prefix="dfmp2-", suffix=".h5", dir=directory)
-        os.close(handle)
-        self._file = h5py.File(self.path, "w")
-        self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
-        self._b = self._file.create_dataset("B", (nocc, nvir, naux_fit), dtype=self._np_dtype)
+        name = f"dfmp2-{os.getpid()}-{secrets.token_hex(6)}.h5"
+        self.path = os.path.join(directory or tempfile.gettempdir(), name)
+        self._file = None
+        if register is not None:
+            register(self)
+        try:
+            self._file = h5py.File(self.path, "x")  # exclusive: never another run's file
+            self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
+            self._b = self._file.create_dataset("B", (nocc, nvir, naux_fit),
+                                                dtype=self._np_dtype)
+        except BaseException:
+            self.close()
+            raise
 
     def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
         self._pia[p0:p1] = pia.reshape(p1 - p0, self.nocc * self.nvir).numpy()

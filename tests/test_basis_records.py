@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 from pyscf import df, gto
-from tolerances import TOL_8DP
 
 from dfmp2.errors import InputError
 from dfmp2.integrals import auxbasis_record, make_auxmol
 from dfmp2.molecule import basis_record, build_mole, molecule_record
+
+from tolerances import TOL_8DP
 
 WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
 HI = "H 0 0 0; I 0 0 1.609"

@@ -52,7 +52,7 @@ def test_cpu_blas_rule(monkeypatch):
 
 
 def test_cpu_blas_resolution_is_recorded(monkeypatch):
-    from dfmp2.linalg import DispatchPolicy, Dispatcher
+    from dfmp2.linalg import Dispatcher, DispatchPolicy
 
     monkeypatch.setattr(cpuinfo, "cpu_identity", lambda: ("AuthenticAMD", 0x19, {"avx2"}))
     monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda: "scipy-openblas")

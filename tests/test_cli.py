@@ -9,9 +9,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from dfmp2.cli import main
+
 from conftest import INPUTS
 from tolerances import TOL_FP64
-from dfmp2.cli import main
 
 WATER = str(INPUTS / "water.xyz")
 

@@ -8,11 +8,12 @@ import logging
 import pytest
 from pyscf import gto, scf
 from pyscf.data.elements import chemcore_atm
-from tolerances import TOL_SCF_PIN
 
 from dfmp2.errors import InputError
 from dfmp2.integrals import frozen_mask
 from dfmp2.molecule import build_mole, ecp_record
+
+from tolerances import TOL_SCF_PIN
 
 HI = "H 0 0 0; I 0 0 1.609"
 #: PySCF 2.14 RHF, HI at 1.609 A. def2-SVP with its ECP (28 core electrons on I); the same

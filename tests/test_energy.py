@@ -8,7 +8,7 @@ import torch
 
 from dfmp2.energy import reference_dfmp2, reference_pair_energies, scs_energy
 from dfmp2.integrals import frozen_mask, make_auxmol, orbital_space
-from dfmp2.linalg import DispatchPolicy, Dispatcher
+from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import TensorB, pair_energies
 
 
@@ -52,9 +52,10 @@ def test_scs_scales():
 
 def test_pipeline_matches_textbook_oracle():
     """The whole pipeline vs whole-tensor int3c2e with J^-1/2 (no blocking, no Cholesky)."""
+    from pyscf import scf
+
     import dfmp2
     from dfmp2.molecule import build_mole
-    from pyscf import scf
 
     mol = build_mole("N 0 0 0; H 0 0.94 0.3; H 0.81 -0.47 0.3; H -0.81 -0.47 0.3", "cc-pvdz")
     mf = scf.RHF(mol).run(conv_tol=1e-10, verbose=0)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pyscf import gto, scf
-from tolerances import TOL_IDENTITY
 
 from dfmp2.errors import InputError
 from dfmp2.molecule import build_mole, parse_geometry, read_xyz
+
+from tolerances import TOL_IDENTITY
 
 WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
 GHOST_WATER = "O 3 0 0; H 3 0.76 0.59; H 3 -0.76 0.59"

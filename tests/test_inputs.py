@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from conftest import INPUTS
 from pyscf import gto
 
 import dfmp2
@@ -11,6 +10,8 @@ from dfmp2.blocking import MB, pair_block_bytes, plan_blocks, usable_bytes
 from dfmp2.errors import InputError, ResourceError
 from dfmp2.molecule import build_mole, parse_geometry, read_xyz
 from dfmp2.options import Options
+
+from conftest import INPUTS
 
 
 @pytest.mark.parametrize("name", ["water", "ammonia", "methane", "benzene", "water4",

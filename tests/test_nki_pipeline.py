@@ -7,15 +7,16 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import INPUTS
 from pyscf import scf
-from tolerances import TOL_FP32
 
 import dfmp2
 from dfmp2.cli import main
 from dfmp2.errors import BackendUnavailableError
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.molecule import build_mole
+
+from conftest import INPUTS
+from tolerances import TOL_FP32
 
 pytestmark = pytest.mark.nki_emulated
 #: Ops an NKI run computes on the device; the metric (cholesky, trsm) stays on the host in fp64.

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from pyscf import df, gto, scf
-from tolerances import TOL_FP32
 
 from dfmp2 import pipeline
 from dfmp2.blocking import plan_blocks
@@ -24,6 +23,8 @@ from dfmp2.pipeline import (
     factor_metric,
     plan_stages,
 )
+
+from tolerances import TOL_FP32
 
 WATER = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
 

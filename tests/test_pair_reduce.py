@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dfmp2.linalg import numpy_ops
+
 from tolerances import TOL_MATRIX_REL
 
 

@@ -6,6 +6,7 @@ import pytest
 from pyscf import gto
 
 import dfmp2
+
 from tolerances import TOL_8DP, TOL_FP64
 
 PSI4_WATER = "O; H 1 1.0; H 1 1.0 2 90.0"

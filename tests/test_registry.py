@@ -205,5 +205,8 @@ def test_cholesky_and_eigh_fits_agree():
     w, u = torch.linalg.eigh(j2c)
     by_chol = fitted(MetricFactor(torch.linalg.cholesky(j2c), None))
     by_eigh = fitted(MetricFactor(None, u / w.sqrt()))
-    ovov = lambda b: torch.einsum("iaQ,jbQ->iajb", b, b)
+
+    def ovov(b):
+        return torch.einsum("iaQ,jbQ->iajb", b, b)
+
     assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=1e-12)

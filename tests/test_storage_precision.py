@@ -9,9 +9,10 @@ import pytest
 from pyscf import scf
 
 import dfmp2
+from dfmp2.molecule import build_mole
+
 from conftest import INPUTS
 from tolerances import TOL_FP32, TOL_FP64, TOL_OUTCORE, TOL_PRECISION
-from dfmp2.molecule import build_mole
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ import pytest
 from pyscf import df, dft, gto, scf
 
 import dfmp2
-from conftest import INPUTS, pyscf_dfmp2
 from dfmp2.errors import InputError, NotComputedError, OrbitalError, ResourceError
+
+from conftest import INPUTS, pyscf_dfmp2
 from tolerances import TOL_FP64, TOL_IDENTITY
 
 WATER = "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587"

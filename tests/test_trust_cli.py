@@ -14,8 +14,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from conftest import INPUTS
 from dfmp2.cli import main
+
+from conftest import INPUTS
 
 WATER = str(INPUTS / "water.xyz")
 

@@ -6,9 +6,10 @@ import pytest
 from pyscf import df, scf
 
 import dfmp2
+from dfmp2.molecule import build_mole
+
 from conftest import INPUTS, pyscf_dfmp2
 from tolerances import TOL_FP64
-from dfmp2.molecule import build_mole
 
 MOLECULES = ["water", "ammonia", "methane", "water4", "benzene"]
 

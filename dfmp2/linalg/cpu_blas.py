@@ -18,6 +18,7 @@ import torch
 
 from .._names import CPU_BLAS_CHOICES
 from ..cpuinfo import choose_cpu_blas, cpu_model
+from ..errors import InputError
 from . import numpy_ops
 
 #: What ``auto`` resolves to.
@@ -63,14 +64,14 @@ class CpuBlas:
 
     def __post_init__(self):
         if self.choice not in RESOLVED_CHOICES:
-            raise ValueError(
+            raise InputError(
                 f"unknown cpu_blas {self.choice!r}; choose one of {', '.join(RESOLVED_CHOICES)}")
 
     @classmethod
     def resolve(cls, requested: str) -> "CpuBlas":
         """The CpuBlas for ``requested`` ('auto', 'torch' or 'numpy')."""
         if requested not in CPU_BLAS_CHOICES:
-            raise ValueError(
+            raise InputError(
                 f"unknown cpu_blas {requested!r}; choose one of {', '.join(CPU_BLAS_CHOICES)}")
         return cls(*choose_cpu_blas(requested))
 

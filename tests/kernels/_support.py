@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-
 #: fp32 kernels against float64 references, relative to the operand scale: the inputs are
 #: rounded to fp32 (2^-24 ~ 6e-8 relative) and the products are accumulated in fp32 over
 #: K <= a few hundred terms (typical error ~ sqrt(K) * 6e-8 ~ 1e-6 of sum |a||b|; worst case

@@ -10,7 +10,6 @@ from dfmp2.linalg import nki_ops, torch_ops
 
 from ._support import FP32_RTOL, ceil_div, rand
 
-
 #: (m, n, k): one element; ragged M, N > 512 and K > 128; ragged everything; exact tiles.
 SHAPES = [(1, 1, 1), (130, 600, 300), (257, 513, 129), (128, 512, 256)]
 

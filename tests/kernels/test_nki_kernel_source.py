@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
-
 KERNEL_DIR = Path(importlib.util.find_spec("dfmp2.kernels").origin).parent
 KERNEL_FILES = ["gemm.py", "trsm.py", "mp2_energy.py"]
 #: Device-side helpers the kernels call (traced inline); held to the same rules as the kernels.

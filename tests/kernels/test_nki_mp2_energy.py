@@ -11,7 +11,6 @@ from dfmp2.linalg import nki_ops, torch_ops
 
 from ._support import ENERGY_RTOL, ceil_div, pair_block
 
-
 #: (ni, nj, nv, naux, diagonal_block): nocc = 1; ragged nv and naux with several K tiles;
 #: a diagonal block of 5 orbitals; nv > 512 (two moving chunks per row tile).
 CASES = [

@@ -14,8 +14,6 @@ from dfmp2.linalg import nki_ops, nki_runtime, torch_ops
 from dfmp2.linalg.registry import OPS
 
 
-
-
 def _fake_real_nki(monkeypatch, version):
     """Make ``import nki`` return a stand-in for the real package (no emulator marker)."""
     fake = types.ModuleType("nki")

@@ -10,7 +10,6 @@ from dfmp2.linalg import nki_ops, torch_ops
 
 from ._support import FP32_RTOL, ceil_div, rand, spd
 
-
 #: One block; two blocks with a ragged second one; three blocks (ragged last).
 ORDERS = [1, 130, 300]
 
