@@ -49,10 +49,10 @@ def measure(mf, limit: int, precision: str) -> dict:
                      precision=precision).run()
     seconds = time.perf_counter() - start
     rise = worker.peak_rss_mb() - before
-    blocks = pt.result.method["blocks"]
+    blocks = pt.result.method.blocks
     return {"limit_mb": limit, "rss_before_mb": before, "peak_rise_mb": rise,
             "over_limit_mb": rise - limit, "seconds": seconds, "blocks": blocks,
-            "e_corr": pt.e_corr, "cpu_blas": pt.result.backend["cpu_blas"]["choice"]}
+            "e_corr": pt.e_corr, "cpu_blas": pt.result.backend.cpu_blas["choice"]}
 
 
 def markdown(spec: dict, rows: list[dict]) -> str:

@@ -8,6 +8,7 @@ per setting for the GEMM rates. SPEC is a JSON object with ``kind`` ('molecule' 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -113,10 +114,11 @@ def run_dfmp2(mf, auxbasis: str, max_memory: int, precision: str,
                      fused_energy=True, precision=precision, **extra).run()
     seconds = time.perf_counter() - start
     res = pt.result
-    blas = res.backend.get("cpu_blas") or {}
+    blas = res.backend.cpu_blas or {}
+    sizes = {**dataclasses.asdict(res.sizes), "nfrozen": res.sizes.nfrozen}
     return {"seconds": seconds, "e_corr": float(res.e_corr), "stages": dict(res.timings),
-            "sizes": res.sizes, "blocks": res.method["blocks"],
-            "precision": res.method.get("precision"), "backend": res.backend["resolved"],
+            "sizes": sizes, "blocks": res.method.blocks,
+            "precision": res.method.precision, "backend": res.backend.resolved,
             "cpu_blas": {k: blas.get(k) for k in ("choice", "reason", "pair_reduction")}}
 
 

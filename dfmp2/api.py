@@ -153,10 +153,10 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     """
     kind, xc = _check_reference(mf)
     mol = mf.mol
-    orbital_check = check_orbitals(mf, fock=not own_scf)
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
+    orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf)
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
     if plan is None or plan.active.shape != mf.mo_occ.shape or plan.nocc_total != int(
             np.count_nonzero(mf.mo_occ > 0)):
