@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from dfmp2.cli import main
 
 from conftest import INPUTS
-from tolerances import TOL_FP64
+from tolerances import TOL_FP64, TOL_IDENTITY, TOL_PRINTED
 
 WATER = str(INPUTS / "water.xyz")
 
@@ -38,13 +38,13 @@ def test_run_water_prints_every_energy_and_writes_json(tmp_path):
     assert props["mp2_singles_energy"] == 0.0
     assert props["mp2_doubles_energy"] == pytest.approx(
         props["mp2_same_spin_correlation_energy"] + props["mp2_opposite_spin_correlation_energy"],
-        abs=1e-14)
+        abs=TOL_PRINTED)
     assert props["mp2_total_energy"] == pytest.approx(
-        props["scf_total_energy"] + props["mp2_correlation_energy"], abs=1e-12)
+        props["scf_total_energy"] + props["mp2_correlation_energy"], abs=TOL_IDENTITY)
     assert props["return_energy"] == data["return_result"] == props["mp2_total_energy"]
     extras = data["extras"]
     assert extras["scs_mp2_total_energy"] == pytest.approx(
-        props["scf_total_energy"] + extras["scs_mp2_correlation_energy"], abs=1e-12)
+        props["scf_total_energy"] + extras["scs_mp2_correlation_energy"], abs=TOL_IDENTITY)
     assert {"nbasis", "naux", "nocc", "nvir", "nfrozen"} <= set(extras["sizes"])
     assert extras["backend"]["resolved"] == "pytorch"
     assert extras["backend"]["ops"]["mp2_pair_energy"]["mode"] == "pytorch"

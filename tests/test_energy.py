@@ -11,6 +11,8 @@ from dfmp2.integrals import frozen_mask, make_auxmol, orbital_space
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import TensorB, pair_energies
 
+from tolerances import TOL_MATRIX_REL, TOL_OUTCORE, TOL_PRINTED
+
 
 def _random_problem(nocc, nvir, naux, seed):
     rng = np.random.default_rng(seed)
@@ -30,8 +32,8 @@ def test_blocked_energy_matches_naive_oracle(nocc, nvir, naux, occ_block, fused)
     la = Dispatcher(DispatchPolicy("pytorch"))
     got = pair_energies(TensorB(torch.from_numpy(ovL)), torch.from_numpy(eps_occ),
                         torch.from_numpy(eps_vir), la, occ_block, fused=fused)
-    assert got.e_os == pytest.approx(ref_os, rel=1e-12, abs=1e-14)
-    assert got.e_ss == pytest.approx(ref_ss, rel=1e-12, abs=1e-14)
+    assert got.e_os == pytest.approx(ref_os, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
+    assert got.e_ss == pytest.approx(ref_ss, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
     assert got.npairs == nocc * (nocc + 1) // 2
     op = "mp2_pair_energy" if fused else "pair_energy_from_ovov"
     nblk = -(-nocc // occ_block)
@@ -64,8 +66,8 @@ def test_pipeline_matches_textbook_oracle():
     space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, frozen_mask(mol, mf.mo_occ, 1))
     e_os, e_ss = reference_dfmp2(mol, aux, space.occ_coeff, space.vir_coeff, space.eps_occ,
                                  space.eps_vir)
-    assert pt.e_corr_os == pytest.approx(e_os, abs=1e-10)
-    assert pt.e_corr_ss == pytest.approx(e_ss, abs=1e-10)
+    assert pt.e_corr_os == pytest.approx(e_os, abs=TOL_OUTCORE)
+    assert pt.e_corr_ss == pytest.approx(e_ss, abs=TOL_OUTCORE)
 
 
 @pytest.mark.parametrize("max_functions", [1, 7, 1000])
@@ -84,7 +86,7 @@ def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
     for p0, p1, packed in iter_int3c2e(mol, aux, max_functions):
         assert p0 == seen and packed.shape == (p1 - p0, nao * (nao + 1) // 2)
         square = unpack_pairs(packed, out=np.empty((p1 - p0, nao, nao)))
-        np.testing.assert_allclose(square, full[:, :, p0:p1].transpose(2, 0, 1), atol=1e-13)
+        np.testing.assert_allclose(square, full[:, :, p0:p1].transpose(2, 0, 1), atol=TOL_MATRIX_REL)
         seen = p1
     assert seen == naux
 

@@ -8,7 +8,7 @@ import torch
 from dfmp2.errors import InputError, NotPositiveDefiniteError
 from dfmp2.linalg import torch_ops
 
-from tolerances import TOL_MATRIX_REL
+from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_MATRIX_REL
 
 
 def _rand(*shape, seed=0):
@@ -34,7 +34,7 @@ def test_cholesky_and_failure():
     a = _spd(12, seed=3)
     l_nn = torch_ops.cholesky(a)
     assert torch.allclose(l_nn, torch.linalg.cholesky(a), atol=TOL_MATRIX_REL)
-    assert torch.allclose(l_nn @ l_nn.T, a, atol=1e-10)
+    assert torch.allclose(l_nn @ l_nn.T, a, atol=TOL_MATRIX_ABS)
     singular = torch.ones(4, 4, dtype=torch.float64)
     with pytest.raises(NotPositiveDefiniteError, match="pivot"):
         torch_ops.cholesky(singular)
@@ -43,7 +43,7 @@ def test_cholesky_and_failure():
 def test_eigh():
     a = _spd(8, seed=4)
     w, v = torch_ops.eigh(a)
-    assert torch.allclose(v @ torch.diag(w) @ v.T, a, atol=1e-10)
+    assert torch.allclose(v @ torch.diag(w) @ v.T, a, atol=TOL_MATRIX_ABS)
     assert torch.allclose(w, torch.linalg.eigvalsh(a), atol=TOL_MATRIX_REL)
 
 
@@ -51,8 +51,8 @@ def test_trsm_is_right_solve_with_transposed_lower():
     l_nn = torch.linalg.cholesky(_spd(10, seed=5))
     b = _rand(6, 10, seed=6)
     x = torch_ops.trsm(l_nn, b)
-    assert torch.allclose(x @ l_nn.T, b, atol=1e-10)
-    assert torch.allclose(x, b @ torch.linalg.inv(l_nn).T, atol=1e-10)
+    assert torch.allclose(x @ l_nn.T, b, atol=TOL_MATRIX_ABS)
+    assert torch.allclose(x, b @ torch.linalg.inv(l_nn).T, atol=TOL_MATRIX_ABS)
 
 
 @pytest.mark.parametrize("diagonal_block", [True, False])
@@ -87,7 +87,7 @@ def test_mixed_precision_operands_reduce_in_float64():
     e64 = torch_ops.mp2_pair_energy(ovL, ovL, eps_o, eps_o, eps_v, True)
     e32 = torch_ops.mp2_pair_energy(ovL.float(), ovL.float(), eps_o, eps_o, eps_v, True)
     assert e32.dtype == torch.float64
-    assert torch.allclose(e32, e64, rtol=1e-5)
+    assert torch.allclose(e32, e64, rtol=TOL_FP32_REL)
 
 
 def test_cpu_blas_choices_give_the_same_products():
@@ -97,11 +97,11 @@ def test_cpu_blas_choices_give_the_same_products():
     ref = a @ b.T
     for choice in ("torch", "numpy"):
         blas = CpuBlas(choice)
-        assert torch.allclose(blas.matmul(a, b.T), ref, atol=1e-12)
+        assert torch.allclose(blas.matmul(a, b.T), ref, atol=TOL_MATRIX_REL)
         assert torch.allclose(torch_ops.gemm(a, b, False, True, matmul=blas.matmul), ref,
-                              atol=1e-12)
+                              atol=TOL_MATRIX_REL)
         out = torch.empty(40, 50, dtype=torch.float64)
-        assert blas.matmul(a, b.T, out=out) is out and torch.allclose(out, ref, atol=1e-12)
+        assert blas.matmul(a, b.T, out=out) is out and torch.allclose(out, ref, atol=TOL_MATRIX_REL)
         assert blas.as_dict()["choice"] == choice
     with pytest.raises(InputError, match="torch, numpy"):
         CpuBlas("auto")
@@ -114,7 +114,7 @@ def test_numpy_blas_pipeline_equals_torch_blas():
     eps_o, eps_v = -1 - _rand(4, seed=26).abs(), 1 + _rand(6, seed=27).abs()
     energies = [Dispatcher(DispatchPolicy("pytorch", cpu_blas=c)).mp2_pair_energy(
         ovL, ovL, eps_o, eps_o, eps_v, True) for c in ("torch", "numpy")]
-    assert torch.allclose(energies[0], energies[1], atol=1e-13)
+    assert torch.allclose(energies[0], energies[1], atol=TOL_MATRIX_REL)
 
 
 def _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
@@ -194,8 +194,8 @@ def test_fit_by_trmm_equals_trsm(column_block, cpu_blas, monkeypatch):
     work = rows.clone()
     got = la.trmm(upper, work)
     assert got.data_ptr() == work.data_ptr()  # in place
-    assert torch.allclose(work, expected, atol=1e-12)
-    assert torch.allclose(work @ l_nn.T, rows, atol=1e-10)
+    assert torch.allclose(work, expected, atol=TOL_MATRIX_REL)
+    assert torch.allclose(work @ l_nn.T, rows, atol=TOL_MATRIX_ABS)
     assert la.records["trmm"].backend == "pytorch"
 
 
@@ -207,7 +207,7 @@ def test_numpy_trmm_handles_strided_rows():
     view = wide[:, :6]  # not C-contiguous
     expected = view @ upper
     numpy_ops.trmm(upper, view)
-    assert torch.allclose(wide[:, :6], expected, atol=1e-12)
+    assert torch.allclose(wide[:, :6], expected, atol=TOL_MATRIX_REL)
 
 
 @pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])

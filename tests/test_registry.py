@@ -18,6 +18,8 @@ from dfmp2.errors import (
 from dfmp2.linalg import OPS, REGISTRY, Dispatcher, DispatchPolicy, torch_ops
 from dfmp2.pipeline import factor_metric
 
+from tolerances import TOL_EIGH_ORTHO, TOL_MATRIX_REL
+
 
 def _fake_nki(monkeypatch, mode="emulator", reason=None, gemm_limit=None, gemm_raises=False):
     """Install a stand-in for dfmp2.linalg.nki_ops; returns the call log."""
@@ -167,7 +169,7 @@ def test_metric_falls_back_to_eigh_and_logs_dropped_count(caplog):
     assert any("dropping 2 of 6" in r.getMessage() for r in caplog.records)
     # the kept J^-1/2 reproduces the fitted Coulomb operator on the kept space
     v = factor.inv_sqrt
-    assert torch.allclose(v.T @ j2c @ v, torch.eye(4, dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(v.T @ j2c @ v, torch.eye(4, dtype=torch.float64), atol=TOL_EIGH_ORTHO)
     assert la.records["eigh"].mode == "host"
 
 
@@ -209,4 +211,4 @@ def test_cholesky_and_eigh_fits_agree():
     def ovov(b):
         return torch.einsum("iaQ,jbQ->iajb", b, b)
 
-    assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=1e-12)
+    assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=TOL_MATRIX_REL)

@@ -9,7 +9,7 @@ import dfmp2
 from dfmp2.molecule import build_mole
 
 from conftest import INPUTS, pyscf_dfmp2
-from tolerances import TOL_FP64
+from tolerances import TOL_FP64, TOL_IDENTITY
 
 MOLECULES = ["water", "ammonia", "methane", "water4", "benzene"]
 
@@ -62,6 +62,6 @@ def test_dfmp2_class_exposes_pyscf_names():
     pt = dfmp2.DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri")
     e_corr, t2 = pt.kernel()
     assert t2 is None and e_corr == pt.e_corr == pt.emp2
-    assert pt.e_tot == pytest.approx(mf.e_tot + pt.e_corr, abs=1e-12)
-    assert pt.e_corr == pytest.approx(pt.e_corr_os + pt.e_corr_ss, abs=1e-12)
+    assert pt.e_tot == pytest.approx(mf.e_tot + pt.e_corr, abs=TOL_IDENTITY)
+    assert pt.e_corr == pytest.approx(pt.e_corr_os + pt.e_corr_ss, abs=TOL_IDENTITY)
     assert pt.result.sizes.nfrozen == 1

@@ -23,3 +23,12 @@ TOL_PRINTED = 1e-14
 #: A pinned SCF total energy recomputed by a fresh PySCF RHF (conv_tol 1e-9 on the energy, and
 #: the BLAS summation order of the host): far below any ECP or basis mix-up (>= 1 Eh).
 TOL_SCF_PIN = 1e-6
+#: Reconstruction identities of float64 factorisations (L L^T = A, V W V^T = A, X L^T = B)
+#: on well-conditioned random matrices of order ~100.
+TOL_MATRIX_ABS = 1e-10
+#: Orthonormality of eigenvectors of a small, nearly singular metric (eigenvalues ~1e-4).
+TOL_EIGH_ORTHO = 1e-8
+#: fp32 results relative to float64 ones (fp32 epsilon 6e-8, times accumulation length).
+TOL_FP32_REL = 1e-5
+#: Two estimates of the same condition number (LAPACK's 1-norm estimate, rerun).
+TOL_CONDITION_REL = 1e-6
