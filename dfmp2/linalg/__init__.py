@@ -1,7 +1,7 @@
 """dfmp2's vendored linear-algebra suite: one registry, a pytorch backend and an nki backend.
 
 Pipeline code creates one :class:`Dispatcher` per run and calls its ops (``gemm``, ``cholesky``,
-``eigh``, ``trsm``, ``trmm``, ``mp2_pair_energy``, ``pair_energy_from_ovov``); the dispatcher
+``eigh``, ``trsm``, ``trmm``, ``mp2_pair_sums``, ``pair_sums_from_ovov``); the dispatcher
 records which backend and execution mode ran each op.
 """
 

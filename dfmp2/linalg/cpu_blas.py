@@ -42,7 +42,7 @@ def torch_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
 
 
 #: Ops with their own implementation on numpy's BLAS.
-_NUMPY_OPS = {"mp2_pair_energy": numpy_ops.mp2_pair_energy, "trmm": numpy_ops.trmm}
+_NUMPY_OPS = {"mp2_pair_sums": lambda *args: numpy_ops.mp2_pair_sums(*args), "trmm": numpy_ops.trmm}
 
 
 def blas_libraries() -> dict[str, str]:

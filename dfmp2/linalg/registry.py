@@ -40,11 +40,11 @@ __all__ = [
 ]
 
 #: Ops that have an implementation per backend.
-OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_energy")
+OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_sums")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
-HOST_OPS = ("eigh", "pair_energy_from_ovov")
+HOST_OPS = ("eigh", "pair_sums_from_ovov")
 #: pytorch ops whose matrix products go through the run's CPU BLAS choice.
-MATMUL_OPS = ("gemm", "trmm", "mp2_pair_energy")
+MATMUL_OPS = ("gemm", "trmm", "mp2_pair_sums")
 #: The execution mode recorded for calls that ran on the host in float64: the :data:`HOST_OPS`,
 #: and the calls an NKI run places there on purpose (:meth:`Dispatcher.on_host`).
 HOST_MODE = "host"
@@ -167,11 +167,14 @@ class _NamedOps:
     def trmm(self, u_nn, b_mn):
         return self.call("trmm", u_nn, b_mn)
 
-    def mp2_pair_energy(self, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block: bool):
-        return self.call("mp2_pair_energy", ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+    def mp2_pair_sums(self, ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
+                      exchange: bool):
+        return self.call("mp2_pair_sums", ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
+                         exchange)
 
-    def pair_energy_from_ovov(self, ovov, eps_i, eps_j, eps_v, diagonal_block: bool):
-        return self.call("pair_energy_from_ovov", ovov, eps_i, eps_j, eps_v, diagonal_block)
+    def pair_sums_from_ovov(self, ovov, eps_i, eps_j, eps_va, eps_vb, weights, exchange: bool):
+        return self.call("pair_sums_from_ovov", ovov, eps_i, eps_j, eps_va, eps_vb, weights,
+                         exchange)
 
 
 @dataclass

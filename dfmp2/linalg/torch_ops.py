@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import NotPositiveDefiniteError
+from ..errors import InputError, NotPositiveDefiniteError
 from .cpu_blas import torch_matmul
 
 __all__ = [
@@ -20,8 +20,10 @@ __all__ = [
     "gemm",
     "lapack_cholesky",
     "lapack_potrf",
-    "mp2_pair_energy",
-    "pair_energy_from_ovov",
+    "check_pair_sums_args",
+    "is_diagonal_block",
+    "mp2_pair_sums",
+    "pair_sums_from_ovov",
     "trmm",
     "trsm",
     "upper_product_in_place",
@@ -128,101 +130,158 @@ def upper_product_in_place(b_mn: torch.Tensor, u_nn: torch.Tensor, gemm_into) ->
     return b_mn
 
 
-def pair_energy_from_ovov(
+def is_diagonal_block(ovL_i: torch.Tensor, ovL_j: torch.Tensor, weights: torch.Tensor) -> bool:
+    """True when ``ovL_j`` is the same block of orbitals as ``ovL_i`` (same storage, shape and
+    strides) and ``weights`` vanish below the diagonal: pairs j < i need not be computed (a
+    diagonal block I = J of the triangular sums in :mod:`dfmp2.energy`)."""
+    return (ovL_i.shape == ovL_j.shape and ovL_i.stride() == ovL_j.stride()
+            and ovL_i.data_ptr() == ovL_j.data_ptr()
+            and not bool(torch.tril(weights, -1).any()))
+
+
+def check_pair_sums_args(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
+                         exchange: bool) -> tuple[int, int, int, int, int]:
+    """``(ni, nj, nva, nvb, naux)`` of valid :func:`mp2_pair_sums` operands; raises
+    :class:`InputError` naming the first operand of the wrong shape."""
+    if ovL_i.ndim != 3 or ovL_j.ndim != 3:
+        raise InputError(f"mp2_pair_sums: ovL_i and ovL_j must be 3-D (n, nvir, naux), got "
+                         f"{tuple(ovL_i.shape)} and {tuple(ovL_j.shape)}")
+    ni, nva, naux = (int(s) for s in ovL_i.shape)
+    nj, nvb = int(ovL_j.shape[0]), int(ovL_j.shape[1])
+    if int(ovL_j.shape[2]) != naux:
+        raise InputError(f"mp2_pair_sums: ovL_j must have naux = {naux}, got {tuple(ovL_j.shape)}")
+    for eps, size, name in ((eps_i, ni, "eps_i"), (eps_j, nj, "eps_j"), (eps_va, nva, "eps_va"),
+                            (eps_vb, nvb, "eps_vb")):
+        if tuple(eps.shape) != (size,):
+            raise InputError(f"mp2_pair_sums: {name} must have shape ({size},), got "
+                             f"{tuple(eps.shape)}")
+    if tuple(weights.shape) != (ni, nj):
+        raise InputError(f"mp2_pair_sums: weights must have shape ({ni}, {nj}), got "
+                         f"{tuple(weights.shape)}")
+    if exchange and nva != nvb:
+        raise InputError(f"mp2_pair_sums: the exchange sum needs nvir_i == nvir_j, got {nva} and "
+                         f"{nvb}")
+    return ni, nj, nva, nvb, naux
+
+
+def pair_sums_from_ovov(
     ovov: torch.Tensor,
     eps_i: torch.Tensor,
     eps_j: torch.Tensor,
-    eps_v: torch.Tensor,
-    diagonal_block: bool,
+    eps_va: torch.Tensor,
+    eps_vb: torch.Tensor,
+    weights: torch.Tensor,
+    exchange: bool,
 ) -> torch.Tensor:
-    """Reduce a block of ``(ia|jb)`` integrals to weighted ``[e_os, e_ss]`` sums (float64).
+    """Reduce a block of ``(ia|jb)`` integrals to the float64 ``[direct, exchange]`` sums of
+    :func:`mp2_pair_sums` (the unfused path's second half).
 
-    ovov : (ni, nv, nj, nv) integrals ``(ia|jb)``; eps_i (ni,), eps_j (nj,), eps_v (nv,) orbital
-    energies. With ``diagonal_block`` local index j starts at the same orbital as i: pairs with
-    j >= i count (j > i twice) and pairs below are ignored; otherwise every pair counts twice (the
-    block lies above the diagonal). Closed shell: ``e_os = sum T^2/D``,
-    ``e_ss = sum T (T - T_swap)/D`` with ``D = e_i + e_j - e_a - e_b``.
-
-    The reduction runs in the dtype of the orbital energies (float64: the mixed-precision path;
-    float32: the fp32 path, per pair); pair sums are added in float64.
+    ovov : (ni, nva, nj, nvb) integrals ``(ia|jb)``; eps_i (ni,), eps_j (nj,), eps_va (nva,),
+    eps_vb (nvb,); weights (ni, nj) float64 (pairs of weight 0 are skipped). The reduction runs
+    in the dtype of ``eps_va``; pair sums are added in float64.
     """
     ni = ovov.shape[0]
-    work = _RowWork(eps_j, eps_v)
+    work = _RowWork(eps_j, eps_va, eps_vb)
     total = torch.zeros(2, dtype=torch.float64, device=ovov.device)
     for i in range(ni):
-        j0 = i if diagonal_block else 0
-        t_jab = ovov[i, :, j0:, :].permute(1, 0, 2)  # (nj - j0, nv, nv)
-        total += work.energy(t_jab, eps_i[i], j0, diagonal_block)
+        j0, j1 = _weighted_span(weights[i])
+        if j0 < j1:
+            t_jab = ovov[i, :, j0:j1, :].permute(1, 0, 2)  # (j1 - j0, nva, nvb)
+            total += work.sums(t_jab, eps_i[i], j0, weights[i, j0:j1], exchange)
     return total
 
 
-def mp2_pair_energy(
+def mp2_pair_sums(
     ovL_i: torch.Tensor,
     ovL_j: torch.Tensor,
     eps_i: torch.Tensor,
     eps_j: torch.Tensor,
-    eps_v: torch.Tensor,
-    diagonal_block: bool,
+    eps_va: torch.Tensor,
+    eps_vb: torch.Tensor,
+    weights: torch.Tensor,
+    exchange: bool,
     matmul=torch.matmul,
 ) -> torch.Tensor:
-    """Fused pair energy of a block of occupied pairs: ``(ia|jb) = sum_Q B_ia^Q B_jb^Q`` and the
-    reduction of :func:`pair_energy_from_ovov`, row i by row i while the rows are in cache.
+    """Weighted pair sums of a block of occupied pairs, the spin-neutral op of every backend.
 
-    ovL_i : (ni, nv, naux); ovL_j : (nj, nv, naux). Returns float64 tensor ``[e_os, e_ss]``.
-    An off-diagonal block is one GEMM (ni*nv, naux) x (naux, nj*nv). A diagonal block (the same
-    orbitals) runs one GEMM per i, ``B_J[j >= i] x B_i^T``, so no flop is spent below the
-    diagonal. GEMMs run in the operands' dtype, the reduction in eps_v's dtype.
+    With ``T^ij_ab = (ia|jb) = sum_Q ovL_i[i, a, Q] ovL_j[j, b, Q]`` and
+    ``D = eps_i[i] + eps_j[j] - eps_va[a] - eps_vb[b]``, returns the float64 tensor
+
+        [ sum_ij w_ij sum_ab T_ab^2 / D,   sum_ij w_ij sum_ab T_ab T_ba / D ]
+
+    (the second entry 0.0 when ``exchange`` is False). ovL_i : (ni, nva, naux); ovL_j :
+    (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,), eps_vb (nvb,); weights (ni, nj)
+    float64; exchange needs nva == nvb. Blocks may be rectangular (nva != nvb: the αβ blocks of
+    an open shell). Pairs of weight 0 are not computed: in a diagonal block
+    (:func:`is_diagonal_block`) one GEMM per i, ``B_J[j >= i] x B_i^T``; otherwise one GEMM
+    (ni*nva, naux) x (naux, nj*nvb). The spin algebra (which weights, what the sums mean) is
+    :mod:`dfmp2.energy`'s. GEMMs run in the operands' dtype, the reduction in eps_va's dtype,
+    the pair sums in float64.
     """
-    ni, nv, naux = ovL_i.shape
-    nj = ovL_j.shape[0]
-    jb_L = ovL_j.reshape(nj * nv, naux)
-    work = _RowWork(eps_j, eps_v)
+    ni, nj, nva, nvb, naux = check_pair_sums_args(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb,
+                                                  weights, exchange)
+    jb_L = ovL_j.reshape(nj * nvb, naux)
+    work = _RowWork(eps_j, eps_va, eps_vb)
     total = torch.zeros(2, dtype=torch.float64, device=ovL_i.device)
-    if not diagonal_block:
-        ovov = matmul(ovL_i.reshape(ni * nv, naux), jb_L.T).view(ni, nv, nj, nv)
-        for i in range(ni):
-            total += work.energy(ovov[i].permute(1, 0, 2), eps_i[i], 0, False)
+    if ni == 0 or nj == 0 or nva == 0 or nvb == 0:
         return total
-    t_buffer = torch.empty(nj * nv * nv, dtype=ovL_i.dtype, device=ovL_i.device)
+    weights = weights.to(device=ovL_i.device, dtype=torch.float64)
+    if not is_diagonal_block(ovL_i, ovL_j, weights):
+        ovov = matmul(ovL_i.reshape(ni * nva, naux), jb_L.T).view(ni, nva, nj, nvb)
+        for i in range(ni):
+            total += work.sums(ovov[i].permute(1, 0, 2), eps_i[i], 0, weights[i], exchange)
+        return total
+    # a diagonal block: nva == nvb and eps_va == eps_vb, so each pair's T may be transposed
+    t_buffer = torch.empty(nj * nvb * nva, dtype=ovL_i.dtype, device=ovL_i.device)
     for i in range(ni):
-        t_jba = t_buffer[: (nj - i) * nv * nv].view((nj - i) * nv, nv)
-        matmul(jb_L[i * nv :], ovL_i[i].T, out=t_jba)
-        total += work.energy(t_jba.view(nj - i, nv, nv), eps_i[i], i, True)
+        t_jba = t_buffer[: (nj - i) * nvb * nva].view((nj - i) * nvb, nva)
+        matmul(jb_L[i * nvb :], ovL_i[i].T, out=t_jba)
+        total += work.sums(t_jba.view(nj - i, nvb, nva), eps_i[i], i, weights[i, i:], exchange)
     return total
+
+
+def _weighted_span(weights_j: torch.Tensor) -> tuple[int, int]:
+    """(j0, j1): the range of j between the first and last nonzero weight of one row."""
+    nonzero = torch.nonzero(weights_j).flatten()
+    if nonzero.numel() == 0:
+        return 0, 0
+    return int(nonzero[0]), int(nonzero[-1]) + 1
 
 
 class _RowWork:
     """Reusable buffers and ``e_j - e_a - e_b`` for reducing rows of pairs (i, j >= j0).
 
     Allocating fresh multi-megabyte temporaries per row costs page faults comparable to the
-    arithmetic, so the three (nj, nv, nv) work arrays are made once per op call.
+    arithmetic, so the work arrays (nj, nva, nvb) are made once per op call.
     """
 
-    def __init__(self, eps_j: torch.Tensor, eps_v: torch.Tensor):
-        nj, nv = eps_j.shape[0], eps_v.shape[0]
-        self.dtype = eps_v.dtype
-        self.base = (eps_j.view(nj, 1, 1) - eps_v.view(1, nv, 1)) - eps_v.view(1, 1, nv)
+    def __init__(self, eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor):
+        nj, nva, nvb = eps_j.shape[0], eps_va.shape[0], eps_vb.shape[0]
+        self.dtype = eps_va.dtype
+        self.base = ((eps_j.view(nj, 1, 1) - eps_va.view(1, nva, 1))
+                     - eps_vb.to(self.dtype).view(1, 1, nvb))
         self.t = torch.empty_like(self.base)
         self.w = torch.empty_like(self.base)
-        self.swap = torch.empty_like(self.base)
+        self.swap = torch.empty_like(self.base) if nva == nvb else None
 
-    def energy(self, t_jab: torch.Tensor, eps_i, j0: int, first_is_diagonal: bool):
-        """Weighted [e_os, e_ss] of pairs (i, j0 + k) from T (nk, nv, nv) in any layout; the sums
-        are symmetric in a <-> b, so T or its transpose per pair both work. Every pair counts
-        twice, except the first when ``first_is_diagonal`` (the pair (i, i))."""
-        nk, nv, _ = t_jab.shape
+    def sums(self, t_jab: torch.Tensor, eps_i, j0: int, weights_k: torch.Tensor,
+             exchange: bool) -> torch.Tensor:
+        """Weighted ``[direct, exchange]`` of pairs (i, j0 + k) from T (nk, nva, nvb) (or, for
+        a diagonal block, its per-pair transpose: there D is symmetric in a <-> b)."""
+        nk = t_jab.shape[0]
         if t_jab.dtype == self.dtype and t_jab.is_contiguous():
             t = t_jab
         else:
             t = self.t[:nk].copy_(t_jab)
         w = torch.add(self.base[j0 : j0 + nk], eps_i, out=self.w[:nk])  # D
         torch.div(t, w, out=w)  # W = T / D
-        w_row = w.view(nk, 1, nv * nv)
-        os_k = torch.bmm(w_row, t.reshape(nk, nv * nv, 1)).view(nk).to(torch.float64)
+        nab = t.shape[1] * t.shape[2]
+        w_row = w.view(nk, 1, nab)
+        direct_k = torch.bmm(w_row, t.reshape(nk, nab, 1)).view(nk).to(torch.float64)
+        weights_k = weights_k.to(torch.float64)
+        direct = torch.dot(weights_k, direct_k)
+        if not exchange:
+            return torch.stack([direct, torch.zeros_like(direct)])
         swap = self.swap[:nk].copy_(t.transpose(1, 2))
-        ex_k = torch.bmm(w_row, swap.view(nk, nv * nv, 1)).view(nk).to(torch.float64)
-        weight = torch.full((nk,), 2.0, dtype=torch.float64, device=t.device)
-        if first_is_diagonal and nk:
-            weight[0] = 1.0
-        e_os = torch.dot(weight, os_k)
-        return torch.stack([e_os, e_os - torch.dot(weight, ex_k)])
+        ex_k = torch.bmm(w_row, swap.view(nk, nab, 1)).view(nk).to(torch.float64)
+        return torch.stack([direct, torch.dot(weights_k, ex_k)])
