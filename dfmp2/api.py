@@ -17,17 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df as pyscf_df
-from pyscf import dft, gto
+from pyscf import gto
 from pyscf import scf as pyscf_scf
 
 from .blocking import MB, BlockPlan, plan_blocks
 from .energy import scs_energy
-from .errors import ConvergenceError, InputError, NotComputedError, OrbitalError, ResourceError
-from .integrals import INT3C_EXPCUTOFF, auxbasis_record, frozen_mask, make_auxmol, orbital_space
+from .errors import InputError, NotComputedError, OrbitalError, ResourceError
+from .integrals import INT3C_EXPCUTOFF, auxbasis_record, make_auxmol
 from .linalg import Dispatcher, DispatchPolicy, numpy_ops
 from .molecule import basis_record, build_mole, ecp_record, molecule_record
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
+from .reference import (
+    KINDS,
+    Reference,
+    check_scf_object,
+    frozen_mask,
+    frozen_per_spin,
+    reference_from_scf,
+    spin_contamination,
+)
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
 from .scf import run_scf, scf_fit_record
 
@@ -60,60 +69,78 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     else:
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp)
-    _check_closed_shell(mol, opts)
+    _check_spin(mol, opts)
     auxmol = make_auxmol(mol, opts.auxbasis)
-    nocc = mol.nelectron // 2
-    plan = plan_run(mol, auxmol, np.array([2.0] * nocc + [0.0] * (mol.nao_nr() - nocc)), opts)
+    plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts)
     check_scratch(plan, opts, auxmol.nao_nr())
     mf = run_scf(mol, opts)
     return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
                    auxmol=auxmol, plan=plan, own_scf=True, environment=environment)
 
 
-def _check_closed_shell(mol, opts: Options) -> None:
-    reference = opts.reference or ("rhf" if mol.spin == 0 else "uhf")
-    if reference != "rhf" or mol.spin != 0:
+def _check_spin(mol, opts: Options) -> None:
+    """An RHF reference needs a singlet (2S = 0)."""
+    if opts.resolved_reference == "rhf" and mol.spin != 0:
         raise InputError(
-            f"only closed-shell RHF references are implemented (got reference {reference!r}, "
-            f"2S = {mol.spin}); open shells (UHF, ROHF-MBPT(2)) are not available yet")
+            f"an RHF reference needs 2S = 0, got 2S = {mol.spin} (multiplicity "
+            f"{mol.spin + 1}); use --reference uhf or rohf for an open shell")
+
+
+def guess_occupations(mol, reference: str) -> list[np.ndarray]:
+    """Aufbau occupations per orbital space before the SCF: one array (2/0) for RHF, alpha and
+    beta arrays (1/0) for UHF and ROHF (whose semicanonical spaces have the same counts)."""
+    nao = mol.nao_nr()
+    nalpha, nbeta = mol.nelec
+    if reference == "rhf":
+        return [np.array([2.0] * nalpha + [0.0] * (nao - nalpha))]
+    return [np.array([1.0] * n + [0.0] * (nao - n)) for n in (nalpha, nbeta)]
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The MP2 step of one run, decided once: ``active`` (nmo,) mask of correlated orbitals,
-    active occupied/virtual counts, and the block plan (None when there are no pairs)."""
+    """The MP2 step of one run, decided once: active ``(nocc, nvir)`` of each orbital space (one
+    closed-shell space, or alpha and beta), the occupied orbitals per space before freezing,
+    and the block plan (None when there are no pairs)."""
 
-    active: np.ndarray
-    nocc: int
-    nvir: int
-    nocc_total: int
+    spaces: tuple[tuple[int, int], ...]
+    nocc_total: tuple[int, ...]
     blocks: BlockPlan | None
 
     @property
     def has_pairs(self) -> bool:
-        return self.nocc > 0 and self.nvir > 0
+        return any(o and v for o, v in self.spaces)
+
+    @property
+    def ovx_per_aux(self) -> int:
+        """Sum over the spaces of nocc * nvir."""
+        return sum(o * v for o, v in self.spaces)
 
 
-def plan_run(mol, auxmol, mo_occ: np.ndarray, opts: Options) -> RunPlan:
-    """The active orbitals and block sizes for occupations ``mo_occ`` (raises
+def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options) -> RunPlan:
+    """The active orbitals and block sizes for the occupations of each orbital space (raises
     :class:`ResourceError` when ``max_memory`` is too small)."""
-    active = frozen_mask(mol, mo_occ, opts.frozen, opts.frozen_core)
-    occupied = mo_occ > 0
-    nocc = int(np.count_nonzero(occupied & active))
-    nvir = int(np.count_nonzero(~occupied & active))
+    frozen = [opts.frozen] if len(occupations) == 1 else frozen_per_spin(opts.frozen)
+    dims, totals = [], []
+    for mo_occ, frozen_s in zip(occupations, frozen):
+        active = frozen_mask(mol, mo_occ, frozen_s, opts.frozen_core,
+                             strict=len(occupations) == 1)
+        occupied = mo_occ > 0
+        dims.append((int(np.count_nonzero(occupied & active)),
+                     int(np.count_nonzero(~occupied & active))))
+        totals.append(int(np.count_nonzero(occupied)))
     blocks = None
-    if nocc and nvir:
-        blocks = plan_blocks(mol.nao_nr(), nocc, nvir, auxmol.nao_nr(), opts.max_memory,
+    if any(o and v for o, v in dims):
+        blocks = plan_blocks(mol.nao_nr(), dims, auxmol.nao_nr(), opts.max_memory,
                              b_itemsize=8 if opts.precision == "fp64" else 4,
                              force_outcore=opts.force_outcore)
-    return RunPlan(active, nocc, nvir, int(np.count_nonzero(occupied)), blocks)
+    return RunPlan(tuple(dims), tuple(totals), blocks)
 
 
 def scratch_bytes(plan: RunPlan, naux: int) -> int:
     """Bytes of the temporary HDF5 file: (ia|P) in fp64 plus B in the stored precision."""
     if plan.blocks is None or not plan.blocks.outcore:
         return 0
-    return plan.nocc * plan.nvir * naux * 8 + plan.blocks.b_bytes
+    return plan.ovx_per_aux * naux * 8 + plan.blocks.b_bytes
 
 
 def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
@@ -145,32 +172,32 @@ def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
 def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
             auxmol=None, plan: RunPlan | None = None, own_scf: bool = False,
             environment: dict | None = None) -> Result:
-    """The DF-MP2 step on a converged closed-shell RHF or RKS object ``mf``.
+    """The DF-MP2 step on a converged RHF, UHF, ROHF, RKS or UKS object ``mf``.
 
     auxmol, plan : from :func:`run` (built before the SCF) or made here; own_scf : the orbitals
     come from dfmp2's own SCF (their canonical form is then known, and only the cheap checks
     run); environment : stored in the result.
     """
-    kind, xc = _check_reference(mf)
+    kind, xc = check_scf_object(mf)
     mol = mf.mol
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
     orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf)
+    ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core)
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
-    if plan is None or plan.active.shape != mf.mo_occ.shape or plan.nocc_total != int(
-            np.count_nonzero(mf.mo_occ > 0)):
-        plan = plan_run(mol, auxmol, mf.mo_occ, opts)
-    space = None
+    dims = tuple((sp.nocc, sp.nvir) for sp in ref.spaces)
+    if plan is None or plan.spaces != dims:
+        plan = plan_run(mol, auxmol, _occupations(ref, mf), opts)
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                    opts.require_nki, opts.cpu_blas))
-    if plan.has_pairs:
-        space = orbital_space(mf.mo_coeff, mf.mo_energy, mf.mo_occ, plan.active)
+    if ref.has_pairs:
         kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
                   "scratch_dir": opts.scratch_dir}
         if progress is not None:
             kwargs["progress"] = progress
-        energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan.blocks, la, **kwargs)
+        energies, factor = dfmp2_pair_energies(mol, auxmol, ref.spaces, plan.blocks, la,
+                                               **kwargs)
         e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
         naux_fit, ndropped = factor.naux_fit, factor.ndropped
         metric, condition = factor.method, factor.condition
@@ -179,18 +206,21 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         e_os = e_ss = 0.0
         npairs, naux_fit, ndropped, metric = 0, auxmol.nao_nr(), 0, "not needed"
         condition, stages = None, {}
-        note = (f"no {'active occupied' if plan.nocc == 0 else 'virtual'} orbitals "
-                f"({plan.nocc} occupied x {plan.nvir} virtual active): E(corr) = 0")
+        sp = ref.spaces[0]
+        note = (f"no {'active occupied' if sp.nocc == 0 else 'virtual'} orbitals "
+                f"({sp.nocc} occupied x {sp.nvir} virtual active): E(corr) = 0")
         log.warning("%s", note)
-    nfrozen_occ = plan.nocc_total - plan.nocc
-    nfrozen_vir = len(mf.mo_occ) - plan.nocc_total - plan.nvir
+    first = ref.spaces[0]
+    beta = ref.spaces[1] if len(ref.spaces) == 2 else None
     sizes = Sizes(
-        natom=mol.natm, nbasis=mol.nao_nr(), nmo=len(mf.mo_energy), naux=auxmol.nao_nr(),
-        naux_fit=naux_fit, naux_dropped=ndropped, nocc=plan.nocc, nvir=plan.nvir,
-        nalpha=plan.nocc_total, nbeta=plan.nocc_total, nfrozen_occ=nfrozen_occ,
-        nfrozen_vir=nfrozen_vir, npairs=npairs)
+        natom=mol.natm, nbasis=mol.nao_nr(), nmo=len(first.eps_occ) + len(first.eps_vir)
+        + first.nfrozen_occ + first.nfrozen_vir, naux=auxmol.nao_nr(),
+        naux_fit=naux_fit, naux_dropped=ndropped, nocc=first.nocc, nvir=first.nvir,
+        nalpha=ref.nalpha, nbeta=ref.nbeta, nfrozen_occ=first.nfrozen_occ,
+        nfrozen_vir=first.nfrozen_vir, npairs=npairs,
+        nocc_beta=beta.nocc if beta else None, nvir_beta=beta.nvir if beta else None)
     cpu_blas = la.cpu_blas.as_dict()
-    if plan.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
+    if ref.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
             and opts.fused_energy:
         cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
@@ -208,8 +238,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas)
     return Result(
-        e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=0.0,
-        e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale),
+        e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
+        e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale, ref.e_singles),
         molecule=_molecule_info(mol), scf=_scf_info(mf, kind, xc, orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
@@ -217,50 +247,52 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     )
 
 
+def _occupations(ref: Reference, mf) -> list[np.ndarray]:
+    """Occupations per orbital space of a reference (for the planner)."""
+    if not KINDS[ref.kind]:
+        return [np.asarray(mf.mo_occ)]
+    nmo = ref.spaces[0].nocc + ref.spaces[0].nvir + ref.spaces[0].nfrozen_occ \
+        + ref.spaces[0].nfrozen_vir
+    return [np.array([1.0] * n + [0.0] * (nmo - n)) for n in (ref.nalpha, ref.nbeta)]
+
+
 def _name(basis):
     return basis if basis is None or isinstance(basis, str) else None
-
-
-def _check_reference(mf) -> tuple[str, str | None]:
-    """('rhf' | 'rks', xc) for a usable reference; an error naming the problem otherwise."""
-    if not isinstance(mf, pyscf_scf.hf.RHF) or isinstance(mf, pyscf_scf.rohf.ROHF):
-        raise InputError(
-            f"DFMP2 needs a closed-shell RHF or RKS reference; got {type(mf).__name__} "
-            "(UHF and ROHF references are not implemented yet)")
-    if mf.mo_coeff is None or mf.mo_energy is None or mf.mo_occ is None:
-        raise InputError("the SCF object has no orbitals: run mf.kernel() first")
-    if not mf.converged:
-        raise ConvergenceError("the SCF object is not converged; DF-MP2 needs a converged SCF")
-    occ = np.asarray(mf.mo_occ)
-    if not np.all((occ == 0) | (occ == 2)):
-        raise OrbitalError(f"mo_occ must hold only 0 and 2 for a closed-shell reference; got "
-                           f"{sorted(set(occ.tolist()))}")
-    if isinstance(mf, dft.rks.KohnShamDFT):
-        return "rks", str(mf.xc)
-    return "rhf", None
 
 
 def check_orbitals(mf, fock: bool = True) -> str:
     """Refuse orbitals the formulas do not describe; return what was checked.
 
-    Always: ``mo_coeff`` orthonormal in the overlap metric (largest |C^T S C - 1| element
-    below :data:`ORTHONORMALITY_TOL`), occupations in aufbau order. With ``fock``: the
-    occupied-occupied and virtual-virtual blocks of the Fock matrix in the MO basis are diagonal
-    and equal to ``mo_energy``, to a tolerance tied to the SCF's convergence (ten times its
-    orbital-gradient threshold, at least 1e-6 Eh). A loosely converged SCF gets a WARNING that
-    states the expected error."""
-    c = np.asarray(mf.mo_coeff)
+    Always, for each spin of an unrestricted reference: ``mo_coeff`` orthonormal in the overlap
+    metric (largest |C^T S C - 1| element below :data:`ORTHONORMALITY_TOL`), occupations in
+    aufbau order. With ``fock``: the occupied-occupied and virtual-virtual blocks of the Fock
+    matrix in the MO basis are diagonal and equal to ``mo_energy``, to a tolerance tied to the
+    SCF's convergence (ten times its orbital-gradient threshold, at least 1e-6 Eh). ROHF
+    orbitals are not canonical for the UHF-form Fock matrices MP2 needs: dfmp2
+    semicanonicalises them itself, so only orthonormality is checked. A loosely converged SCF
+    gets a WARNING that states the expected error."""
+    unrestricted = isinstance(mf, pyscf_scf.uhf.UHF)
+    spins = (0, 1) if unrestricted else (None,)
     s = mf.get_ovlp()
-    dev = c.T @ s @ c - np.eye(c.shape[1])
-    k = np.unravel_index(np.argmax(np.abs(dev)), dev.shape)
-    if abs(dev[k]) > ORTHONORMALITY_TOL:
-        raise OrbitalError(
-            f"mo_coeff is not orthonormal: (C^T S C - 1)[{k[0]}, {k[1]}] = {dev[k]:.3e} "
-            f"(tolerance {ORTHONORMALITY_TOL:.0e}); pass the SCF's own canonical orbitals")
-    occ = np.asarray(mf.mo_occ) > 0
-    if occ.any() and not occ[: int(occ.sum())].all():
-        raise OrbitalError("the occupied orbitals are not the lowest ones (mo_occ is not in "
-                           "aufbau order); pass the SCF's own canonical orbitals")
+
+    def per_spin(value, spin):
+        return np.asarray(value if spin is None else value[spin])
+
+    for spin in spins:
+        label = "" if spin is None else f"{'alpha' if spin == 0 else 'beta'} "
+        c = per_spin(mf.mo_coeff, spin)
+        dev = c.T @ s @ c - np.eye(c.shape[1])
+        k = np.unravel_index(np.argmax(np.abs(dev)), dev.shape)
+        if abs(dev[k]) > ORTHONORMALITY_TOL:
+            raise OrbitalError(
+                f"{label}mo_coeff is not orthonormal: (C^T S C - 1)[{k[0]}, {k[1]}] = "
+                f"{dev[k]:.3e} (tolerance {ORTHONORMALITY_TOL:.0e}); pass the SCF's own "
+                "canonical orbitals")
+        occ = per_spin(mf.mo_occ, spin)
+        order = occ[:-1] >= occ[1:] if occ.size else np.array([True])
+        if not np.all(order):
+            raise OrbitalError(f"the {label}occupied orbitals are not the lowest ones (mo_occ "
+                               "is not in aufbau order); pass the SCF's own canonical orbitals")
     conv_tol = float(getattr(mf, "conv_tol", 1e-9))
     if conv_tol > LOOSE_CONV_TOL:
         # E(corr) is linear in the orbitals' error. Measured on (H2O)4 cc-pVDZ against
@@ -268,35 +300,48 @@ def check_orbitals(mf, fock: bool = True) -> str:
         log.warning("the SCF was converged to conv_tol = %.0e Eh only: expect an error of up "
                     "to about %.0e Eh (10 x conv_tol) in E(corr); converge to 1e-9 or tighter",
                     conv_tol, 10 * conv_tol)
+    if isinstance(mf, pyscf_scf.rohf.ROHF):
+        return "orthonormal (ROHF orbitals, semicanonicalised by dfmp2)"
     if not fock:
         return "orthonormal (orbitals from dfmp2's own SCF)"
     grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
     tol = max(1e-6, 10 * grad_tol)
-    f_mo = c.T @ mf.get_fock() @ c
-    eps = np.asarray(mf.mo_energy)
-    for name, mask in (("occupied-occupied", occ), ("virtual-virtual", ~occ)):
-        idx = np.flatnonzero(mask)
-        block = f_mo[np.ix_(idx, idx)] - np.diag(eps[idx])
-        if block.size == 0:
-            continue
-        a, b = np.unravel_index(np.argmax(np.abs(block)), block.shape)
-        if abs(block[a, b]) > tol:
-            what = "off-diagonal" if a != b else "diagonal minus mo_energy"
-            raise OrbitalError(
-                f"the orbitals are not canonical: {name} Fock block, {what} element "
-                f"F[{idx[a]}, {idx[b]}] = {block[a, b]:.3e} Eh (tolerance {tol:.0e}); "
-                "localised, rotated or reordered orbitals need canonical ones for DF-MP2")
+    fock_ao = mf.get_fock()
+    for spin in spins:
+        label = "" if spin is None else f"{'alpha' if spin == 0 else 'beta'} "
+        c = per_spin(mf.mo_coeff, spin)
+        f_mo = c.T @ per_spin(fock_ao, spin) @ c
+        eps = per_spin(mf.mo_energy, spin)
+        occ = per_spin(mf.mo_occ, spin) > 0
+        for name, mask in (("occupied-occupied", occ), ("virtual-virtual", ~occ)):
+            idx = np.flatnonzero(mask)
+            block = f_mo[np.ix_(idx, idx)] - np.diag(eps[idx])
+            if block.size == 0:
+                continue
+            a, b = np.unravel_index(np.argmax(np.abs(block)), block.shape)
+            if abs(block[a, b]) > tol:
+                what = "off-diagonal" if a != b else "diagonal minus mo_energy"
+                raise OrbitalError(
+                    f"the orbitals are not canonical: {label}{name} Fock block, {what} element "
+                    f"F[{idx[a]}, {idx[b]}] = {block[a, b]:.3e} Eh (tolerance {tol:.0e}); "
+                    "localised, rotated or reordered orbitals need canonical ones for DF-MP2")
     return f"orthonormal and canonical (Fock blocks diagonal to {tol:.0e} Eh)"
 
 
 def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
-    eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
+    if isinstance(mf, pyscf_scf.uhf.UHF):
+        eps = np.concatenate([np.asarray(mf.mo_energy[0]), np.asarray(mf.mo_energy[1])])
+        occ = np.concatenate([np.asarray(mf.mo_occ[0]), np.asarray(mf.mo_occ[1])]) > 0
+    else:
+        eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
     cycles = getattr(mf, "cycles", None)
+    s2 = spin_contamination(mf)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
                    cycles=int(cycles) if cycles is not None else None,
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
-                   orbital_check=orbital_check)
+                   orbital_check=orbital_check,
+                   s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None)
 
 
 def _molecule_info(mol) -> MoleculeInfo:
@@ -322,12 +367,15 @@ def _has_ecp_core(mol, k: int) -> bool:
 
 
 class DFMP2:
-    """PySCF-shaped DF-MP2 for a converged closed-shell RHF or RKS object.
+    """PySCF-shaped DF-MP2 for a converged RHF, UHF, ROHF, RKS or UKS object, dispatched on
+    the reference: RHF/RKS closed shell; UHF/UKS unrestricted MP2 (no singles); ROHF
+    ROHF-MBPT(2) with semicanonical orbitals and singles (Psi4's definition).
 
     >>> pt = dfmp2.DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri").run()
-    >>> pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_tot
+    >>> pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_singles, pt.e_tot
 
-    ``frozen`` follows PySCF (an int, or a list of MO indices); the fitting basis comes from
+    ``frozen`` follows PySCF (an int, or a list of MO indices; for UHF and ROHF the same for
+    both spins, or a pair ``[alpha list, beta list]``); the fitting basis comes from
     ``auxbasis`` or, as in PySCF, from ``pt.with_df = df.DF(mol, auxbasis=...)``. Other keyword
     arguments are :class:`Options` fields (``backend``, ``fused_energy``, ``max_memory``, ...),
     also accepted by :meth:`run` and :meth:`kernel` to override per call. Molecule settings
@@ -342,7 +390,7 @@ class DFMP2:
         self.with_df = None
         self.options = options
         self.result: Result | None = None
-        self.e_corr = self.e_corr_os = self.e_corr_ss = None
+        self.e_corr = self.e_corr_os = self.e_corr_ss = self.e_singles = None
 
     @property
     def e_hf(self) -> float:
@@ -397,6 +445,7 @@ class DFMP2:
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss
+        self.e_singles = self.result.e_singles
         log.info("E(DF-MP2) = %.12f  E_corr = %.12f", self.e_tot, self.e_corr)
         return self.e_corr, None
 

@@ -25,6 +25,7 @@ the formulas do not model (integral-library and HDF5 buffers, allocator slack).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ResourceError
@@ -74,41 +75,51 @@ class BlockPlan:
                 "resident_mb": round(self.resident_bytes / MB, 1)}
 
 
-def plan_blocks(nao: int, nocc: int, nvir: int, naux: int, max_memory_mb: float,
+def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memory_mb: float,
                 b_itemsize: int = _F64, force_outcore: bool = False) -> BlockPlan:
     """Block sizes that keep the MP2 working set under ``max_memory_mb``.
 
-    Raises :class:`ResourceError` before any work when even the smallest blocks do not fit.
+    spaces : (nocc, nvir) of each orbital space, one for a closed shell, alpha and beta for an
+    open shell. Every formula of the module header holds per space and adds over the spaces
+    (``o v X`` becomes ``sum_s o_s v_s X``); the transform holds one block of every space at
+    once; a pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
+    alpha-beta block). Raises :class:`ResourceError` before any work when even the smallest
+    blocks do not fit.
     """
+    spaces = [(o, v) for o, v in spaces if o and v] or [(0, 0)]
     budget = usable_bytes(max_memory_mb)
-    ovx = nocc * nvir * naux
+    ovx = sum(o * v for o, v in spaces) * naux
     b_bytes = ovx * b_itemsize
-    per_aux = transform_bytes_per_aux(nao, nocc, nvir)
+    per_aux = sum(transform_bytes_per_aux(nao, o, v) for o, v in spaces) \
+        - (len(spaces) - 1) * (nao * (nao + 1) // 2) * _F64  # one packed block for all spaces
     square = nao * nao * _F64  # one unpacked (mu nu|P)
-    per_fit_occ = 2 * nvir * naux * _F64
-    pair_ovov = 4 * nvir * nvir * _F64  # b = 1: the (ia|jb) block and three row buffers
+    vmax = max(v for _, v in spaces)
+    per_fit_occ = 2 * vmax * naux * _F64
+    pair_ovov = 4 * vmax * vmax * _F64  # b = 1: the (ia|jb) block and three row buffers
     metric = 3 * naux * naux * _F64
     resident = metric + ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
     smallest = max(per_aux + square, per_fit_occ, pair_ovov)
     outcore = force_outcore or budget - resident < smallest
     if outcore:
         resident = metric
-        per_fit_occ = 3 * nvir * naux * _F64
-        smallest = max(per_aux + square, per_fit_occ, pair_ovov + 2 * nvir * naux * b_itemsize)
+        per_fit_occ = 3 * vmax * naux * _F64
+        smallest = max(per_aux + square, per_fit_occ, pair_ovov + 2 * vmax * naux * b_itemsize)
     free = budget - resident
     if free < smallest:
         need = (resident + smallest) / MB
+        dims = " + ".join(f"nocc {o} x nvir {v}" for o, v in spaces)
         raise ResourceError(
-            f"max_memory {max_memory_mb:.0f} MB is too small: with B (nocc {nocc} x nvir {nvir} "
-            f"x naux {naux}) on disk the metric factors and the smallest blocks still need "
-            f"{need:.1f} MB; give at least {need + 1:.0f} MB"
+            f"max_memory {max_memory_mb:.0f} MB is too small: with B ({dims} x naux {naux}) "
+            f"on disk the metric factors and the smallest blocks still need {need:.1f} MB; "
+            f"give at least {need + 1:.0f} MB"
         )
     unpack_block = int(max(1, min(_UNPACK_BYTES, free // 4) // square))
     aux_block = int(max(1, min(naux, (free - unpack_block * square) // per_aux,
                                _AUX_BLOCK_FUNCTIONS)))
     unpack_block = min(unpack_block, aux_block)
-    fit_occ = int(max(1, min(nocc, free // per_fit_occ)))
-    occ_block = _largest_occ_block(free, nocc, nvir, naux, b_itemsize if outcore else 0)
+    omax = max(o for o, _ in spaces)
+    fit_occ = int(max(1, min(omax, free // per_fit_occ)))
+    occ_block = _largest_occ_block(free, omax, vmax, naux, b_itemsize if outcore else 0)
     return BlockPlan(aux_block, unpack_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
 
 

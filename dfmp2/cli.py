@@ -79,8 +79,9 @@ _D = Options.default
 @click.option("--spin", type=int, default=_D("spin"), show_default=True,
               help="2S (number of unpaired electrons), PySCF convention.")
 @click.option("--reference", type=click.Choice(REFERENCES), default=_D("reference"),
-              help="SCF reference [default: rhf for singlets, uhf otherwise; only rhf is "
-                   "implemented].")
+              help="SCF reference: rhf (singlets), uhf (unrestricted MP2) or rohf "
+                   "(ROHF-MBPT(2), semicanonical orbitals and singles) [default: rhf for "
+                   "singlets, uhf otherwise].")
 @click.option("--frozen-core/--no-frozen-core", default=_D("frozen_core"), show_default=True,
               help="Freeze the chemical core of each element (1s for Li-Ne, ...; with an ECP "
                    "only the core electrons it leaves).")

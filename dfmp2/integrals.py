@@ -7,11 +7,9 @@ whole auxiliary shells.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df, gto, lib
-from pyscf.data.elements import chemcore
 from pyscf.gto import moleintor
 from pyscf.lib.exceptions import BasisNotFoundError
 
@@ -27,14 +25,11 @@ from .molecule import (
 
 __all__ = [
     "INT3C_EXPCUTOFF",
-    "OrbitalSpace",
     "aux_shell_blocks",
     "auxbasis_record",
-    "frozen_mask",
     "iter_int3c2e",
     "make_auxmol",
     "metric",
-    "orbital_space",
     "resolve_auxbasis",
     "unpack_pairs",
 ]
@@ -185,68 +180,3 @@ def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
     an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers."""
     with lib.with_omp_threads(1):
         return lib.unpack_tril(packed, out=out)
-
-
-def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False) -> np.ndarray:
-    """Boolean mask over MOs, True = active. ``frozen``: None, an int n (the lowest n orbitals),
-    or a list of MO indices (PySCF semantics); ``frozen_core``: the chemical core per element."""
-    nmo = len(mo_occ)
-    mask = np.ones(nmo, dtype=bool)
-    if frozen_core:
-        frozen = chemcore(mol)
-    if frozen is None:
-        return mask
-    if isinstance(frozen, (int, np.integer)):
-        nocc = int(np.count_nonzero(mo_occ > 0))
-        if frozen >= nocc:
-            raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
-        mask[: int(frozen)] = False
-        return mask
-    indices = np.asarray(sorted({int(k) for k in frozen}), dtype=int)
-    if indices.size and (indices.max() >= nmo):
-        raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
-    mask[indices] = False
-    return mask
-
-
-@dataclass(frozen=True)
-class OrbitalSpace:
-    """Active occupied and virtual orbitals of a closed-shell reference.
-
-    occ_coeff (nao, nocc), vir_coeff (nao, nvir), eps_occ (nocc,), eps_vir (nvir,); ``nfrozen``
-    counts frozen occupied plus frozen virtual orbitals.
-    """
-
-    occ_coeff: np.ndarray
-    vir_coeff: np.ndarray
-    eps_occ: np.ndarray
-    eps_vir: np.ndarray
-    nfrozen_occ: int
-    nfrozen_vir: int
-
-    @property
-    def nocc(self) -> int:
-        return self.occ_coeff.shape[1]
-
-    @property
-    def nvir(self) -> int:
-        return self.vir_coeff.shape[1]
-
-
-def orbital_space(mo_coeff, mo_energy, mo_occ, active: np.ndarray) -> OrbitalSpace:
-    """Split canonical RHF orbitals into active occupied and active virtual blocks."""
-    occupied = mo_occ > 0
-    occ = occupied & active
-    vir = ~occupied & active
-    if not occ.any():
-        raise InputError("no active occupied orbitals are left after freezing")
-    if not vir.any():
-        raise InputError("no active virtual orbitals: the basis is too small for MP2")
-    return OrbitalSpace(
-        occ_coeff=np.ascontiguousarray(mo_coeff[:, occ]),
-        vir_coeff=np.ascontiguousarray(mo_coeff[:, vir]),
-        eps_occ=np.asarray(mo_energy[occ]),
-        eps_vir=np.asarray(mo_energy[vir]),
-        nfrozen_occ=int(np.count_nonzero(occupied & ~active)),
-        nfrozen_vir=int(np.count_nonzero(~occupied & ~active)),
-    )

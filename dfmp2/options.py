@@ -27,7 +27,8 @@ class Options:
         beyond Kr), 'none' (all electrons) or an ECP name.
     reference : 'rhf', 'uhf' or 'rohf'; None = rhf for singlets, uhf otherwise.
     frozen : None (all electrons), an int (the lowest n orbitals), or a tuple of orbital indices
-        (PySCF's ``frozen=`` semantics; may name virtual orbitals too).
+        (PySCF's ``frozen=`` semantics; may name virtual orbitals too); for UHF and ROHF the
+        same for both spins, or a pair of tuples (alpha indices, beta indices).
     frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs, else torch's), 'torch' (MKL in the CPU
@@ -82,16 +83,20 @@ class Options:
             raise InputError(f"ecp must be an ECP name or 'none', got {self.ecp!r}")
         if self.frozen is not None and self.frozen_core:
             raise InputError("give either frozen_core or frozen, not both")
-        if isinstance(self.frozen, list):
+        if isinstance(self.frozen, (list, tuple)) and len(self.frozen) == 2 and all(
+                isinstance(f, (list, tuple)) for f in self.frozen):
+            _check_indices(self.frozen[0])
+            _check_indices(self.frozen[1])
+            object.__setattr__(self, "frozen", (tuple(self.frozen[0]), tuple(self.frozen[1])))
+        elif isinstance(self.frozen, list):
             object.__setattr__(self, "frozen", tuple(self.frozen))
         if isinstance(self.frozen, bool):
             raise InputError(f"frozen must be an int or a list of orbital indices, got {self.frozen}")
         if isinstance(self.frozen, int) and self.frozen < 0:
             raise InputError(f"frozen must be >= 0, got {self.frozen}")
-        if isinstance(self.frozen, tuple) and any(
-            not isinstance(k, int) or k < 0 for k in self.frozen
-        ):
-            raise InputError(f"frozen orbital indices must be integers >= 0, got {self.frozen}")
+        if isinstance(self.frozen, tuple) and not (
+                len(self.frozen) == 2 and all(isinstance(f, tuple) for f in self.frozen)):
+            _check_indices(self.frozen)
         if self.spin < 0:
             raise InputError(f"spin (2S) must be >= 0, got {self.spin}")
         if self.max_memory <= 0:
@@ -126,6 +131,11 @@ class Options:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISSING}
+
+
+def _check_indices(frozen) -> None:
+    if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in frozen):
+        raise InputError(f"frozen orbital indices must be integers >= 0, got {frozen}")
 
 
 def _choice(name: str, value, valid: tuple) -> None:

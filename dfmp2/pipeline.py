@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -16,9 +16,11 @@ import torch
 
 from .blocking import BlockPlan
 from .buffers import Buffers
+from .energy import CLOSED, OPPOSITE, SAME, SpinBlock, pair_weights
 from .errors import NotPositiveDefiniteError, PrecisionError
-from .integrals import OrbitalSpace, iter_int3c2e, metric, unpack_pairs
+from .integrals import iter_int3c2e, metric, unpack_pairs
 from .linalg import Dispatcher
+from .reference import OrbitalSpace
 from .storage import H5Store, IncoreStore
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ __all__ = [
     "TRANSFORM_HOST_CONDITION",
     "MetricFactor",
     "PairEnergies",
+    "SpinTask",
     "StagePrecision",
     "TensorB",
     "cholesky_condition",
@@ -40,6 +43,7 @@ __all__ = [
     "fit_matrix",
     "pair_energies",
     "plan_stages",
+    "spin_tasks",
     "transform",
 ]
 
@@ -216,10 +220,12 @@ def _stage_ops(la: Dispatcher, stage: StagePrecision):
     return _host(la, stage.reason) if stage.placement == "host fp64" else la
 
 
-def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
-              unpack_block: int, store, progress: Progress = _no_progress) -> None:
-    """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` streamed over auxiliary-shell blocks
-    into ``store`` (float64).
+def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_block: int,
+              unpack_block: int, stores: Sequence, progress: Progress = _no_progress) -> None:
+    """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` for every orbital space (one for a
+    closed shell, alpha and beta for an open shell), streamed over auxiliary-shell blocks into
+    the matching ``stores`` (float64). Each int3c2e block is computed and unpacked once and
+    transformed with every space.
 
     Per block of ``aux_block`` auxiliary functions: the packed integrals are unpacked
     ``unpack_block`` functions at a time, each square matrix is half transformed into its slot of
@@ -228,23 +234,26 @@ def transform(mol, auxmol, space: OrbitalSpace, la: Dispatcher, aux_block: int,
     intermediate lives in one buffer reused by all blocks (fresh arrays of this size cost page
     faults comparable to the GEMMs on the benchmark machine).
     """
-    nocc, nvir, naux = space.nocc, space.nvir, auxmol.nao_nr()
-    occ_coeff = torch.from_numpy(space.occ_coeff)
-    vir_coeff = torch.from_numpy(space.vir_coeff)
-    nao = occ_coeff.shape[0]
+    naux = auxmol.nao_nr()
+    coeffs = [(torch.from_numpy(sp.occ_coeff), torch.from_numpy(sp.vir_coeff)) for sp in spaces]
+    nao = mol.nao_nr()
     buffers = Buffers()
     for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block):
         nblk = p1 - p0
-        half_pim = buffers.get("half_pim", (nblk, nocc, nao))
+        halves = [buffers.get(f"half_pim{s}", (nblk, sp.nocc, nao))
+                  for s, sp in enumerate(spaces)]
         for s0 in range(0, nblk, unpack_block):
             s1 = min(s0 + unpack_block, nblk)
             square = buffers.get("square", (s1 - s0, nao, nao))
             unpack_pairs(packed[s0:s1], out=square.numpy())
-            for q in range(s1 - s0):
-                la.gemm(occ_coeff, square[q], trans_a=True, out=half_pim[s0 + q])  # (i, nu)
-        full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff,
-                       out=buffers.get("full", (nblk * nocc, nvir)))  # (P*i, a)
-        store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
+            for (occ_coeff, _), half_pim in zip(coeffs, halves):
+                for q in range(s1 - s0):
+                    la.gemm(occ_coeff, square[q], trans_a=True, out=half_pim[s0 + q])  # (i, nu)
+        for s, ((_, vir_coeff), half_pim, store) in enumerate(zip(coeffs, halves, stores)):
+            nocc, nvir = spaces[s].nocc, spaces[s].nvir
+            full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff,
+                           out=buffers.get(f"full{s}", (nblk * nocc, nvir)))  # (P*i, a)
+            store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
 
 
@@ -298,33 +307,85 @@ class PairEnergies:
         return {s.stage: s.as_dict() for s in self.stages}
 
 
-def pair_energies(store, eps_occ: torch.Tensor, eps_vir: torch.Tensor, la: Dispatcher,
-                  occ_block: int, fused: bool = True,
-                  progress: Progress = _no_progress) -> PairEnergies:
-    """Sum pair energies over blocks I <= J of occupied orbitals (i <= j symmetry).
+@dataclass(frozen=True)
+class SpinTask:
+    """The pair sums of one spin block: ``kind`` (:data:`dfmp2.energy.CLOSED`, ``SAME`` or
+    ``OPPOSITE``) over the orbitals of store ``i`` (and of store ``j``; the same store for a
+    triangular block), with their occupied and virtual orbital energies."""
 
-    store : anything with ``nocc`` and ``read_b(i0, i1) -> (i1-i0, nvir, naux)`` (a storage
-    object, or :class:`TensorB` around a tensor). The GEMMs run in B's dtype, the reduction in
-    the dtype of ``eps_vir``. fused : one ``mp2_pair_energy`` op per block; else ``gemm`` for
-    ``(ia|jb)`` and a separate ``pair_energy_from_ovov`` reduction. Block sums add in float64.
+    kind: SpinBlock
+    store_i: object
+    store_j: object
+    eps_occ_i: torch.Tensor
+    eps_occ_j: torch.Tensor
+    eps_vir_i: torch.Tensor
+    eps_vir_j: torch.Tensor
+
+
+def spin_tasks(stores: Sequence, eps: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    """The spin blocks of one store (closed shell: :data:`CLOSED`) or of two (alpha, beta:
+    alpha-alpha and beta-beta :data:`SAME`, alpha-beta :data:`OPPOSITE`). ``eps[s]`` is
+    ``(eps_occ, eps_vir)`` of store s. A store without orbitals (None) takes part in none."""
+    if len(stores) == 1:
+        (e_o, e_v), store = eps[0], stores[0]
+        return [SpinTask(CLOSED, store, store, e_o, e_o, e_v, e_v)] if store is not None else []
+    tasks = [SpinTask(SAME, st, st, e_o, e_o, e_v, e_v)
+             for st, (e_o, e_v) in zip(stores, eps) if st is not None]
+    if stores[0] is not None and stores[1] is not None:
+        (e_oa, e_va), (e_ob, e_vb) = eps
+        tasks.append(SpinTask(OPPOSITE, stores[0], stores[1], e_oa, e_ob, e_va, e_vb))
+    return tasks
+
+
+def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = True,
+                  progress: Progress = _no_progress) -> PairEnergies:
+    """E_OS and E_SS from the fitted B of every store, over blocks of ``occ_block`` occupied
+    orbitals: blocks I <= J within a space (pair weights from :func:`dfmp2.energy.pair_weights`),
+    all blocks I x J between the alpha and beta spaces.
+
+    stores : one closed-shell store or (alpha, beta); each has ``nocc`` and
+    ``read_b(i0, i1) -> (i1-i0, nvir, naux)`` (a storage object, or :class:`TensorB`). eps :
+    ``(eps_occ, eps_vir)`` per store, in the reduction dtype. The GEMMs run in B's dtype.
+    fused : one ``mp2_pair_sums`` op per block; else ``gemm`` for ``(ia|jb)`` and a separate
+    ``pair_sums_from_ovov`` reduction. Sums add in float64.
     """
-    nocc = store.nocc
-    starts = list(range(0, nocc, occ_block))
-    nblocks = len(starts) * (len(starts) + 1) // 2
-    total = torch.zeros(2, dtype=torch.float64)
-    done = 0
-    for bi, i0 in enumerate(starts):
-        i1 = min(i0 + occ_block, nocc)
-        ovL_i = store.read_b(i0, i1)
-        for j0 in starts[bi:]:
-            j1 = min(j0 + occ_block, nocc)
-            ovL_j = ovL_i if j0 == i0 else store.read_b(j0, j1)
-            args = (ovL_i, ovL_j, eps_occ[i0:i1], eps_occ[j0:j1], eps_vir, i0 == j0)
-            total += la.mp2_pair_energy(*args) if fused else _unfused(la, *args)
+    tasks = spin_tasks(stores, eps)
+    blocks = [list(_task_blocks(t, occ_block)) for t in tasks]
+    nblocks = sum(len(b) for b in blocks)
+    e_os = e_ss = 0.0
+    npairs = done = 0
+    for task, task_blocks in zip(tasks, blocks):
+        cached = (None, None)
+        for (i0, i1), (j0, j1) in task_blocks:
+            if cached[0] != (i0, i1):
+                cached = ((i0, i1), task.store_i.read_b(i0, i1))
+            ovL_i = cached[1]
+            same = task.kind.triangular and (i0, i1) == (j0, j1)
+            ovL_j = ovL_i if same else task.store_j.read_b(j0, j1)
+            weights = pair_weights(i0, i1, j0, j1, task.kind.triangular)
+            args = (ovL_i, ovL_j, task.eps_occ_i[i0:i1], task.eps_occ_j[j0:j1], task.eps_vir_i,
+                    task.eps_vir_j, torch.from_numpy(weights), task.kind.exchange)
+            direct, exchange = (float(x) for x in (la.mp2_pair_sums(*args) if fused
+                                                    else _unfused(la, *args)))
+            os_part, ss_part = task.kind.energies(direct, exchange)
+            e_os += os_part
+            e_ss += ss_part
+            npairs += int(np.count_nonzero(weights))
             done += 1
             progress("pair energy", done, nblocks)
-    e_os, e_ss = (float(x) for x in total)
-    return PairEnergies(e_os, e_ss, nocc * (nocc + 1) // 2)
+    return PairEnergies(e_os, e_ss, npairs)
+
+
+def _task_blocks(task: SpinTask, occ_block: int):
+    """((i0, i1), (j0, j1)) of a task's occupied blocks: I <= J when triangular, else all."""
+    starts_i = range(0, task.store_i.nocc, occ_block)
+    starts_j = range(0, task.store_j.nocc, occ_block)
+    for i0 in starts_i:
+        for j0 in starts_j:
+            if task.kind.triangular and j0 < i0:
+                continue
+            yield ((i0, min(i0 + occ_block, task.store_i.nocc)),
+                   (j0, min(j0 + occ_block, task.store_j.nocc)))
 
 
 @dataclass(frozen=True)
@@ -341,12 +402,12 @@ class TensorB:
         return self.ovL[i0:i1]
 
 
-def _unfused(la: Dispatcher, ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
-    ni, nv, naux = ovL_i.shape
-    nj = ovL_j.shape[0]
-    ovov = la.gemm(ovL_i.reshape(ni * nv, naux), ovL_j.reshape(nj * nv, naux), False, True)
-    return la.pair_energy_from_ovov(ovov.view(ni, nv, nj, nv), eps_i, eps_j, eps_v,
-                                    diagonal_block)
+def _unfused(la: Dispatcher, ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange):
+    ni, nva, naux = ovL_i.shape
+    nj, nvb = ovL_j.shape[:2]
+    ovov = la.gemm(ovL_i.reshape(ni * nva, naux), ovL_j.reshape(nj * nvb, naux), False, True)
+    return la.pair_sums_from_ovov(ovov.view(ni, nva, nj, nvb), eps_i, eps_j, eps_va, eps_vb,
+                                  weights, exchange)
 
 
 @dataclass
@@ -370,11 +431,12 @@ PRECISION_DTYPES = {
 }
 
 
-def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: Dispatcher,
-                        fused: bool = True, precision: str = "fp64",
+def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: BlockPlan,
+                        la: Dispatcher, fused: bool = True, precision: str = "fp64",
                         progress: Progress = _no_progress, timer: StageTimer | None = None,
                         scratch_dir: str | None = None) -> tuple[PairEnergies, MetricFactor]:
-    """The whole post-SCF DF-MP2 step for a closed-shell reference.
+    """The whole post-SCF DF-MP2 step for a list of orbital spaces: one (closed shell) or
+    alpha and beta (open shell, spin blocks as in :mod:`dfmp2.energy`).
 
     precision : 'fp64'; 'mixed' (B and the pair GEMMs in fp32, reduction and sums in fp64); or
     'fp32' (reduction of each block in fp32 too, block sums in fp64). The metric, transform and
@@ -395,21 +457,31 @@ def dfmp2_pair_energies(mol, auxmol, space: OrbitalSpace, plan: BlockPlan, la: D
     for stage in stages:
         log.info("stage %s: %s (%s)", stage.stage, stage.placement, stage.reason)
     placed = {stage.stage: _stage_ops(la, stage) for stage in stages}
-    shape = (space.nocc, space.nvir, auxmol.nao_nr(), factor.naux_fit)
+    # spaces without occupied or virtual orbitals (an open shell's empty spin) take no part
+    used = [k for k, sp in enumerate(spaces) if sp.nocc and sp.nvir]
+    naux = auxmol.nao_nr()
     # An out-of-core store registers itself here before its file exists, so an interruption
     # (a signal turned into an exception) at any point leaves no file behind.
     opened: list = []
+
+    def new_store(space):
+        shape = (space.nocc, space.nvir, naux, factor.naux_fit)
+        if plan.outcore:
+            return H5Store(*shape, dtype=b_dtype, directory=scratch_dir, register=opened.append)
+        return IncoreStore(*shape, dtype=b_dtype)
+
     try:
-        # the store's allocation (the first touch of its pages, in core) counts as transform time
-        store = timer.run("transform", lambda: H5Store(
-            *shape, dtype=b_dtype, directory=scratch_dir, register=opened.append)
-            if plan.outcore else IncoreStore(*shape, dtype=b_dtype))
-        timer.run("transform", transform, mol, auxmol, space, placed["transform"],
-                  plan.aux_block, plan.unpack_block, store, progress)
-        timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)
-        eps_occ = torch.from_numpy(np.ascontiguousarray(space.eps_occ)).to(reduce_dtype)
-        eps_vir = torch.from_numpy(np.ascontiguousarray(space.eps_vir)).to(reduce_dtype)
-        energies = timer.run("pair_energy", pair_energies, store, eps_occ, eps_vir,
+        # the stores' allocation (the first touch of their pages, in core) counts as transform
+        stores = timer.run("transform", lambda: [new_store(spaces[k]) for k in used])
+        timer.run("transform", transform, mol, auxmol, [spaces[k] for k in used],
+                  placed["transform"], plan.aux_block, plan.unpack_block, stores, progress)
+        for store in stores:
+            timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)
+        by_space = dict(zip(used, stores))
+        eps = [tuple(torch.from_numpy(np.ascontiguousarray(e)).to(reduce_dtype)
+                     for e in (sp.eps_occ, sp.eps_vir)) for sp in spaces]
+        energies = timer.run("pair_energy", pair_energies,
+                             [by_space.get(k) for k in range(len(spaces))], eps,
                              placed["pair_energy"], plan.occ_block, fused, progress)
     finally:
         for store in opened:

@@ -33,10 +33,11 @@ class MoleculeInfo:
 
 @dataclass(frozen=True)
 class ScfInfo:
-    """The reference SCF: ``kind`` 'rhf' or 'rks' (then ``xc`` names the functional),
-    ``energy`` its total energy, ``cycles`` its iterations, ``homo``/``lumo`` orbital energies
-    (``lumo`` None without virtual orbitals), ``orbital_check`` what was verified of the
-    orbitals before MP2."""
+    """The reference SCF: ``kind`` 'rhf', 'uhf', 'rohf', 'rks' or 'uks' (for KS ``xc`` names
+    the functional), ``energy`` its total energy, ``cycles`` its iterations, ``homo``/``lumo``
+    orbital energies over both spins (``lumo`` None without virtual orbitals),
+    ``orbital_check`` what was verified of the orbitals before MP2, ``s2`` <S^2> of an
+    unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones)."""
 
     kind: str
     xc: str | None
@@ -47,12 +48,17 @@ class ScfInfo:
     homo: float
     lumo: float | None
     orbital_check: str
+    s2: float | None = None
+    s2_deviation: float | None = None
 
 
 @dataclass(frozen=True)
 class Sizes:
     """Dimensions: basis functions, MOs, auxiliary functions (``naux_fit`` kept by the fit),
-    active occupied/virtual orbitals, frozen ones, occupied pairs evaluated."""
+    active occupied/virtual orbitals (of the alpha spin for an open shell; ``nocc_beta`` and
+    ``nvir_beta`` the beta ones, None for a closed shell), occupied orbitals of each spin
+    (``nalpha``/``nbeta``, frozen ones included), frozen ones (per spin), occupied pairs
+    evaluated (over all spin blocks)."""
 
     natom: int
     nbasis: int
@@ -67,6 +73,8 @@ class Sizes:
     nfrozen_occ: int
     nfrozen_vir: int
     npairs: int
+    nocc_beta: int | None = None
+    nvir_beta: int | None = None
 
     @property
     def nfrozen(self) -> int:
@@ -121,10 +129,11 @@ class BackendInfo:
 class Result:
     """Energies of a DF-MP2 run, in Hartree, and how they were obtained.
 
-    e_scf : the reference's total energy (RHF or RKS; ``e_hf`` is it for an HF reference only);
+    e_scf : the reference's total energy (``e_hf`` is it for an HF reference only);
     e_corr_os / e_corr_ss : opposite- and same-spin correlation (unscaled); e_singles : singles
-    (zero for RHF); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot : e_scf + e_corr;
-    e_scs : SCS-MP2 correlation energy; e_scs_tot : e_scf + e_scs. ``environment`` is the record
+    (ROHF-MBPT(2); zero otherwise); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot :
+    e_scf + e_corr; e_scs : SCS-MP2 correlation energy (singles unscaled); e_scs_tot :
+    e_scf + e_scs. ``environment`` is the record
     of what the ``dfmp2`` command set in the process environment (None from Python).
     """
 
@@ -186,7 +195,7 @@ class Result:
 
     def to_dict(self) -> dict:
         """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
-        method = "mp2" if self.scf.kind == "rhf" else f"mp2 on {self.scf.kind}-{self.scf.xc}"
+        method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
         basis = self.method.basis_name or ", ".join(sorted(set(self.method.basis.values())))
         return {
             "schema_name": "qcschema_output",
@@ -248,8 +257,12 @@ class Result:
             f"{cycles} (conv_tol {scf.conv_tol:.0e})",
             f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
                                           else "  LUMO none (no virtual orbitals)"),
-            f"  MP2 space  {s.nocc} occupied x {s.nvir} virtual ({frozen})",
+            f"  MP2 space  {_mp2_space(s)} ({frozen})",
         ]
+        if scf.s2 is not None:
+            spin = (mo.multiplicity - 1) / 2
+            lines.append(f"  <S^2> {scf.s2:.6f}  (S(S+1) = {spin * (spin + 1):.6f}, deviation "
+                         f"{scf.s2_deviation:+.6f})")
         if m.note:
             lines.append(f"  note: {m.note}")
         scf_label = "E(HF)" if self.e_hf is not None else f"E({scf.kind.upper()})"
@@ -258,6 +271,8 @@ class Result:
             f"  {scf_label:<22s}{self.e_scf:22.12f} Eh",
             f"  {'E(OS) opposite-spin':<22s}{self.e_corr_os:22.12f} Eh",
             f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.12f} Eh",
+            *([f"  {'E(singles)':<22s}{self.e_singles:22.12f} Eh"]
+              if self.scf.kind == "rohf" else []),
             f"  {'E(corr) MP2':<22s}{self.e_corr:22.12f} Eh",
             f"  {'E(MP2) total':<22s}{self.e_tot:22.12f} Eh",
             f"  {'E(corr) SCS-MP2':<22s}{self.e_scs:22.12f} Eh",
@@ -301,6 +316,14 @@ class Result:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _mp2_space(s: Sizes) -> str:
+    """'5 occupied x 19 virtual', or per spin for an open shell."""
+    if s.nocc_beta is None:
+        return f"{s.nocc} occupied x {s.nvir} virtual"
+    return (f"alpha {s.nocc} occupied x {s.nvir} virtual, beta {s.nocc_beta} occupied x "
+            f"{s.nvir_beta} virtual")
 
 
 def _per_element(record) -> str:

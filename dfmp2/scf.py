@@ -1,4 +1,5 @@
-"""The reference SCF through PySCF: RHF, density-fitted (JK-fit basis) or with exact integrals."""
+"""The reference SCF through PySCF: RHF, UHF or ROHF, density-fitted (JK-fit basis) or with
+exact integrals."""
 
 from __future__ import annotations
 
@@ -27,16 +28,14 @@ def jk_auxbasis(mol, options: Options):
 def run_scf(mol, options: Options):
     """Run and return a converged SCF object for ``mol``.
 
-    Only closed-shell RHF is implemented; other references raise :class:`InputError`. A
-    non-converged SCF raises :class:`ConvergenceError`: no MP2 energy is computed from it.
+    ``options.resolved_reference``: 'rhf' (2S = 0 only), 'uhf' or 'rohf'. A non-converged SCF
+    raises :class:`ConvergenceError`: no MP2 energy is computed from it.
     """
     reference = options.resolved_reference
-    if reference != "rhf" or mol.spin != 0:
-        raise InputError(
-            f"only closed-shell RHF references are implemented (got reference {reference!r}, "
-            f"2S = {mol.spin}); open shells (UHF, ROHF-MBPT(2)) are not available yet"
-        )
-    mf = scf.RHF(mol)
+    if reference == "rhf" and mol.spin != 0:
+        raise InputError(f"an RHF reference needs 2S = 0, got 2S = {mol.spin}; use --reference "
+                         "uhf or rohf for an open shell")
+    mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
@@ -53,7 +52,7 @@ def run_scf(mol, options: Options):
     mf.kernel()
     if not mf.converged:
         raise ConvergenceError(
-            f"the {options.scf_type.upper()}-RHF did not converge in {options.max_cycle} cycles "
+            f"the {options.scf_type.upper()}-{reference.upper()} did not converge in {options.max_cycle} cycles "
             f"(last energy {mf.e_tot:.10f} Eh); raise --max-cycle or check the geometry"
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)

@@ -10,7 +10,7 @@ from pyscf import gto, scf
 from pyscf.data.elements import chemcore_atm
 
 from dfmp2.errors import InputError
-from dfmp2.integrals import frozen_mask
+from dfmp2.reference import frozen_mask
 from dfmp2.molecule import build_mole, ecp_record
 
 from tolerances import TOL_SCF_PIN

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dfmp2.energy import reference_dfmp2, reference_pair_energies, scs_energy
-from dfmp2.integrals import frozen_mask, make_auxmol, orbital_space
+from dfmp2.integrals import make_auxmol
+from dfmp2.reference import frozen_mask, orbital_space
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import TensorB, pair_energies
 

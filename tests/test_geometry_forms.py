@@ -202,7 +202,7 @@ def test_unknown_basis_keeps_stdout_clean(capfd):
 
 
 def test_frozen_core_ignores_ghost_atoms():
-    from dfmp2.integrals import frozen_mask
+    from dfmp2.reference import frozen_mask
 
     mol = build_mole(WATER + "; " + "; ".join("@" + e for e in GHOST_WATER.split("; ")))
     nocc = mol.nelectron // 2

@@ -75,7 +75,7 @@ def test_python_api_rejects_unknown_options():
 
 def test_planner_respects_the_budget_and_refuses_too_little():
     metric = 3 * 8 * 1680**2  # L, L^-T and the metric or identity while they are formed
-    plan = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000)
+    plan = plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=4000)
     assert plan.b_bytes == 100 * 380 * 1680 * 8 and not plan.outcore
     assert plan.resident_bytes == plan.b_bytes + metric
     usable = usable_bytes(4000)
@@ -85,16 +85,16 @@ def test_planner_respects_the_budget_and_refuses_too_little():
                  + plan.unpack_block * 480**2) * 8
     assert transform <= usable - plan.resident_bytes
     assert 1 <= plan.unpack_block <= plan.aux_block
-    small = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=400)
+    small = plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=400)
     free = usable_bytes(400) - metric
     assert small.outcore and small.resident_bytes == metric
     assert pair_block_bytes(small.occ_block, 380, 1680, 8) <= free
     assert pair_block_bytes(small.occ_block + 1, 380, 1680, 8) > free
     assert 3 * 8 * small.fit_occ * 380 * 1680 <= free  # out of core: three copies of the slab
-    mixed = plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=4000, b_itemsize=4)
+    mixed = plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=4000, b_itemsize=4)
     assert mixed.b_bytes == plan.b_bytes // 2
     with pytest.raises(ResourceError, match="give at least"):
-        plan_blocks(nao=480, nocc=100, nvir=380, naux=1680, max_memory_mb=5)
+        plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=5)
 
 
 def test_memory_error_comes_before_the_scf(monkeypatch):

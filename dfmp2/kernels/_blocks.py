@@ -31,6 +31,9 @@ __all__ = [
     "subtract_psum",
     "store_psum",
     "row_dot",
+    "load_pair_denominators",
+    "pair_t_rows",
+    "direct_row",
 ]
 
 
@@ -99,23 +102,25 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def matmul_strips(stat_sb, s0, ssz, mov_sb, n0, nsz, stride, k_total):
+def matmul_strips(stat_sb, s0, ssz, s_stride, mov_sb, n0, nsz, m_stride, k_total):
     """Product of two SBUF strips accumulated over their K tiles into a new PSUM tile (128, 512):
     ``dst[0:ssz, 0:nsz] = sum_kt stat_sb[kt][:, s0:s0+ssz].T @ mov_sb[kt][:, n0:n0+nsz]``.
 
-    Operands: ``stat_sb`` and ``mov_sb`` are SBUF strips (see :func:`load_strip`) with the same
-    ``stride`` and K = ``k_total`` rows. Preconditions: ``s0 + ssz <= stride``, ``n0 + nsz <=
-    stride``, ``1 <= ssz <= 128``, ``1 <= nsz <= 512``. One ``nc_matmul`` per K tile,
-    ``accumulate=False`` for the first and ``True`` after; returns the PSUM tile.
+    Operands: ``stat_sb`` (K tile kt at free offset ``kt * s_stride``) and ``mov_sb`` (at
+    ``kt * m_stride``) are SBUF strips (see :func:`load_strip`) of K = ``k_total`` rows.
+    Preconditions: ``s0 + ssz <= s_stride``, ``n0 + nsz <= m_stride``, ``1 <= ssz <= 128``,
+    ``1 <= nsz <= 512``. One ``nc_matmul`` per K tile, ``accumulate=False`` for the first and
+    ``True`` after; returns the PSUM tile.
     """
     n_kt = (k_total + TILE_K - 1) // TILE_K
     dst_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
     for kt in nl.static_range(n_kt):
         _k0, ksz = tile_span(kt, TILE_K, k_total)
-        f0 = kt * stride
+        fs = kt * s_stride
+        fm = kt * m_stride
         nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz],
-                       stationary=stat_sb[0:ksz, f0 + s0:f0 + s0 + ssz],
-                       moving=mov_sb[0:ksz, f0 + n0:f0 + n0 + nsz], accumulate=kt > 0)
+                       stationary=stat_sb[0:ksz, fs + s0:fs + s0 + ssz],
+                       moving=mov_sb[0:ksz, fm + n0:fm + n0 + nsz], accumulate=kt > 0)
     return dst_ps
 
 
@@ -180,3 +185,69 @@ def row_dot(dst_sb, x_sb, y_sb, rsz, fsz):
     prod_sb = nl.ndarray((TILE_M, fsz), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod_sb[0:rsz, 0:fsz], data1=x_sb, data2=y_sb, op=nl.multiply)
     nisa.tensor_reduce(dst=dst_sb, op=nl.add, data=prod_sb[0:rsz, 0:fsz], axis=1, keepdims=True)
+
+
+def load_pair_denominators(d_col, neg_eps_row):
+    """DMA the host-computed parts of the MP2 denominators of a block of pairs into SBUF.
+
+    Operands: HBM ``d_col`` (nva, npairs), ``d_col[a, pair] = e_i + e_j - e_a``, and HBM
+    ``neg_eps_row`` (128, nvb), ``-e_b`` on every partition. Returns ``(negv_sb, dcol_sb)``:
+    SBUF (128, nvb) holding ``neg_eps_row``, and SBUF (128, ceil(nva/128) * npairs) holding
+    a tile ``ta`` of ``d_col`` (rows ``ta*128 : ta*128 + asz``) on partitions ``0:asz`` at free
+    offset ``ta * npairs``. Preconditions: ``nva, nvb, npairs >= 1``. ``1 + ceil(nva/128)``
+    ``dma_copy``.
+    """
+    nva = d_col.shape[0]
+    npairs = d_col.shape[1]
+    nvb = neg_eps_row.shape[1]
+    n_at = (nva + TILE_M - 1) // TILE_M
+    negv_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=negv_sb[0:TILE_M, 0:nvb], src=neg_eps_row[0:TILE_M, 0:nvb])
+    dcol_sb = nl.ndarray((TILE_M, n_at * npairs), dtype=nl.float32, buffer=nl.sbuf)
+    for ta in nl.static_range(n_at):
+        a0, asz = tile_span(ta, TILE_M, nva)
+        nisa.dma_copy(dst=dcol_sb[0:asz, ta * npairs:(ta + 1) * npairs],
+                      src=d_col[a0:a0 + asz, 0:npairs])
+    return negv_sb, dcol_sb
+
+
+def pair_t_rows(t_sb, f0, bi_sb, a0, asz, nva, bj_sb, nvb, naux):
+    """Rows ``a0:a0+asz`` of one pair's ``T = B_i^T B_j``, ``T[a, b] = sum_P B_i[P, a] B_j[P, b]``,
+    into SBUF ``t_sb[0:asz, f0:f0+nvb]``.
+
+    Operands: SBUF strips ``bi_sb`` (stride ``nva``) and ``bj_sb`` (stride ``nvb``) of the
+    ``naux`` auxiliary rows (see :func:`load_strip`); ``t_sb`` an SBUF tile with at least
+    ``f0 + nvb`` columns. Per b chunk of <= 512 columns: :func:`matmul_strips` into a PSUM tile
+    (T stays on chip), then ``tensor_copy`` PSUM -> SBUF. Preconditions: ``1 <= asz <= 128``,
+    ``a0 + asz <= nva``, ``nvb, naux >= 1``. ``ceil(nvb/512) * (ceil(naux/128) + 1)``
+    instructions.
+    """
+    n_bc = (nvb + TILE_N - 1) // TILE_N
+    for bc in nl.static_range(n_bc):
+        b0, bsz = tile_span(bc, TILE_N, nvb)
+        t_ps = matmul_strips(bi_sb, a0, asz, nva, bj_sb, b0, bsz, nvb, naux)
+        nisa.tensor_copy(dst=t_sb[0:asz, f0 + b0:f0 + b0 + bsz], src=t_ps[0:asz, 0:bsz])
+
+
+def direct_row(dst_sb, t_row, negv_sb, dcol_sb, asz, nvb):
+    """Direct MP2 row sums ``dst_sb[p, 0] = sum_b T[p, b]^2 / D[p, b]`` of one a tile of a pair,
+    with ``D[p, b] = dcol_sb[p, 0] - e_b``; returns the weighted amplitudes ``W = T / D``.
+
+    Operands: ``t_row`` (asz, nvb) SBUF view of T rows; ``negv_sb`` SBUF (128, >= nvb) holding
+    ``-e_b`` (see :func:`load_pair_denominators`); ``dcol_sb`` (asz, 1) SBUF view of
+    ``e_i + e_j - e_a``; ``dst_sb`` (asz, 1) SBUF view (overwritten). Steps: ``D`` by
+    ``tensor_scalar(add)`` with the (P, 1) operand, ``R = 1/D`` by VectorE ``reciprocal``,
+    ``W = T * R`` by ``tensor_tensor``, then :func:`row_dot` of W and T. Preconditions:
+    ``1 <= asz <= 128``, ``nvb >= 1``, D nonzero. Returns SBUF ``w_sb`` (128, nvb), rows
+    ``0:asz`` written; 5 instructions.
+    """
+    d_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=d_sb[0:asz, 0:nvb], data=negv_sb[0:asz, 0:nvb], op0=nl.add,
+                       operand0=dcol_sb)
+    r_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=r_sb[0:asz, 0:nvb], data=d_sb[0:asz, 0:nvb])
+    w_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=w_sb[0:asz, 0:nvb], data1=t_row, data2=r_sb[0:asz, 0:nvb],
+                       op=nl.multiply)
+    row_dot(dst_sb, w_sb[0:asz, 0:nvb], t_row, asz, nvb)
+    return w_sb

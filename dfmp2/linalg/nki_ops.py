@@ -35,7 +35,7 @@ __all__ = [
     "SUPPORTS",
     "cholesky",
     "gemm",
-    "mp2_pair_energy",
+    "mp2_pair_sums",
     "probe",
     "trmm",
     "trsm",
@@ -274,116 +274,130 @@ def _trmm_supports(u_nn, b_mn) -> str | None:
     return None  # column blocks of the gemm kernel, which takes any shape
 
 
-# -- fused pair energy ------------------------------------------------------------------------
-def _energy_sbuf_words(nv: int, naux: int, npairs: int) -> int:
+# -- fused pair sums --------------------------------------------------------------------------
+#: Kernel of each variant: exchange (square blocks) or direct only (rectangular blocks allowed).
+_ENERGY_KERNELS = {True: "mp2_pair_energy_kernel", False: "mp2_pair_direct_kernel"}
+
+
+def _energy_sbuf_words(nva: int, nvb: int, naux: int, npairs: int, exchange: bool) -> int:
     """fp32 words per partition one fused-energy launch may hold in SBUF at its peak.
 
-    The strip of B_i (ceil(naux/128)*nv), two strips of B_j and two T row blocks
-    (ceil(nv/128)*nv each; the next pair's tiles are allocated while the previous ones are still
-    live, as a double-buffering allocator would), seven (128, nv) epilogue tiles and the -e_b
-    row, plus the denominator columns and the accumulator (3*ceil(nv/128)*npairs).
+    Exchange kernel (nva = nvb = nv): the strip of B_i (ceil(naux/128)*nv), two strips of B_j
+    and two T row blocks (ceil(nv/128)*nv each; the next pair's tiles are allocated while the
+    previous ones are still live, as a double-buffering allocator would), seven (128, nv)
+    epilogue tiles and the -e_b row, plus the denominator columns and the accumulator
+    (3*ceil(nv/128)*npairs). Direct kernel: the strip of B_i (ceil(naux/128)*nva), two strips of
+    B_j (ceil(naux/128)*nvb each), two T row tiles, five epilogue tiles and the -e_b row (nvb
+    each), plus the denominator columns and the accumulator (2*ceil(nva/128)*npairs).
     """
-    n_kt, n_at = ceil_div(naux, TILE_K), ceil_div(nv, TILE_M)
-    return (3 * n_kt + 2 * n_at + 8) * nv + 3 * n_at * npairs
+    n_kt, n_at = ceil_div(naux, TILE_K), ceil_div(nva, TILE_M)
+    if exchange:
+        return (3 * n_kt + 2 * n_at + 8) * nva + 3 * n_at * npairs
+    return n_kt * nva + (2 * n_kt + 8) * nvb + 2 * n_at * npairs
 
 
-def _energy_pairs_per_call(nv: int, naux: int) -> int:
-    """Pairs per launch: bounded by MAX_PAIRS_PER_CALL and the estimated instruction count."""
-    n_kt, n_at, n_bc = ceil_div(naux, TILE_K), ceil_div(nv, TILE_M), ceil_div(nv, TILE_N)
-    per_pair = n_at * n_bc * (n_kt + 1) + n_at * (8 + 2 * n_at) + n_kt
-    return max(1, min(MAX_PAIRS_PER_CALL, MAX_ENERGY_INSTRUCTIONS_PER_CALL // per_pair))
+def _energy_instructions(ni: int, nj: int, nva: int, nvb: int, naux: int,
+                         exchange: bool) -> int:
+    """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs (the counts in
+    the kernels' docstrings: per launch, per i and per pair)."""
+    n_kt, n_at, n_bc = ceil_div(naux, TILE_K), ceil_div(nva, TILE_M), ceil_div(nvb, TILE_N)
+    epilogue = n_at * (7 + 2 * n_at) if exchange else 5 * n_at
+    per_pair = n_kt + n_at * n_bc * (n_kt + 1) + epilogue
+    return 3 + n_at + ni * n_kt + ni * nj * per_pair
 
 
-def _pair_chunks(ni: int, nj: int, pairs: int, diagonal_block: bool) -> tuple[int, int]:
-    """Orbitals per launch along i and j, with ci * cj <= pairs. Square on a diagonal block (so
-    whole chunks below the diagonal are skipped); otherwise j first, then as many i as fit."""
+def _energy_pairs_per_call(nva: int, nvb: int, naux: int, exchange: bool) -> int:
+    """Pairs per launch: at most MAX_PAIRS_PER_CALL, and few enough that any launch of that many
+    pairs (at most one B_i strip per pair) stays within MAX_ENERGY_INSTRUCTIONS_PER_CALL."""
+    fixed = _energy_instructions(0, 0, nva, nvb, naux, exchange)
+    per_pair = _energy_instructions(1, 1, nva, nvb, naux, exchange) - fixed
+    fit = (MAX_ENERGY_INSTRUCTIONS_PER_CALL - fixed) // per_pair
+    return max(1, min(MAX_PAIRS_PER_CALL, fit))
+
+
+def _pair_chunks(ni: int, nj: int, pairs: int, square: bool) -> tuple[int, int]:
+    """Orbitals per launch along i and j, with ci * cj <= pairs. Square when the weights are
+    upper triangular (so whole chunks below the diagonal are skipped); otherwise j first, then
+    as many i as fit."""
     side = max(1, int(np.sqrt(pairs)))
-    if diagonal_block:
+    if square:
         return min(ni, side), min(nj, side)
     cj = min(nj, side)
     return max(1, min(ni, pairs // cj)), cj
 
 
-def _pair_weights(gi: np.ndarray, gj: np.ndarray, diagonal_block: bool) -> np.ndarray:
-    """Weights of torch_ops.pair_energy_from_ovov for global orbital indices gi x gj."""
-    if not diagonal_block:
-        return np.full((gi.size, gj.size), 2.0)
-    return np.where(gi[:, None] < gj[None, :], 2.0, np.where(gi[:, None] == gj[None, :], 1.0, 0.0))
+def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
+                  eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
+                  weights: torch.Tensor, exchange: bool, *, mode: str) -> torch.Tensor:
+    """Weighted pair sums ``[direct, exchange]`` of a block of occupied pairs on the fused
+    kernels (the contract of :func:`dfmp2.linalg.torch_ops.mp2_pair_sums`).
 
-
-def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
-                    eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool, *,
-                    mode: str) -> torch.Tensor:
-    """Fused pair energy of a block of occupied pairs on the ``mp2_pair_energy_kernel``.
-
-    ovL_i : (ni, nv, naux); ovL_j : (nj, nv, naux); eps_i (ni,), eps_j (nj,), eps_v (nv,).
-    With ``diagonal_block`` (ni == nj, the same orbitals) only pairs i <= j count, i < j twice;
-    otherwise every pair counts twice. Returns float64 ``[e_os, e_ss]``. The (ia|jb) GEMM and
-    the reduction to per-partition partial sums run in fp32 on the device; the host adds the
-    partial sums and applies the pair weights in fp64.
+    ovL_i : (ni, nva, naux); ovL_j : (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
+    eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs nva == nvb. Returns float64
+    ``[sum_ij w_ij sum_ab T_ab^2/D, sum_ij w_ij sum_ab T_ab T_ba/D]`` (the second 0.0 without
+    exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else the
+    ``mp2_pair_direct_kernel`` (no transposes). The (ia|jb) GEMM and the reduction to
+    per-partition partial sums run in fp32 on the device; the host adds the partial sums and
+    applies the weights in fp64. Pairs are launched in chunks of at most
+    ``_energy_pairs_per_call`` pairs (square chunks when the weights are upper triangular); a
+    chunk whose weights are all 0 is not launched, and pairs of weight 0 inside a launched chunk
+    add nothing. Raises :class:`InputError` on inconsistent shapes.
     """
-    ni, nv, naux = _energy_shapes(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
-    nj = int(ovL_j.shape[0])
-    e_os = e_ss = 0.0
-    if ni == 0 or nj == 0 or nv == 0:
-        return torch.tensor([e_os, e_ss], dtype=torch.float64, device=ovL_i.device)
-    if naux == 0:
-        raise InputError("mp2_pair_energy: naux is 0")
-    b_i = _f32(_f64(ovL_i).reshape(ni * nv, naux).T)  # (naux, ni*nv): naux on partitions
-    b_j = _f32(_f64(ovL_j).reshape(nj * nv, naux).T)
-    e_i, e_j, e_v = _f64(eps_i), _f64(eps_j), _f64(eps_v)
-    neg_eps_row = _f32(np.broadcast_to(-e_v, (TILE_M, nv)))
-    n_at = ceil_div(nv, TILE_M)
-    ci, cj = _pair_chunks(ni, nj, _energy_pairs_per_call(nv, naux), diagonal_block)
+    ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
+        ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
+    exchange = bool(exchange)
+    w_ij = _f64(weights)
+    direct = ex = 0.0
+    if ni == 0 or nj == 0 or nva == 0 or nvb == 0 or naux == 0 or not w_ij.any():
+        return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
+    b_i = _f32(_f64(ovL_i).reshape(ni * nva, naux).T)  # (naux, ni*nva): naux on partitions
+    b_j = _f32(_f64(ovL_j).reshape(nj * nvb, naux).T)  # (naux, nj*nvb)
+    e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
+    neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
+    n_at = ceil_div(nva, TILE_M)
+    square = ni == nj and not np.tril(w_ij, -1).any()
+    ci, cj = _pair_chunks(ni, nj, _energy_pairs_per_call(nva, nvb, naux, exchange), square)
     nki_runtime.prepare(mode)
-    kernel = nki_runtime.load_kernel("mp2_energy", "mp2_pair_energy_kernel")
+    kernel = nki_runtime.load_kernel("mp2_energy", _ENERGY_KERNELS[exchange])
     for i0 in range(0, ni, ci):
         i1 = min(ni, i0 + ci)
         for j0 in range(0, nj, cj):
             j1 = min(nj, j0 + cj)
-            weight = _pair_weights(np.arange(i0, i1), np.arange(j0, j1), diagonal_block)
+            weight = w_ij[i0:i1, j0:j1]
             if not weight.any():
-                continue  # a chunk below the diagonal of a diagonal block
-            d_col = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1) - e_v[:, None]
+                continue  # e.g. a chunk below the diagonal of a diagonal block
+            d_col = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1) - e_a[:, None]
             (partials,) = nki_runtime.run_kernel(
                 kernel,
-                (np.ascontiguousarray(b_i[:, i0 * nv:i1 * nv]),
-                 np.ascontiguousarray(b_j[:, j0 * nv:j1 * nv]), _f32(d_col), neg_eps_row),
+                (np.ascontiguousarray(b_i[:, i0 * nva:i1 * nva]),
+                 np.ascontiguousarray(b_j[:, j0 * nvb:j1 * nvb]), _f32(d_col), neg_eps_row),
                 mode,
             )
             ncol = (i1 - i0) * (j1 - j0) * n_at
             sums = partials.astype(np.float64).sum(axis=0)  # fp64 over partitions
-            os_ij = sums[:ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
-            ex_ij = sums[ncol:2 * ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
-            e_os += float((weight * os_ij).sum())
-            e_ss += float((weight * (os_ij - ex_ij)).sum())
-    return torch.tensor([e_os, e_ss], dtype=torch.float64, device=ovL_i.device)
+            used = weight != 0.0  # a skipped pair adds nothing, even a non-finite one
+            direct_ij = sums[:ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
+            direct += float((weight[used] * direct_ij[used]).sum())
+            if exchange:
+                ex_ij = sums[ncol:2 * ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
+                ex += float((weight[used] * ex_ij[used]).sum())
+    return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
 
 
-def _energy_shapes(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block) -> tuple[int, int, int]:
+def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
+                     exchange) -> str | None:
     if ovL_i.ndim != 3 or ovL_j.ndim != 3:
-        raise InputError(f"ovL_i and ovL_j must be 3-D (n, nvir, naux), got "
-                         f"{tuple(ovL_i.shape)} and {tuple(ovL_j.shape)}")
-    ni, nv, naux = (int(s) for s in ovL_i.shape)
-    if tuple(ovL_j.shape[1:]) != (nv, naux):
-        raise InputError(f"ovL_j must be (nj, {nv}, {naux}), got {tuple(ovL_j.shape)}")
-    expected = ((eps_i, ni, "eps_i"), (eps_j, ovL_j.shape[0], "eps_j"), (eps_v, nv, "eps_v"))
-    for eps, size, name in expected:
-        if tuple(eps.shape) != (size,):
-            raise InputError(f"{name} must have shape ({size},), got {tuple(eps.shape)}")
-    if diagonal_block and ovL_j.shape[0] != ni:
-        raise InputError(f"a diagonal block needs ni == nj, got {ni} and {ovL_j.shape[0]}")
-    return ni, nv, naux
-
-
-def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block) -> str | None:
-    if ovL_i.ndim != 3:
-        return f"mp2_pair_energy needs 3-D ovL blocks, got {tuple(ovL_i.shape)}"
-    _, nv, naux = (int(s) for s in ovL_i.shape)
-    needed = _energy_sbuf_words(nv, naux, MAX_PAIRS_PER_CALL) * FP32_BYTES
+        return (f"mp2_pair_sums needs 3-D ovL blocks, got {tuple(ovL_i.shape)} and "
+                f"{tuple(ovL_j.shape)}")
+    nva, naux = int(ovL_i.shape[1]), int(ovL_i.shape[2])
+    nvb = int(ovL_j.shape[1])
+    if exchange and nva != nvb:
+        return None  # not a shape limit: mp2_pair_sums raises InputError on these operands
+    kernel = _ENERGY_KERNELS[bool(exchange)]
+    needed = _energy_sbuf_words(nva, nvb, naux, MAX_PAIRS_PER_CALL, bool(exchange)) * FP32_BYTES
     if needed > ENERGY_SBUF_BUDGET:
-        return (f"nvir={nv} with naux={naux} needs {needed // 1024} KiB of SBUF per partition in "
-                f"the fused energy kernel (limit {ENERGY_SBUF_BUDGET // 1024} KiB)")
+        return (f"nvir={nva}x{nvb} with naux={naux} needs {needed // 1024} KiB of SBUF per "
+                f"partition in {kernel} (limit {ENERGY_SBUF_BUDGET // 1024} KiB)")
     return None
 
 
@@ -393,5 +407,5 @@ SUPPORTS = {
     "cholesky": _cholesky_supports,
     "trsm": _trsm_supports,
     "trmm": _trmm_supports,
-    "mp2_pair_energy": _energy_supports,
+    "mp2_pair_sums": _energy_supports,
 }
