@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.energy import reference_dfmp2, reference_pair_energies, scs_energy
+from dfmp2.energy import (
+    reference_dfmp2,
+    reference_pair_energies,
+    reference_spin_energies,
+    scs_energy,
+)
 from dfmp2.integrals import make_auxmol
 from dfmp2.reference import frozen_mask, orbital_space
 from dfmp2.linalg import Dispatcher, DispatchPolicy
@@ -31,14 +36,40 @@ def test_blocked_energy_matches_naive_oracle(nocc, nvir, naux, occ_block, fused)
     ovL, eps_occ, eps_vir = _random_problem(nocc, nvir, naux, seed=nocc * 100 + naux)
     ref_os, ref_ss = reference_pair_energies(ovL, eps_occ, eps_vir)
     la = Dispatcher(DispatchPolicy("pytorch"))
-    got = pair_energies(TensorB(torch.from_numpy(ovL)), torch.from_numpy(eps_occ),
-                        torch.from_numpy(eps_vir), la, occ_block, fused=fused)
+    got = pair_energies([TensorB(torch.from_numpy(ovL))],
+                        [(torch.from_numpy(eps_occ), torch.from_numpy(eps_vir))], la, occ_block,
+                        fused=fused)
     assert got.e_os == pytest.approx(ref_os, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
     assert got.e_ss == pytest.approx(ref_ss, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
     assert got.npairs == nocc * (nocc + 1) // 2
-    op = "mp2_pair_energy" if fused else "pair_energy_from_ovov"
+    op = "mp2_pair_sums" if fused else "pair_sums_from_ovov"
     nblk = -(-nocc // occ_block)
     assert la.records[op].calls == nblk * (nblk + 1) // 2
+
+
+@pytest.mark.parametrize("nocc_a, nocc_b, nvir_a, occ_block", [
+    (3, 2, 5, 1), (5, 3, 6, 2), (4, 4, 4, 4), (6, 1, 5, 3), (2, 0, 4, 2),
+])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
+def test_open_shell_blocked_energy_matches_naive_oracle(nocc_a, nocc_b, nvir_a, occ_block,
+                                                        fused, cpu_blas):
+    """alpha-alpha and beta-beta over I <= J, alpha-beta over all blocks (rectangular, the beta
+    space has nocc_a - nocc_b more virtuals), against whole 4-index sums; an empty beta space
+    adds nothing."""
+    naux = 9
+    nvir_b = nvir_a + nocc_a - nocc_b
+    ovL_a, eps_oa, eps_va = _random_problem(nocc_a, nvir_a, naux, seed=nocc_a * 10 + nocc_b)
+    ovL_b, eps_ob, eps_vb = _random_problem(nocc_b, nvir_b, naux, seed=nocc_b * 10 + nocc_a + 1)
+    ref_os, ref_ss = reference_spin_energies(ovL_a, ovL_b, eps_oa, eps_va, eps_ob, eps_vb)
+    la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
+    stores = [TensorB(torch.from_numpy(ovL_a)), TensorB(torch.from_numpy(ovL_b)) if nocc_b else None]
+    eps = [tuple(torch.from_numpy(e) for e in pair) for pair in ((eps_oa, eps_va), (eps_ob, eps_vb))]
+    got = pair_energies(stores, eps, la, occ_block, fused=fused)
+    assert got.e_os == pytest.approx(ref_os, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
+    assert got.e_ss == pytest.approx(ref_ss, rel=TOL_MATRIX_REL, abs=TOL_PRINTED)
+    if nocc_b == 0:
+        assert got.e_os == 0.0
 
 
 def test_same_spin_vanishes_for_one_orbital_pair():
@@ -51,6 +82,7 @@ def test_same_spin_vanishes_for_one_orbital_pair():
 def test_scs_scales():
     assert scs_energy(-1.0, -3.0) == pytest.approx(-1.2 - 1.0)
     assert scs_energy(-1.0, -3.0, 1.3, 0.0) == pytest.approx(-1.3)
+    assert scs_energy(-1.0, -3.0, e_singles=-0.5) == pytest.approx(-1.2 - 1.0 - 0.5)
 
 
 def test_pipeline_matches_textbook_oracle():

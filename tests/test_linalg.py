@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dfmp2.energy import pair_weights, reference_pair_sums
 from dfmp2.errors import InputError, NotPositiveDefiniteError
 from dfmp2.linalg import torch_ops
 
@@ -55,37 +56,65 @@ def test_trsm_is_right_solve_with_transposed_lower():
     assert torch.allclose(x, b @ torch.linalg.inv(l_nn).T, atol=TOL_MATRIX_ABS)
 
 
-@pytest.mark.parametrize("diagonal_block", [True, False])
-def test_fused_equals_unfused(diagonal_block):
-    ni, nj, nv, naux = 3, 3 if diagonal_block else 4, 5, 7
-    ovL_i, ovL_j = _rand(ni, nv, naux, seed=7), _rand(nj, nv, naux, seed=8)
-    if diagonal_block:
-        ovL_j = ovL_i
-    eps_i, eps_j = -1 - _rand(ni, seed=9).abs(), -1 - _rand(nj, seed=10).abs()
-    eps_v = 1 + _rand(nv, seed=11).abs()
-    fused = torch_ops.mp2_pair_energy(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+def _pair_problem(kind, seed=7):
+    """Operands of mp2_pair_sums: 'diagonal' (one block against itself, triangular weights),
+    'square' (two blocks of one space, exchange), 'rectangular' (alpha x beta, no exchange),
+    'weighted' (arbitrary weights, exchange)."""
+    ni, nj, nva, naux = 4, 3, 5, 7
+    nvb = 6 if kind == "rectangular" else nva
+    if kind == "diagonal":
+        nj = ni
+    ovL_i = _rand(ni, nva, naux, seed=seed)
+    ovL_j = ovL_i if kind == "diagonal" else _rand(nj, nvb, naux, seed=seed + 1)
+    eps_i = -1 - _rand(ni, seed=seed + 2).abs()
+    eps_j = eps_i if kind == "diagonal" else -1 - _rand(nj, seed=seed + 3).abs()
+    eps_va = 1 + _rand(nva, seed=seed + 4).abs()
+    eps_vb = eps_va if kind != "rectangular" else 1 + _rand(nvb, seed=seed + 5).abs()
+    if kind == "weighted":
+        weights = _rand(ni, nj, seed=seed + 6).abs()
+    else:
+        weights = torch.from_numpy(pair_weights(0, ni, 0, nj, kind == "diagonal"))
+    return (ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, kind != "rectangular")
+
+
+PAIR_KINDS = ("diagonal", "square", "rectangular", "weighted")
+
+
+@pytest.mark.parametrize("kind", PAIR_KINDS)
+def test_pair_sums_fused_and_unfused_equal_the_oracle(kind):
+    args = _pair_problem(kind)
+    ovL_i, ovL_j = args[:2]
+    fused = torch_ops.mp2_pair_sums(*args)
     ovov = torch.einsum("iaP,jbP->iajb", ovL_i, ovL_j)
-    unfused = torch_ops.pair_energy_from_ovov(ovov, eps_i, eps_j, eps_v, diagonal_block)
+    unfused = torch_ops.pair_sums_from_ovov(ovov, *args[2:])
+    ref = torch.from_numpy(reference_pair_sums(*args))
     assert fused.dtype == torch.float64 and fused.shape == (2,)
-    assert torch.allclose(fused, unfused, atol=TOL_MATRIX_REL)
-    # explicit pair loop with weights
-    e = torch.zeros(2, dtype=torch.float64)
-    for i in range(ni):
-        for j in range(nj):
-            if diagonal_block and j < i:
-                continue
-            w = 1.0 if diagonal_block and i == j else 2.0
-            t = ovov[i, :, j, :]
-            d = eps_i[i] + eps_j[j] - eps_v[:, None] - eps_v[None, :]
-            e += w * torch.stack([(t * t / d).sum(), (t * (t - t.T) / d).sum()])
-    assert torch.allclose(fused, e, atol=TOL_MATRIX_REL)
+    assert torch.allclose(fused, ref, atol=TOL_MATRIX_REL)
+    assert torch.allclose(unfused, ref, atol=TOL_MATRIX_REL)
+    if kind == "rectangular":
+        assert fused[1] == 0.0
+
+
+def test_pair_sums_refuses_exchange_on_rectangular_blocks():
+    args = list(_pair_problem("rectangular"))
+    args[-1] = True
+    with pytest.raises(InputError, match="exchange"):
+        torch_ops.mp2_pair_sums(*args)
+    with pytest.raises(InputError, match="weights"):
+        torch_ops.mp2_pair_sums(*args[:6], torch.ones(2, 2, dtype=torch.float64), False)
+
+
+def test_diagonal_block_is_detected_only_for_the_same_orbitals():
+    ovL, _, _, _, _, _, weights, _ = _pair_problem("diagonal")
+    assert torch_ops.is_diagonal_block(ovL, ovL, weights)
+    assert not torch_ops.is_diagonal_block(ovL, ovL.clone(), weights)
+    assert not torch_ops.is_diagonal_block(ovL, ovL, torch.ones_like(weights))
 
 
 def test_mixed_precision_operands_reduce_in_float64():
-    ovL = _rand(2, 4, 6, seed=12)
-    eps_o, eps_v = torch.tensor([-1.0, -0.5], dtype=torch.float64), 1 + _rand(4, seed=13).abs()
-    e64 = torch_ops.mp2_pair_energy(ovL, ovL, eps_o, eps_o, eps_v, True)
-    e32 = torch_ops.mp2_pair_energy(ovL.float(), ovL.float(), eps_o, eps_o, eps_v, True)
+    args = _pair_problem("diagonal", seed=12)
+    e64 = torch_ops.mp2_pair_sums(*args)
+    e32 = torch_ops.mp2_pair_sums(args[0].float(), args[1].float(), *args[2:])
     assert e32.dtype == torch.float64
     assert torch.allclose(e32, e64, rtol=TOL_FP32_REL)
 
@@ -107,72 +136,53 @@ def test_cpu_blas_choices_give_the_same_products():
         CpuBlas("auto")
 
 
-def test_numpy_blas_pipeline_equals_torch_blas():
+@pytest.mark.parametrize("kind", PAIR_KINDS)
+def test_numpy_blas_pair_sums_equal_torch_blas(kind):
     from dfmp2.linalg import Dispatcher, DispatchPolicy
 
-    ovL = _rand(4, 6, 9, seed=25)
-    eps_o, eps_v = -1 - _rand(4, seed=26).abs(), 1 + _rand(6, seed=27).abs()
-    energies = [Dispatcher(DispatchPolicy("pytorch", cpu_blas=c)).mp2_pair_energy(
-        ovL, ovL, eps_o, eps_o, eps_v, True) for c in ("torch", "numpy")]
-    assert torch.allclose(energies[0], energies[1], atol=TOL_MATRIX_REL)
+    args = _pair_problem(kind, seed=25)
+    sums = [Dispatcher(DispatchPolicy("pytorch", cpu_blas=c)).mp2_pair_sums(*args)
+            for c in ("torch", "numpy")]
+    assert torch.allclose(sums[0], sums[1], atol=TOL_MATRIX_REL)
 
 
-def _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block):
-    """[e_os, e_ss] of a pair block by explicit loops over pairs (float64)."""
-    ovov = torch.einsum("iaP,jbP->iajb", ovL_i.double(), ovL_j.double())
-    eps_i, eps_j, eps_v = eps_i.double(), eps_j.double(), eps_v.double()
-    e = torch.zeros(2, dtype=torch.float64)
-    for i in range(ovov.shape[0]):
-        for j in range(i if diagonal_block else 0, ovov.shape[2]):
-            w = 1.0 if diagonal_block and i == j else 2.0
-            t = ovov[i, :, j, :]
-            d = eps_i[i] + eps_j[j] - eps_v[:, None] - eps_v[None, :]
-            e += w * torch.stack([(t * t / d).sum(), (t * (t - t.T) / d).sum()])
-    return e
-
-
-@pytest.mark.parametrize("diagonal_block", [True, False])
+@pytest.mark.parametrize("kind", PAIR_KINDS)
 @pytest.mark.parametrize("chunk_pairs", [1, 2, 100])
 @pytest.mark.parametrize("precision", ["fp64", "mixed", "fp32"])
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy-reduction"])
-def test_numpy_pair_energy_matches_oracle(diagonal_block, chunk_pairs, precision, compiled,
-                                          monkeypatch):
+def test_numpy_pair_sums_match_oracle(kind, chunk_pairs, precision, compiled, monkeypatch):
     """The numpy-BLAS pair step: every chunking of the rows of j, every precision, both
     reductions (the compiled one must be built: see tests/test_pair_reduce.py)."""
     from dfmp2.linalg import numpy_ops
 
-    ni, nj, nv, naux = 5, 5 if diagonal_block else 3, 6, 11
-    ovL_i = _rand(ni, nv, naux, seed=30)
-    ovL_j = ovL_i if diagonal_block else _rand(nj, nv, naux, seed=31)
-    eps_i, eps_j = -1 - _rand(ni, seed=32).abs(), -1 - _rand(nj, seed=33).abs()
-    eps_v = 1 + _rand(nv, seed=34).abs()
+    ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange = _pair_problem(kind, seed=30)
     b_dtype = torch.float64 if precision == "fp64" else torch.float32
     r_dtype = torch.float32 if precision == "fp32" else torch.float64
+    nv = eps_va.shape[0]
     monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", chunk_pairs * nv * nv * r_dtype.itemsize)
-    got = numpy_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
-                                    eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block,
-                                    compiled=compiled)
-    ref = _pair_oracle(ovL_i, ovL_j, eps_i, eps_j, eps_v, diagonal_block)
+    b_i = ovL_i.to(b_dtype)
+    b_j = b_i if kind == "diagonal" else ovL_j.to(b_dtype)
+    operands = (b_i, b_j, eps_i.to(r_dtype), eps_j.to(r_dtype), eps_va.to(r_dtype),
+                eps_vb.to(r_dtype), weights, exchange)
+    got = numpy_ops.mp2_pair_sums(*operands, compiled=compiled and precision != "fp32")
+    ref = torch.from_numpy(reference_pair_sums(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb,
+                                               weights, exchange))
     assert got.dtype == torch.float64 and got.shape == (2,)
     tol = {"fp64": TOL_MATRIX_REL, "mixed": 1e-5, "fp32": 1e-4}[precision]
     assert torch.allclose(got, ref, rtol=tol, atol=tol)
-    torch_got = torch_ops.mp2_pair_energy(ovL_i.to(b_dtype), ovL_j.to(b_dtype), eps_i.to(r_dtype),
-                                          eps_j.to(r_dtype), eps_v.to(r_dtype), diagonal_block)
-    assert torch.allclose(got, torch_got, rtol=tol, atol=tol)
+    assert torch.allclose(got, torch_ops.mp2_pair_sums(*operands), rtol=tol, atol=tol)
 
 
 def test_dispatcher_routes_the_pair_step_to_numpy_only_when_chosen(monkeypatch):
     from dfmp2.linalg import Dispatcher, DispatchPolicy, cpu_blas, numpy_ops
 
     calls = []
-    real = numpy_ops.mp2_pair_energy
-    monkeypatch.setitem(cpu_blas._NUMPY_OPS, "mp2_pair_energy",
+    real = numpy_ops.mp2_pair_sums
+    monkeypatch.setitem(cpu_blas._NUMPY_OPS, "mp2_pair_sums",
                         lambda *a: calls.append(1) or real(*a))
-    ovL = _rand(3, 4, 5, seed=40)
-    eps_o, eps_v = -1 - _rand(3, seed=41).abs(), 1 + _rand(4, seed=42).abs()
+    args = _pair_problem("diagonal", seed=40)
     for choice in ("torch", "numpy"):
-        Dispatcher(DispatchPolicy("pytorch", cpu_blas=choice)).mp2_pair_energy(
-            ovL, ovL, eps_o, eps_o, eps_v, True)
+        Dispatcher(DispatchPolicy("pytorch", cpu_blas=choice)).mp2_pair_sums(*args)
     assert calls == [1]
 
 

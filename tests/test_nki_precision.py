@@ -43,9 +43,9 @@ def water_adz():
 
 def _run(mol, space, auxbasis, policy):
     auxmol = df.addons.make_auxmol(mol, auxbasis)
-    plan = plan_blocks(mol.nao_nr(), space.nocc, space.nvir, auxmol.nao_nr(), 4000)
+    plan = plan_blocks(mol.nao_nr(), [(space.nocc, space.nvir)], auxmol.nao_nr(), 4000)
     la = Dispatcher(policy)
-    energies, factor = dfmp2_pair_energies(mol, auxmol, space, plan, la)
+    energies, factor = dfmp2_pair_energies(mol, auxmol, [space], plan, la)
     return energies, factor, la
 
 

@@ -45,7 +45,7 @@ __all__ = [
 MAX_MATMULS_PER_CALL = 2048
 #: Upper bound on the occupied pairs of one fused-energy launch.
 MAX_PAIRS_PER_CALL = 64
-#: Estimated instructions of one fused-energy launch (matmuls + epilogue); bounds the trace.
+#: Upper bound on the nki.isa instructions of one fused-energy launch (bounds the trace).
 MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
 #: Largest K of one GEMM launch: the A^T strip, ceil(K/128)*128*4 bytes per partition, stays in
 #: half of the resident SBUF budget. Larger K is split and the partial products added in fp64.
@@ -286,14 +286,15 @@ def _energy_sbuf_words(nva: int, nvb: int, naux: int, npairs: int, exchange: boo
     and two T row blocks (ceil(nv/128)*nv each; the next pair's tiles are allocated while the
     previous ones are still live, as a double-buffering allocator would), seven (128, nv)
     epilogue tiles and the -e_b row, plus the denominator columns and the accumulator
-    (3*ceil(nv/128)*npairs). Direct kernel: the strip of B_i (ceil(naux/128)*nva), two strips of
-    B_j (ceil(naux/128)*nvb each), two T row tiles, five epilogue tiles and the -e_b row (nvb
-    each), plus the denominator columns and the accumulator (2*ceil(nva/128)*npairs).
+    (3*ceil(nv/128)*npairs). Direct kernel: the strips of B_i (ceil(naux/128)*nva) and of B_j
+    (ceil(naux/128)*nvb), one of them twice (the larger: the next i's or j's strip is allocated
+    while the previous ones are live), two T row tiles, five epilogue tiles and the -e_b row
+    (nvb each), plus the denominator columns and the accumulator (2*ceil(nva/128)*npairs).
     """
     n_kt, n_at = ceil_div(naux, TILE_K), ceil_div(nva, TILE_M)
     if exchange:
         return (3 * n_kt + 2 * n_at + 8) * nva + 3 * n_at * npairs
-    return n_kt * nva + (2 * n_kt + 8) * nvb + 2 * n_at * npairs
+    return n_kt * (nva + nvb + max(nva, nvb)) + 8 * nvb + 2 * n_at * npairs
 
 
 def _energy_instructions(ni: int, nj: int, nva: int, nvb: int, naux: int,

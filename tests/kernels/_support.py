@@ -45,19 +45,23 @@ def spd(n: int, seed: int) -> torch.Tensor:
     return r @ r.T / (n + 8) + 0.5 * torch.eye(n, dtype=torch.float64)
 
 
-def pair_block(ni, nj, nv, naux, diagonal_block, seed):
-    """Synthetic DF-MP2 inputs: B ~ N(0, 0.05^2), occupied energies in [-1.5, -0.3],
-    virtual energies in [0.1, 3.0] (all denominators negative, as for a real reference)."""
+def pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed):
+    """Synthetic operands ``(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb)`` of ``mp2_pair_sums``:
+    B ~ N(0, 0.05^2), occupied energies in [-1.5, -0.3], virtual energies in [0.1, 3.0] (all
+    denominators negative, as for a real reference). A diagonal block (nva == nvb) passes the
+    same tensors for i and j; otherwise every operand is drawn independently (also eps_vb, so a
+    swapped a/b orientation of D shows)."""
     rng = np.random.default_rng(seed)
-    ovL_i = torch.from_numpy(rng.standard_normal((ni, nv, naux)) * 0.05)
+    ovL_i = torch.from_numpy(rng.standard_normal((ni, nva, naux)) * 0.05)
     eps_i = torch.from_numpy(rng.uniform(-1.5, -0.3, ni))
+    eps_va = torch.from_numpy(rng.uniform(0.1, 3.0, nva))
     if diagonal_block:
-        ovL_j, eps_j = ovL_i, eps_i
-    else:
-        ovL_j = torch.from_numpy(rng.standard_normal((nj, nv, naux)) * 0.05)
-        eps_j = torch.from_numpy(rng.uniform(-1.5, -0.3, nj))
-    eps_v = torch.from_numpy(rng.uniform(0.1, 3.0, nv))
-    return ovL_i, ovL_j, eps_i, eps_j, eps_v
+        assert (ni, nva) == (nj, nvb), "a diagonal block pairs one orbital space with itself"
+        return ovL_i, ovL_i, eps_i, eps_i, eps_va, eps_va
+    ovL_j = torch.from_numpy(rng.standard_normal((nj, nvb, naux)) * 0.05)
+    eps_j = torch.from_numpy(rng.uniform(-1.5, -0.3, nj))
+    eps_vb = torch.from_numpy(rng.uniform(0.1, 3.0, nvb))
+    return ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb
 
 
 def ceil_div(a: int, b: int) -> int:

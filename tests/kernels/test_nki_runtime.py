@@ -140,6 +140,7 @@ def test_every_op_runs_under_the_trn1_rules(emulator_trace):
     import torch
 
     from dfmp2 import nki_emulator
+    from dfmp2.energy import pair_weights
 
     from ._support import pair_block, rand, spd
     with nki_emulator.target("trn1"):
@@ -149,6 +150,11 @@ def test_every_op_runs_under_the_trn1_rules(emulator_trace):
         assert torch.allclose(l_nn, torch_ops.cholesky(spd(200, 3)), rtol=0, atol=1e-5)
         x = nki_ops.trsm(l_nn, rand((300, 200), 4), mode="emulator")
         assert torch.allclose(x, torch_ops.trsm(l_nn, rand((300, 200), 4)), rtol=0, atol=1e-4)
-        args = pair_block(2, 2, 150, 140, True, 5)
-        got = nki_ops.mp2_pair_energy(*args, True, mode="emulator")
-        assert torch.allclose(got, torch_ops.mp2_pair_energy(*args, True), rtol=1e-6, atol=0)
+        args = pair_block(2, 2, 150, 150, 140, True, 5)
+        w = torch.from_numpy(pair_weights(0, 2, 0, 2, True))
+        got = nki_ops.mp2_pair_sums(*args, w, True, mode="emulator")
+        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, True), rtol=1e-6, atol=0)
+        args = pair_block(2, 2, 150, 90, 140, False, 6)  # the direct kernel, rectangular
+        w = torch.ones((2, 2), dtype=torch.float64)
+        got = nki_ops.mp2_pair_sums(*args, w, False, mode="emulator")
+        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, False), rtol=1e-6, atol=0)
