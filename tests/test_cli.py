@@ -47,7 +47,10 @@ def test_run_water_prints_every_energy_and_writes_json(tmp_path):
         props["scf_total_energy"] + extras["scs_mp2_correlation_energy"], abs=TOL_IDENTITY)
     assert {"nbasis", "naux", "nocc", "nvir", "nfrozen"} <= set(extras["sizes"])
     assert extras["backend"]["resolved"] == "pytorch"
-    assert extras["backend"]["ops"]["mp2_pair_energy"]["mode"] == "pytorch"
+    pair_op = extras["backend"]["ops"]["mp2_pair_sums"]
+    assert pair_op["mode"] == pair_op["backend"] in ("pytorch", "numpy")
+    assert pair_op["backend"] == ("numpy" if extras["backend"]["cpu_blas"]["choice"] == "numpy"
+                                  else "pytorch")
     assert extras["method"]["precision"] == "fp64"
     assert {"scf", "metric", "transform", "fit", "pair_energy"} <= set(extras["timings"])
     assert {"dfmp2", "pyscf", "torch"} <= set(extras["versions"])
@@ -68,7 +71,7 @@ def test_frozen_option_and_unfused():
     data = json.loads(result.stdout)
     assert data["extras"]["sizes"]["nfrozen"] == 1
     assert data["extras"]["method"]["fused_energy"] is False
-    assert "pair_energy_from_ovov" in data["extras"]["backend"]["ops"]
+    assert "pair_sums_from_ovov" in data["extras"]["backend"]["ops"]
 
 
 def test_info_lists_backends_with_reasons():

@@ -173,17 +173,27 @@ def test_numpy_pair_sums_match_oracle(kind, chunk_pairs, precision, compiled, mo
     assert torch.allclose(got, torch_ops.mp2_pair_sums(*operands), rtol=tol, atol=tol)
 
 
-def test_dispatcher_routes_the_pair_step_to_numpy_only_when_chosen(monkeypatch):
-    from dfmp2.linalg import Dispatcher, DispatchPolicy, cpu_blas, numpy_ops
+def test_dispatcher_records_the_backend_that_ran_each_host_op(monkeypatch):
+    """numpy is a registered backend: with cpu_blas numpy the ops with products run there and
+    their records say so; the host-only ops and everything under cpu_blas torch say pytorch."""
+    from dfmp2.linalg import REGISTRY, Dispatcher, DispatchPolicy, numpy_ops
 
     calls = []
     real = numpy_ops.mp2_pair_sums
-    monkeypatch.setitem(cpu_blas._NUMPY_OPS, "mp2_pair_sums",
-                        lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(numpy_ops, "mp2_pair_sums", lambda *a: calls.append(1) or real(*a))
     args = _pair_problem("diagonal", seed=40)
     for choice in ("torch", "numpy"):
-        Dispatcher(DispatchPolicy("pytorch", cpu_blas=choice)).mp2_pair_sums(*args)
+        la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=choice))
+        la.mp2_pair_sums(*args)
+        la.gemm(args[0][0], args[0][0], False, True)
+        la.eigh(_spd(3))
+        expected = "numpy" if choice == "numpy" else "pytorch"
+        for op in ("mp2_pair_sums", "gemm"):
+            assert (la.records[op].backend, la.records[op].mode) == (expected, expected)
+        assert (la.records["eigh"].backend, la.records["eigh"].mode) == ("pytorch", "host")
     assert calls == [1]
+    assert {op for op, backend in REGISTRY if backend == "numpy"} == {
+        "gemm", "trmm", "mp2_pair_sums"}
 
 
 @pytest.mark.parametrize("column_block", [1, 3, 256])
@@ -206,7 +216,7 @@ def test_fit_by_trmm_equals_trsm(column_block, cpu_blas, monkeypatch):
     assert got.data_ptr() == work.data_ptr()  # in place
     assert torch.allclose(work, expected, atol=TOL_MATRIX_REL)
     assert torch.allclose(work @ l_nn.T, rows, atol=TOL_MATRIX_ABS)
-    assert la.records["trmm"].backend == "pytorch"
+    assert la.records["trmm"].backend == ("numpy" if cpu_blas == "numpy" else "pytorch")
 
 
 def test_numpy_trmm_handles_strided_rows():

@@ -1,11 +1,11 @@
-"""Which BLAS runs the pytorch backend's CPU matrix products: torch's MKL or numpy's OpenBLAS.
+"""Which BLAS runs the host's matrix products: torch's MKL or numpy's OpenBLAS.
 
 The torch CPU wheel ships MKL and numpy ships OpenBLAS; on AMD CPUs numpy's is much faster (Zen 5
 here: 181-190 against 82-105 GFLOP/s for a 2048^3 DGEMM, where MKL takes a generic AVX2 path).
 OpenBLAS's worker threads spin for a while after each call, so with numpy chosen, no torch op may
 run between two GEMMs (torch's OpenMP threads would share the cores with the spinning workers):
-the ops with products inside have numpy implementations (:mod:`dfmp2.linalg.numpy_ops`), and the
-pipeline's copies between GEMMs are numpy copies. ``auto`` picks by a rule
+the ops with products inside have numpy implementations (the registry's ``numpy`` backend:
+:mod:`dfmp2.linalg.numpy_ops`), and the pipeline's copies between GEMMs are numpy copies. ``auto`` picks by a rule
 (:func:`dfmp2.cpuinfo.choose_cpu_blas`), recorded in the result with its reason.
 """
 
@@ -19,7 +19,6 @@ import torch
 from .._names import CPU_BLAS_CHOICES
 from ..cpuinfo import choose_cpu_blas, cpu_model
 from ..errors import InputError
-from . import numpy_ops
 
 #: What ``auto`` resolves to.
 RESOLVED_CHOICES = ("torch", "numpy")
@@ -39,10 +38,6 @@ def numpy_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
 def torch_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None):
     """``a @ b`` through torch (``out`` as in :func:`numpy_matmul`)."""
     return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-
-
-#: Ops with their own implementation on numpy's BLAS.
-_NUMPY_OPS = {"mp2_pair_sums": lambda *args: numpy_ops.mp2_pair_sums(*args), "trmm": numpy_ops.trmm}
 
 
 def blas_libraries() -> dict[str, str]:
@@ -80,14 +75,6 @@ class CpuBlas:
         if self.choice == "numpy" and a.device.type == "cpu":
             return numpy_matmul(a, b, out)
         return torch_matmul(a, b, out)
-
-    def run(self, op: str, torch_fn, args: tuple):
-        """Run a pytorch-backend op whose products go through this BLAS: the op's numpy
-        implementation when numpy is chosen and the operands are on the CPU (see
-        :mod:`dfmp2.linalg.numpy_ops`), else ``torch_fn(*args, matmul=self.matmul)``."""
-        if self.choice == "numpy" and op in _NUMPY_OPS and args[0].device.type == "cpu":
-            return _NUMPY_OPS[op](*args)
-        return torch_fn(*args, matmul=self.matmul)
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "reason": self.reason, "libraries": blas_libraries(),

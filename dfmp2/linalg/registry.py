@@ -1,9 +1,14 @@
 """One registry for backend dispatch: ``(op, backend) -> Impl``, and the per-run dispatcher.
 
-The registry is a fixed table built at import. A :class:`Dispatcher` is created once per run
-from a :class:`DispatchPolicy`: it resolves ``auto`` once, then routes every op call, applies the
-fallback policy, and records which backend and execution mode ran each op. Call sites never test
-for NKI; they call ``dispatcher.gemm(...)``.
+The registry is a fixed table built at import, over three implementation backends: ``pytorch``
+(torch, CPU or CUDA), ``numpy`` (numpy's/SciPy's BLAS and the compiled pair reduction, for the
+ops with matrix products inside: :data:`MATMUL_OPS`) and ``nki``. A :class:`Dispatcher` is
+created once per run from a :class:`DispatchPolicy`: it resolves ``auto`` once (nki or pytorch),
+resolves the CPU BLAS choice once to the backend that runs each host op (numpy's for the
+:data:`MATMUL_OPS` when chosen, else pytorch), then routes every op call, applies the fallback
+policy, and records which backend and execution mode ran each op: a record's backend is the
+implementation that ran, never a second dispatch below it. Call sites never test for NKI; they
+call ``dispatcher.gemm(...)``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from ..errors import (
     UnsupportedShapeError,
 )
 from . import torch_ops
-from .cpu_blas import CpuBlas
+from .cpu_blas import CpuBlas, numpy_matmul
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,8 @@ __all__ = [
 OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_sums")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
 HOST_OPS = ("eigh", "pair_sums_from_ovov")
-#: pytorch ops whose matrix products go through the run's CPU BLAS choice.
+#: Ops with matrix products inside, implemented on numpy's BLAS too (the ``numpy`` backend,
+#: chosen for the host by ``cpu_blas``; see :mod:`dfmp2.linalg.cpu_blas` for why).
 MATMUL_OPS = ("gemm", "trmm", "mp2_pair_sums")
 #: The execution mode recorded for calls that ran on the host in float64: the :data:`HOST_OPS`,
 #: and the calls an NKI run places there on purpose (:meth:`Dispatcher.on_host`).
@@ -77,6 +83,22 @@ def _nki_attr(name: str) -> Callable:
     return call
 
 
+def _numpy_attr(name: str) -> Callable:
+    """``dfmp2.linalg.numpy_ops.<name>`` looked up at call time."""
+
+    def call(*args, **kwargs):
+        module = importlib.import_module(".numpy_ops", __package__)
+        return getattr(module, name)(*args, **kwargs)
+
+    call.__name__ = f"numpy_ops.{name}"
+    return call
+
+
+def _numpy_gemm(a, b, trans_a: bool = False, trans_b: bool = False, out=None):
+    """:func:`torch_ops.gemm` with its product on numpy's BLAS (CPU tensors, strided views)."""
+    return torch_ops.gemm(a, b, trans_a, trans_b, out, matmul=numpy_matmul)
+
+
 def _nki_supports(op: str) -> Callable[..., str | None]:
     def check(*args):
         module = importlib.import_module(".nki_ops", __package__)
@@ -91,7 +113,12 @@ for _op in OPS:
     _TABLE[(_op, "nki")] = Impl(_nki_attr(_op), _nki_supports(_op))
 for _op in HOST_OPS:
     _TABLE[(_op, "pytorch")] = Impl(getattr(torch_ops, _op), _always)
+_TABLE[("gemm", "numpy")] = Impl(_numpy_gemm, _always)
+_TABLE[("trmm", "numpy")] = Impl(_numpy_attr("trmm"), _always)
+_TABLE[("mp2_pair_sums", "numpy")] = Impl(_numpy_attr("mp2_pair_sums"), _always)
 REGISTRY = MappingProxyType(_TABLE)
+#: The implementation backends of the registry.
+IMPL_BACKENDS = ("pytorch", "numpy", "nki")
 
 
 @dataclass(frozen=True)
@@ -183,6 +210,8 @@ class Dispatcher(_NamedOps):
 
     Attributes after construction: ``backend`` (the resolved backend, 'pytorch' or 'nki'),
     ``nki_mode`` ('hardware', 'simulator', 'emulator' or None), ``resolution`` (why),
+    ``cpu_blas`` (the resolved CPU BLAS choice), ``host_backend`` (op -> 'numpy' or 'pytorch':
+    the backend of each op that runs on the host, resolved once from ``cpu_blas``),
     ``records`` (op name -> :class:`OpRecord`).
     """
 
@@ -192,9 +221,13 @@ class Dispatcher(_NamedOps):
     resolution: str = field(init=False, default="")
     records: dict[str, OpRecord] = field(init=False, default_factory=dict)
     cpu_blas: CpuBlas = field(init=False)
+    host_backend: dict[str, str] = field(init=False)
 
     def __post_init__(self):
         self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
+        numpy_blas = self.cpu_blas.choice == "numpy"
+        self.host_backend = {op: "numpy" if numpy_blas and op in MATMUL_OPS else "pytorch"
+                             for op in OPS + HOST_OPS}
         requested = self.policy.backend
         if requested == "pytorch":
             self.backend, self.resolution = "pytorch", "requested --backend pytorch"
@@ -222,7 +255,7 @@ class Dispatcher(_NamedOps):
         policy allows no fallback (``--backend nki`` or ``--require-nki``).
         """
         if op in HOST_OPS or self.backend == "pytorch":
-            return self._run_pytorch(op, args, mode=HOST_MODE if op in HOST_OPS else "pytorch")
+            return self._run_host(op, args, mode=HOST_MODE if op in HOST_OPS else "pytorch")
         impl = REGISTRY[(op, "nki")]
         limit = impl.supports(*args)
         if limit is not None:
@@ -251,16 +284,21 @@ class Dispatcher(_NamedOps):
 
     def run_on_host(self, op: str, args: tuple, reason: str):
         """Run ``op`` by its pytorch implementation in host mode and record ``reason``."""
-        result = self._run_pytorch(op, args, mode=HOST_MODE)
+        result = self._run_host(op, args, mode=HOST_MODE)
         record = self.records[op]
         record.host_calls += 1
         record.host_reason = record.host_reason or reason
         return result
 
-    def _run_pytorch(self, op: str, args: tuple, mode: str):
-        fn = REGISTRY[(op, "pytorch")].fn
-        result = self.cpu_blas.run(op, fn, args) if op in MATMUL_OPS else fn(*args)
-        self._record(op, "pytorch", mode)
+    def _run_host(self, op: str, args: tuple, mode: str):
+        """Run ``op`` on the host backend chosen for it (numpy's BLAS or torch; CUDA operands
+        always torch) and record that backend; ``mode`` 'host' for host-only or on-host calls,
+        else the backend's name."""
+        backend = self.host_backend[op]
+        if backend == "numpy" and args[0].device.type != "cpu":
+            backend = "pytorch"
+        result = REGISTRY[(op, backend)].fn(*args)
+        self._record(op, backend, backend if mode != HOST_MODE else HOST_MODE)
         return result
 
     def _fall_back(self, op: str, args: tuple, reason: str):
@@ -269,7 +307,7 @@ class Dispatcher(_NamedOps):
         record = self.records.get(op)
         if record is None or record.fallback is None:
             log.warning("%s falls back from nki to pytorch: %s", op, reason)
-        result = self._run_pytorch(op, args, mode="pytorch")
+        result = self._run_host(op, args, mode="pytorch")
         self.records[op].fallback = self.records[op].fallback or reason
         return result
 
