@@ -20,7 +20,7 @@ from tolerances import TOL_FP32
 
 pytestmark = pytest.mark.nki_emulated
 #: Ops an NKI run computes on the device; the metric (cholesky, trsm) stays on the host in fp64.
-NKI_OPS = ("gemm", "trmm", "mp2_pair_energy")
+NKI_OPS = ("gemm", "trmm", "mp2_pair_sums")
 HOST_METRIC_OPS = ("cholesky", "trsm")
 
 
@@ -41,14 +41,14 @@ def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
     backend = pt.result.backend
     assert backend.resolved == "nki" and backend.nki_mode == "emulator"
     ops = backend.ops
-    expected = ("gemm", "trmm", "mp2_pair_energy" if fused else "gemm")
+    expected = ("gemm", "trmm", "mp2_pair_sums" if fused else "gemm")
     for op in expected:  # well-conditioned RI metrics: transform and fit on the device
         assert (ops[op]["backend"], ops[op]["mode"], ops[op]["fallback"]) == (
             "nki", "emulator", None), (op, ops[op])
     for op in HOST_METRIC_OPS:
         assert (ops[op]["mode"], ops[op]["host_calls"]) == ("host", ops[op]["calls"]), ops[op]
         assert "metric stage" in ops[op]["host_reason"]
-    assert ("pair_energy_from_ovov" in ops) is (not fused)
+    assert ("pair_sums_from_ovov" in ops) is (not fused)
     assert pt.e_corr_os == pytest.approx(ref.e_corr_os, abs=TOL_FP32)
     assert pt.e_corr_ss == pytest.approx(ref.e_corr_ss, abs=TOL_FP32)
     assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP32)

@@ -89,7 +89,7 @@ def test_ill_conditioned_metric_moves_stages_to_host_and_stays_accurate(water_ad
     assert ops["gemm"]["host_calls"] == ops["gemm"]["calls"] > 0
     assert f"{factor.condition:.1e}" in ops["gemm"]["host_reason"]
     assert (ops["trmm"]["mode"] == "host") is ("fit" in host_stages)
-    assert ops["mp2_pair_energy"]["mode"] == "emulator"
+    assert ops["mp2_pair_sums"]["mode"] == "emulator"
     assert _e_corr(got) == pytest.approx(_e_corr(ref), abs=TOL_FP32)
 
 

@@ -16,7 +16,10 @@ trsm.trsm_block_kernel(linv_t_bb, panel_t_kb, x_prev_t_km, rhs_t_bm) -> x_t_bm
 trsm.cholesky_step_kernel(linv_t_bb, a_col_t_br, a_trail_rr) -> (l_col_t_br, a_next_rr)
     Panel and trailing update of one right-looking blocked Cholesky step.
 mp2_energy.mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row) -> partials
-    Fused (ia|jb) formation and OS/exchange reduction for a block of occupied pairs.
+    Fused (ia|jb) formation and direct/exchange reduction for a block of occupied pairs of one
+    orbital space (nva == nvb).
+mp2_energy.mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row) -> partials
+    The direct sums only, for rectangular blocks (nva != nvb: alpha-beta pairs), no transposes.
 """
 
 KERNEL_MODULES = ("gemm", "trsm", "mp2_energy")
