@@ -302,6 +302,8 @@ def check_orbitals(mf, fock: bool = True) -> str:
                     conv_tol, 10 * conv_tol)
     if isinstance(mf, pyscf_scf.rohf.ROHF):
         return "orthonormal (ROHF orbitals, semicanonicalised by dfmp2)"
+    if mf.mol.nelectron < 2:  # PySCF's one-electron SCF: mo_energy are core-Hamiltonian ones
+        return "orthonormal (one electron: no electron pairs)"
     if not fock:
         return "orthonormal (orbitals from dfmp2's own SCF)"
     grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
