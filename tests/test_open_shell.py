@@ -42,7 +42,8 @@ def test_nh2_df_references(reference, frozen_core):
     assert result.e_corr_os == pytest.approx(os_, abs=TOL_8DP)
     assert result.e_corr == pytest.approx(corr, abs=TOL_8DP)
     assert (result.sizes.nalpha, result.sizes.nbeta) == (5, 4)
-    assert result.e_scs == pytest.approx(1.2 * result.e_corr_os + result.e_corr_ss / 3 + singles,
+    assert result.e_scs == pytest.approx(1.2 * result.e_corr_os + result.e_corr_ss / 3
+                                         + result.e_singles,
                                          abs=TOL_PRINTED)
 
 
@@ -123,7 +124,6 @@ def nh2_uhf():
 @pytest.mark.parametrize("kwargs, tol", [
     ({"fused_energy": False}, TOL_OUTCORE),
     ({"force_outcore": True}, TOL_OUTCORE),
-    ({"max_memory": 30}, TOL_OUTCORE),
     ({"cpu_blas": "torch"}, TOL_OUTCORE),
     ({"precision": "mixed"}, TOL_PRECISION),
     ({"precision": "fp32"}, TOL_FP32),
@@ -132,8 +132,23 @@ def test_every_path_equals_in_core_fp64(nh2_uhf, kwargs, tol):
     ref = dfmp2.DFMP2(nh2_uhf).run()
     got = dfmp2.DFMP2(nh2_uhf, **kwargs).run()
     assert got.e_corr == pytest.approx(ref.e_corr, abs=tol)
-    if kwargs.get("force_outcore") or kwargs.get("max_memory"):
+    if kwargs.get("force_outcore"):
         assert got.result.method.blocks["storage"] == "hdf5"
+
+
+def test_planner_counts_both_spins():
+    """B of both spins is stored: the in-core plan holds o_a v_a X + o_b v_b X, and a budget
+    that holds one spin's B but not both puts B on disk."""
+    from dfmp2.blocking import MB, plan_blocks
+
+    alpha, beta, naux = (40, 200), (38, 202), 900
+    both = plan_blocks(300, [alpha, beta], naux, 4000)
+    one = plan_blocks(300, [alpha], naux, 4000)
+    assert both.b_bytes == (40 * 200 + 38 * 202) * naux * 8
+    assert both.resident_bytes - one.resident_bytes == 38 * 202 * naux * 8
+    limit = (one.resident_bytes + 38 * 202 * naux * 4) / MB / 0.85
+    assert not plan_blocks(300, [alpha], naux, limit).outcore
+    assert plan_blocks(300, [alpha, beta], naux, limit).outcore
 
 
 def test_nki_emulator_open_shell(nh2_uhf):
@@ -187,7 +202,7 @@ def test_cli_open_shell_summary_and_json(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--spin", "1", "--reference", "rhf"], "RHF reference needs 2S = 0"),
+    (["--spin", "2", "--reference", "rhf"], "RHF reference needs 2S = 0"),
     (["--spin", "1"], "cannot have 2S = 1"),
 ])
 def test_cli_bad_spin_is_one_line(args, message):

@@ -20,7 +20,8 @@ import importlib.util
 import numpy as np
 import torch
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, InputError
+from . import torch_ops  # a module reference: torch_ops imports cpu_blas, which imports us
 
 try:
     from . import _pair_reduce
@@ -33,7 +34,7 @@ __all__ = [
     "CHUNK_BYTES",
     "GROUP_ROWS",
     "PAIR_REDUCTION",
-    "mp2_pair_energy",
+    "mp2_pair_sums",
     "pair_reduction",
     "trmm",
 ]
@@ -53,68 +54,88 @@ CHUNK_BYTES = 4 * 1024 * 1024
 GROUP_ROWS = 4
 
 
-def mp2_pair_energy(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
-                    eps_j: torch.Tensor, eps_v: torch.Tensor, diagonal_block: bool,
-                    compiled: bool | None = None) -> torch.Tensor:
-    """Same contract as :func:`dfmp2.linalg.torch_ops.mp2_pair_energy` (CPU tensors only).
+def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
+                  eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
+                  weights: torch.Tensor, exchange: bool,
+                  compiled: bool | None = None) -> torch.Tensor:
+    """Same contract as :func:`dfmp2.linalg.torch_ops.mp2_pair_sums` (CPU tensors only).
+
+    ovL_i (ni, nva, naux), ovL_j (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
+    eps_vb (nvb,); weights (ni, nj) float64; exchange needs nva == nvb. Returns the float64
+    tensor ``[direct, exchange]`` (exchange 0.0 when not asked).
 
     For each group of occupied i (:data:`GROUP_ROWS`) and chunk of j (j >= the group's first i
-    in a diagonal block) one GEMM ``B_J[chunk] (k*nv, naux) x B_group^T (naux, g*nv)`` gives
-    ``(ia|jb)`` as ``[(j, b), (i, a)]``, reduced while the block is in cache: by the compiled
-    pass (``compiled`` None or True, float64 reductions only: fp64 and mixed precision) or by
-    numpy ufuncs (``compiled=False``, and the fp32 precision, whose reduction is float32).
+    in a diagonal block, :func:`~dfmp2.linalg.torch_ops.is_diagonal_block`) one GEMM
+    ``B_J[chunk] (k*nvb, naux) x B_group^T (naux, g*nva)`` gives ``(ia|jb)`` as
+    ``[(j, b), (i, a)]``, reduced while the block is in cache; a chunk whose weights are all 0
+    is skipped, GEMM included. The reduction is the compiled pass (``compiled`` None with a
+    float64 ``eps_va``: fp64 and mixed precision; ``compiled=True`` forces it, and it sums in
+    float64 whatever ``eps_va``'s dtype) or numpy ufuncs in ``eps_va``'s dtype
+    (``compiled=False``, and by default the fp32 precision).
+    Raises :class:`InputError` for operands of the wrong shape or off the CPU, and
+    :class:`BackendUnavailableError` for ``compiled=True`` without the compiled pass.
     """
-    b_i, b_j = ovL_i.numpy(), ovL_j.numpy()
-    ni, nv, naux = b_i.shape
-    nj = b_j.shape[0]
-    jb_rows = b_j.reshape(nj * nv, naux)
-    e_i, e_j, e_v = eps_i.numpy(), eps_j.numpy(), eps_v.numpy()
+    ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
+        ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
+    if ovL_i.device.type != "cpu" or ovL_j.device.type != "cpu":
+        raise InputError(f"numpy mp2_pair_sums needs CPU tensors, got ovL_i on "
+                         f"{ovL_i.device} and ovL_j on {ovL_j.device}")
+    e_va = eps_va.numpy()
     if compiled is None:
-        compiled = _pair_reduce is not None and e_v.dtype == np.float64
+        compiled = _pair_reduce is not None and e_va.dtype == np.float64
     elif compiled and _pair_reduce is None:
         raise BackendUnavailableError(
             f"the compiled pair reduction is not built here: {PAIR_REDUCTION}")
-    group = min(GROUP_ROWS, ni)
-    chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nv * nv * b_i.itemsize))))
-    rows = _Rows(max(chunk, group), group, nv, gemm_dtype=b_i.dtype, reduce_dtype=e_v.dtype,
-                 numpy_reduction=not compiled)
-    e_v64 = np.ascontiguousarray(e_v, dtype=np.float64)
     total = np.zeros(2)
+    if ni == 0 or nj == 0 or nva == 0 or nvb == 0:
+        return torch.from_numpy(total)
+    weights = torch.as_tensor(weights, dtype=torch.float64, device="cpu")
+    diagonal_block = torch_ops.is_diagonal_block(ovL_i, ovL_j, weights)
+    w_ij = weights.numpy()
+    b_i, b_j = ovL_i.numpy(), ovL_j.numpy()
+    jb_rows = b_j.reshape(nj * nvb, naux)
+    e_i, e_j, e_vb = eps_i.numpy(), eps_j.numpy(), eps_vb.numpy()
+    group = min(GROUP_ROWS, ni)
+    chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nva * nvb * b_i.itemsize))))
+    rows = _Rows(max(chunk, group), group, nva, nvb, gemm_dtype=b_i.dtype,
+                 reduce_dtype=e_va.dtype, numpy_reduction=not compiled, exchange=exchange)
+    e_va64, e_vb64 = (np.ascontiguousarray(e, dtype=np.float64) for e in (e_va, e_vb))
     for g0 in range(0, ni, group):
         g1 = min(g0 + group, ni)
-        ai_t = b_i[g0:g1].reshape((g1 - g0) * nv, naux).T
+        ai_t = b_i[g0:g1].reshape((g1 - g0) * nva, naux).T
         for k0, k1 in _chunks(g0, g1, nj, chunk, diagonal_block):
-            t_kbga = rows.gemm(jb_rows[k0 * nv : k1 * nv], ai_t)
-            pair_e, weight = _pair_weights(e_i[g0:g1], e_j[k0:k1], g0, k0, diagonal_block)
+            weight = np.ascontiguousarray(w_ij[g0:g1, k0:k1].T)  # (nk, ng)
+            if not weight.any():
+                continue
+            t_kbga = rows.gemm(jb_rows[k0 * nvb : k1 * nvb], ai_t)
+            pair_e = np.add.outer(e_j[k0:k1].astype(np.float64), e_i[g0:g1].astype(np.float64))
             if compiled:
-                total += _pair_reduce.pair_sums(t_kbga, k1 - k0, nv, g1 - g0, pair_e, weight,
-                                                e_v64)
+                total += _pair_reduce.pair_sums(t_kbga, k1 - k0, nvb, g1 - g0, nva, pair_e,
+                                                weight, e_va64, e_vb64, exchange)
                 continue
             for k in range(k1 - k0):
-                # the pairs used are a prefix of the group: i <= j in a diagonal block
-                used = int(np.count_nonzero(weight[k]))
-                t_gba = rows.pairs(t_kbga[k, :, :used])
-                total += rows.energy(t_gba, pair_e[k, :used], e_v, weight[k, :used])
+                p0, p1 = _weighted_span(weight[k])
+                if p0 < p1:
+                    t_gba = rows.pairs(t_kbga[k, :, p0:p1])
+                    total += rows.sums(t_gba, pair_e[k, p0:p1], e_va, e_vb, weight[k, p0:p1])
     return torch.from_numpy(total)
 
 
 def pair_reduction(reduce_dtype: torch.dtype) -> str:
-    """How :func:`mp2_pair_energy` reduces by default for this reduction dtype, for the record."""
+    """How :func:`mp2_pair_sums` reduces by default for this reduction dtype, for the record."""
     if _pair_reduce is None or reduce_dtype == torch.float64:
         return PAIR_REDUCTION
     return f"numpy ufuncs ({reduce_dtype} reduction; the compiled pass sums in float64)"
 
 
-def _pair_weights(e_g: np.ndarray, e_k: np.ndarray, g0: int, k0: int, diagonal_block: bool):
-    """``pair_e[k, g] = e_i + e_j`` and ``weight[k, g]`` (float64, (nk, ng)) for the pairs of
-    i = g0 + g with j = k0 + k: 2 for i < j (or any pair of an off-diagonal block), 1 for i == j,
-    0 for the pairs j < i that a diagonal block computes but does not use."""
-    pair_e = np.add.outer(e_k.astype(np.float64), e_g.astype(np.float64))
-    if not diagonal_block:
-        return pair_e, np.full(pair_e.shape, 2.0)
-    i = np.arange(g0, g0 + len(e_g))
-    j = np.arange(k0, k0 + len(e_k))[:, None]
-    return pair_e, np.where(i < j, 2.0, np.where(i == j, 1.0, 0.0))
+def _weighted_span(weight_g: np.ndarray) -> tuple[int, int]:
+    """(p0, p1): the range between the first and last nonzero weight of one row (0, 0 if none).
+    In a diagonal block the pairs used in a row of the group's own chunk (i <= j) are a
+    prefix."""
+    nonzero = np.flatnonzero(weight_g)
+    if nonzero.size == 0:
+        return 0, 0
+    return int(nonzero[0]), int(nonzero[-1]) + 1
 
 
 def _chunks(g0: int, g1: int, nj: int, chunk: int, diagonal_block: bool):
@@ -130,44 +151,48 @@ class _Rows:
     """Buffers for one GEMM block and its pairs, allocated once per op call: fresh
     multi-megabyte arrays per block would cost page faults comparable to the arithmetic."""
 
-    def __init__(self, chunk: int, group: int, nv: int, gemm_dtype, reduce_dtype,
-                 numpy_reduction: bool):
-        self.nv = nv
-        self.block = np.empty(chunk * nv * group * nv, dtype=gemm_dtype)
+    def __init__(self, chunk: int, group: int, nva: int, nvb: int, gemm_dtype, reduce_dtype,
+                 numpy_reduction: bool, exchange: bool):
+        self.nva, self.nvb = nva, nvb
+        self.block = np.empty(chunk * nvb * group * nva, dtype=gemm_dtype)
         if numpy_reduction:
-            self.t = np.empty((group, nv, nv), dtype=reduce_dtype)
-            self.w = np.empty((group, nv, nv), dtype=reduce_dtype)
-            self.swap = np.empty((group, nv, nv), dtype=reduce_dtype)
+            self.t = np.empty((group, nvb, nva), dtype=reduce_dtype)
+            self.w = np.empty((group, nvb, nva), dtype=reduce_dtype)
+            self.swap = np.empty((group, nvb, nva), dtype=reduce_dtype) if exchange else None
 
     def gemm(self, jb_rows: np.ndarray, ai_t: np.ndarray) -> np.ndarray:
-        """``(ia|jb)`` as (nk, nb, ng, na) for the nk j of ``jb_rows`` and ng i of ``ai_t``."""
-        nk, ng = jb_rows.shape[0] // self.nv, ai_t.shape[1] // self.nv
-        out = self.block[: nk * self.nv * ng * self.nv].reshape(nk * self.nv, ng * self.nv)
+        """``(ia|jb)`` as (nk, nvb, ng, nva) for the nk j of ``jb_rows`` and ng i of ``ai_t``."""
+        nk, ng = jb_rows.shape[0] // self.nvb, ai_t.shape[1] // self.nva
+        out = self.block[: nk * self.nvb * ng * self.nva].reshape(nk * self.nvb, ng * self.nva)
         np.matmul(jb_rows, ai_t, out=out)
-        return out.reshape(nk, self.nv, ng, self.nv)
+        return out.reshape(nk, self.nvb, ng, self.nva)
 
     def pairs(self, t_bga: np.ndarray) -> np.ndarray:
-        """One j's pairs as contiguous T (ng, nb, na) in the reduction dtype."""
+        """One j's pairs as contiguous M (ng, nvb, nva), ``M[g, b, a] = T_ab``, in the
+        reduction dtype."""
         t = self.t[: t_bga.shape[1]]
         np.copyto(t, t_bga.transpose(1, 0, 2))
         return t
 
-    def energy(self, t: np.ndarray, pair_ij: np.ndarray, e_v: np.ndarray,
-               weight: np.ndarray) -> np.ndarray:
-        """``sum_p weight[p] * [e_os, e_ss](pair p)`` (float64) from contiguous T (np, nv, nv),
-        with ``pair_ij[p] = e_i + e_j``. The sums are symmetric in a <-> b, so the layout of
-        each T (a, b) or (b, a) does not matter."""
-        npair, nv = t.shape[0], self.nv
-        d = self.w[:npair]  # D = e_i + e_j - e_a - e_b, then W = T / D in place
-        np.subtract((pair_ij.astype(d.dtype)[:, None] - e_v)[:, :, None], e_v, out=d)
-        np.divide(t, d, out=d)
-        w_rows = d.reshape(npair, 1, nv * nv)
-        direct = np.matmul(w_rows, t.reshape(npair, nv * nv, 1)).reshape(npair)
-        swap = self.swap[:npair]
-        np.copyto(swap, t.transpose(0, 2, 1))
-        exchange = np.matmul(w_rows, swap.reshape(npair, nv * nv, 1)).reshape(npair)
-        e_os = float(weight @ direct.astype(np.float64))
-        return np.array([e_os, e_os - float(weight @ exchange.astype(np.float64))])
+    def sums(self, m: np.ndarray, pair_ij: np.ndarray, e_va: np.ndarray, e_vb: np.ndarray,
+             weight: np.ndarray) -> np.ndarray:
+        """``sum_p weight[p] * [direct, exchange](pair p)`` (float64) from contiguous
+        M (np, nvb, nva), ``M[p, b, a] = T_ab``, with ``pair_ij[p] = e_i + e_j``; the exchange
+        entry is 0.0 unless the buffers were made for it."""
+        npair, nab = m.shape[0], self.nva * self.nvb
+        d = self.w[:npair]  # D[p, b, a] = e_i + e_j - e_b - e_a, then W = M / D in place
+        e_b = e_vb.astype(d.dtype, copy=False)
+        np.subtract((pair_ij.astype(d.dtype)[:, None] - e_b)[:, :, None], e_va, out=d)
+        np.divide(m, d, out=d)
+        w_rows = d.reshape(npair, 1, nab)
+        direct = np.matmul(w_rows, m.reshape(npair, nab, 1)).reshape(npair)
+        result = np.array([float(weight @ direct.astype(np.float64)), 0.0])
+        if self.swap is not None:
+            swap = self.swap[:npair]  # M[p, b, a] -> T_ba = M[p, a, b] (nva == nvb)
+            np.copyto(swap, m.transpose(0, 2, 1))
+            exchange = np.matmul(w_rows, swap.reshape(npair, nab, 1)).reshape(npair)
+            result[1] = float(weight @ exchange.astype(np.float64))
+        return result
 
 
 def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor) -> torch.Tensor:

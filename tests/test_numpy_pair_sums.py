@@ -1,0 +1,203 @@
+"""``numpy_ops.mp2_pair_sums`` (the pair step on numpy's BLAS) against the einsum oracle
+``energy.reference_pair_sums``: every block kind, weights, precision, reduction and grouping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dfmp2 import energy
+from dfmp2.errors import InputError
+from dfmp2.linalg import numpy_ops, torch_ops
+
+from tolerances import TOL_FP32_REL, TOL_MATRIX_REL
+
+NAUX, NJ, NVA, NVB = 11, 5, 6, 4
+#: kind -> (the same tensor as both operands, exchange, nvb, weights: 'triangular', 'ones' or
+#: 'random' (with zeros), eps_vb: the same tensor as eps_va or another)
+KINDS = {
+    "diagonal": (True, True, NVA, "triangular", "same"),
+    "diagonal-direct": (True, False, NVA, "triangular", "same"),
+    "square": (False, True, NVA, "ones", "same"),
+    "square-weighted": (False, True, NVA, "random", "other"),
+    "rectangular": (False, False, NVB, "ones", "other"),
+    "rectangular-weighted": (False, False, NVB, "random", "other"),
+}
+#: precision -> (ovL dtype, eps dtype, relative tolerance against the float64 oracle)
+PRECISIONS = {
+    "fp64": (torch.float64, torch.float64, TOL_MATRIX_REL),
+    "mixed": (torch.float32, torch.float64, TOL_FP32_REL),
+    "fp32": (torch.float32, torch.float32, TOL_FP32_REL),
+}
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _operands(kind: str, ni: int, seed: int = 0):
+    """float64 (ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange) of one kind."""
+    same, exchange, nvb, weight_kind, eps_b = KINDS[kind]
+    ovL_i = _rand(ni, NVA, NAUX, seed=seed)
+    eps_i = -1 - _rand(ni, seed=seed + 1).abs()
+    ovL_j, eps_j = (ovL_i, eps_i) if same else (_rand(NJ, nvb, NAUX, seed=seed + 2),
+                                                -1 - _rand(NJ, seed=seed + 3).abs())
+    nj = ovL_j.shape[0]
+    eps_va = 1 + _rand(NVA, seed=seed + 4).abs()
+    eps_vb = eps_va if eps_b == "same" else 1 + _rand(nvb, seed=seed + 5).abs()
+    if weight_kind == "random":
+        weights = torch.rand(ni, nj, generator=torch.Generator().manual_seed(seed + 6),
+                             dtype=torch.float64) * 3 - 1
+        weights[::2, 1::2] = 0.0
+    else:
+        weights = torch.from_numpy(energy.pair_weights(0, ni, 0, nj, weight_kind == "triangular"))
+    return ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange
+
+
+def _cast(args, b_dtype, r_dtype):
+    """The operands in one precision; the two operands stay one tensor when they were."""
+    ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange = args
+    b_i = ovL_i.to(b_dtype)
+    b_j = b_i if ovL_j is ovL_i else ovL_j.to(b_dtype)
+    e_i = eps_i.to(r_dtype)
+    e_j = e_i if eps_j is eps_i else eps_j.to(r_dtype)
+    e_a = eps_va.to(r_dtype)
+    e_b = e_a if eps_vb is eps_va else eps_vb.to(r_dtype)
+    return b_i, b_j, e_i, e_j, e_a, e_b, weights, exchange
+
+
+def _assert_matches(got: torch.Tensor, ref: np.ndarray, rel: float):
+    """Each entry within ``rel`` of the largest one (the exchange sum may be far smaller)."""
+    assert got.dtype == torch.float64 and got.shape == (2,)
+    scale = float(np.abs(ref).max())
+    assert np.allclose(got.numpy(), ref, rtol=rel, atol=rel * scale), (got, ref)
+
+
+@pytest.mark.parametrize("ni", range(1, 10))  # GROUP_ROWS = 4: partial, whole and mixed groups
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "ufuncs"])
+def test_pair_sums_match_the_oracle(ni, kind, precision, compiled):
+    b_dtype, r_dtype, rel = PRECISIONS[precision]
+    args = _operands(kind, ni, seed=ni)
+    got = numpy_ops.mp2_pair_sums(*_cast(args, b_dtype, r_dtype), compiled=compiled)
+    ref = energy.reference_pair_sums(*args)
+    _assert_matches(got, ref, rel)
+    if not args[-1]:
+        assert got[1] == 0.0
+
+
+@pytest.mark.parametrize("chunk_pairs", [1, 2, 100])
+@pytest.mark.parametrize("kind", ["diagonal", "square-weighted", "rectangular"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "ufuncs"])
+def test_every_chunking_of_j_matches_the_oracle(chunk_pairs, kind, compiled, monkeypatch):
+    """CHUNK_BYTES sets how many j one GEMM covers: one, two, or all of them."""
+    ni = 7
+    args = _operands(kind, ni, seed=20)
+    nvb = args[1].shape[1]
+    monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", chunk_pairs * 4 * NVA * nvb * 8)
+    got = numpy_ops.mp2_pair_sums(*args, compiled=compiled)
+    _assert_matches(got, energy.reference_pair_sums(*args), TOL_MATRIX_REL)
+
+
+def _recorded_gemms(monkeypatch) -> list[tuple[int, int]]:
+    """(rows of j, rows of i) of every GEMM the op runs, in pairs (nk, ng)."""
+    calls = []
+    real = numpy_ops._Rows.gemm
+
+    def gemm(self, jb_rows, ai_t):
+        calls.append((jb_rows.shape[0] // self.nvb, ai_t.shape[1] // self.nva))
+        return real(self, jb_rows, ai_t)
+
+    monkeypatch.setattr(numpy_ops._Rows, "gemm", gemm)
+    return calls
+
+
+@pytest.mark.parametrize("ni", [1, 4, 9])
+def test_a_diagonal_block_computes_no_pair_below_its_groups(ni, monkeypatch):
+    """Same tensor, triangular weights: only the pairs j >= the group's first i are formed."""
+    calls = _recorded_gemms(monkeypatch)
+    args = _operands("diagonal", ni, seed=30)
+    got = numpy_ops.mp2_pair_sums(*args)
+    _assert_matches(got, energy.reference_pair_sums(*args), TOL_MATRIX_REL)
+    group = numpy_ops.GROUP_ROWS
+    expected = sum((ni - g0) * min(group, ni - g0) for g0 in range(0, ni, group))
+    assert sum(nk * ng for nk, ng in calls) == expected
+
+
+def test_the_same_tensor_with_full_weights_is_not_a_diagonal_block(monkeypatch):
+    """Weights below the diagonal make every pair count: all ni * nj are formed."""
+    calls = _recorded_gemms(monkeypatch)
+    args = list(_operands("diagonal", 6, seed=40))
+    args[6] = torch.ones(6, 6, dtype=torch.float64)
+    got = numpy_ops.mp2_pair_sums(*args)
+    _assert_matches(got, energy.reference_pair_sums(*args), TOL_MATRIX_REL)
+    assert sum(nk * ng for nk, ng in calls) == 36
+
+
+def test_chunks_of_zero_weight_are_skipped(monkeypatch):
+    calls = _recorded_gemms(monkeypatch)
+    args = list(_operands("square", 8, seed=50))
+    weights = torch.zeros(8, NJ, dtype=torch.float64)
+    weights[5, 2] = 1.0  # only the second group of 4 i has a pair
+    args[6] = weights
+    got = numpy_ops.mp2_pair_sums(*args)
+    _assert_matches(got, energy.reference_pair_sums(*args), TOL_MATRIX_REL)
+    assert len(calls) == 1
+    args[6] = torch.zeros(8, NJ, dtype=torch.float64)
+    assert numpy_ops.mp2_pair_sums(*args).tolist() == [0.0, 0.0]
+    assert len(calls) == 1
+
+
+def test_agrees_with_the_torch_implementation():
+    for kind in KINDS:
+        args = _operands(kind, 6, seed=60)
+        assert torch.allclose(numpy_ops.mp2_pair_sums(*args), torch_ops.mp2_pair_sums(*args),
+                              rtol=TOL_MATRIX_REL, atol=0)
+
+
+def test_the_fp32_reduction_runs_on_numpy_by_default(monkeypatch):
+    """A float32 eps_va means a float32 reduction: the compiled pass (float64) is not used."""
+
+    class Refuse:
+        @staticmethod
+        def pair_sums(*args):
+            raise AssertionError("the compiled pass ran for a float32 reduction")
+
+    monkeypatch.setattr(numpy_ops, "_pair_reduce", Refuse)
+    args = _operands("diagonal", 5, seed=70)
+    got = numpy_ops.mp2_pair_sums(*_cast(args, torch.float32, torch.float32))
+    _assert_matches(got, energy.reference_pair_sums(*args), TOL_FP32_REL)
+    with pytest.raises(AssertionError, match="compiled pass ran"):
+        numpy_ops.mp2_pair_sums(*_cast(args, torch.float32, torch.float64))
+
+
+@pytest.mark.parametrize("nvb", [0, NVB])
+def test_empty_blocks_sum_to_zero(nvb):
+    ovL_i = torch.ones(0, NVA, NAUX, dtype=torch.float64)
+    eps_i = torch.ones(0, dtype=torch.float64)
+    ovL_j = torch.ones(3, nvb, NAUX, dtype=torch.float64)
+    eps_j = -torch.ones(3, dtype=torch.float64)
+    e_a, e_b = torch.ones(NVA, dtype=torch.float64), torch.ones(nvb, dtype=torch.float64)
+    got = numpy_ops.mp2_pair_sums(ovL_i, ovL_j, eps_i, eps_j, e_a, e_b,
+                                  torch.ones(0, 3, dtype=torch.float64), False)
+    assert got.tolist() == [0.0, 0.0]
+
+
+def test_wrong_operands_are_input_errors():
+    args = list(_operands("rectangular", 3, seed=80))
+    with pytest.raises(InputError, match="exchange sum needs nvir_i == nvir_j, got 6 and 4"):
+        numpy_ops.mp2_pair_sums(*args[:7], True)
+    with pytest.raises(InputError, match=r"eps_vb must have shape \(4,\)"):
+        numpy_ops.mp2_pair_sums(*args[:5], args[4], *args[6:])
+    with pytest.raises(InputError, match=r"weights must have shape \(3, 5\)"):
+        numpy_ops.mp2_pair_sums(*args[:6], args[6].T, False)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(InputError, match="needs CPU tensors"):
+        numpy_ops.mp2_pair_sums(*meta)
+
+
+def test_the_old_closed_shell_name_is_gone():
+    assert not hasattr(numpy_ops, "mp2_pair_energy")
+    assert "mp2_pair_sums" in numpy_ops.__all__
