@@ -117,7 +117,9 @@ ERROR_CASES = {
     "unknown auxbasis": (lambda p: ["run", WATER, "--auxbasis", "nonsense-ri"], "nonsense-ri"),
     "odd electrons for rhf": (lambda p: ["run", WATER, "--charge", "1"], "cannot have 2S = 0"),
     "no electrons": (lambda p: ["run", "H 0 0 0", "--charge", "1"], "leaves 0 electrons"),
-    "open shell": (lambda p: ["run", WATER, "--charge", "1", "--spin", "1"], "only closed-shell"),
+    "rhf for an open shell": (
+        lambda p: ["run", WATER, "--charge", "1", "--spin", "1", "--reference", "rhf"],
+        "RHF reference needs 2S = 0"),
     "scf not converged": (lambda p: ["run", WATER, "--max-cycle", "2"], "did not converge"),
     "memory too small": (lambda p: ["run", str(INPUTS / "caffeine.xyz"), "--max-memory", "1"],
                          "too small"),
