@@ -10,8 +10,8 @@ from pyscf import gto, scf
 from pyscf.data.elements import chemcore_atm
 
 from dfmp2.errors import InputError
-from dfmp2.reference import frozen_mask
 from dfmp2.molecule import build_mole, ecp_record
+from dfmp2.reference import frozen_mask
 
 from tolerances import TOL_SCF_PIN
 

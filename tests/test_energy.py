@@ -13,9 +13,9 @@ from dfmp2.energy import (
     scs_energy,
 )
 from dfmp2.integrals import make_auxmol
-from dfmp2.reference import frozen_mask, orbital_space
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import TensorB, pair_energies
+from dfmp2.reference import frozen_mask, orbital_space
 
 from tolerances import TOL_MATRIX_REL, TOL_OUTCORE, TOL_PRINTED
 

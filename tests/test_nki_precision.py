@@ -15,7 +15,6 @@ from dfmp2 import pipeline
 from dfmp2.blocking import plan_blocks
 from dfmp2.errors import NotPositiveDefiniteError, PrecisionError
 from dfmp2.integrals import metric
-from dfmp2.reference import frozen_mask, orbital_space
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import (
     FIT_HOST_CONDITION,
@@ -24,6 +23,7 @@ from dfmp2.pipeline import (
     factor_metric,
     plan_stages,
 )
+from dfmp2.reference import frozen_mask, orbital_space
 
 from tolerances import TOL_CONDITION_REL, TOL_FP32, TOL_MATRIX_REL
 
