@@ -28,18 +28,31 @@ NH2_DF = {
 }
 
 
+#: The same with the SCF on exact integrals (QCEngine's "pk" SCF; the MP2 is density-fitted
+#: with aug-cc-pVDZ-RI as above; OS not published: None).
+NH2_CONV = {
+    "uhf": (-55.57513805247548, (0.0, -0.03523329, None, -0.15484736),
+            (0.0, -0.03448519, None, -0.15241501)),
+    "rohf": (-55.570724348574, (-0.00282963, -0.03544835, None, -0.15948289),
+             (-0.002806, -0.03469422, None, -0.15701209)),
+}
+
+
+@pytest.mark.parametrize("scf_type", ["df", "conv"])
 @pytest.mark.parametrize("reference", ["uhf", "rohf"])
 @pytest.mark.parametrize("frozen_core", [False, True], ids=["ae", "fc"])
-def test_nh2_df_references(reference, frozen_core):
+def test_nh2_references(scf_type, reference, frozen_core):
     result = dfmp2.run(NH2, basis="aug-cc-pvdz", spin=1, reference=reference,
-                       frozen_core=frozen_core, conv_tol=1e-12, conv_tol_grad=1e-8)
-    e_scf, ae, fc = NH2_DF[reference]
+                       frozen_core=frozen_core, scf_type=scf_type, conv_tol=1e-12,
+                       conv_tol_grad=1e-8)
+    e_scf, ae, fc = (NH2_DF if scf_type == "df" else NH2_CONV)[reference]
     singles, ss, os_, corr = fc if frozen_core else ae
     assert result.scf.kind == reference
     assert result.e_scf == pytest.approx(e_scf, abs=1e-9)
     assert result.e_singles == pytest.approx(singles, abs=TOL_8DP)
     assert result.e_corr_ss == pytest.approx(ss, abs=TOL_8DP)
-    assert result.e_corr_os == pytest.approx(os_, abs=TOL_8DP)
+    if os_ is not None:
+        assert result.e_corr_os == pytest.approx(os_, abs=TOL_8DP)
     assert result.e_corr == pytest.approx(corr, abs=TOL_8DP)
     assert (result.sizes.nalpha, result.sizes.nbeta) == (5, 4)
     assert result.e_scs == pytest.approx(1.2 * result.e_corr_os + result.e_corr_ss / 3
@@ -98,11 +111,40 @@ def test_matches_live_pyscf_dfump2(name, frozen):
     mf = _uhf(atom, "cc-pvdz", charge=charge, spin=spin)
     ref = mp.dfump2.DFUMP2(mf, frozen=frozen)
     ref.with_df = df.DF(mf.mol, auxbasis="cc-pvdz-ri")
-    ref.kernel(with_t2=False) if "with_t2" in ref.kernel.__code__.co_varnames else ref.kernel()
+    ref.kernel(with_t2=False)
     pt = dfmp2.DFMP2(mf, frozen=frozen, auxbasis="cc-pvdz-ri").run()
     assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_OUTCORE)
     assert pt.e_corr_os == pytest.approx(ref.e_corr_os, abs=TOL_OUTCORE)
     assert pt.e_corr_ss == pytest.approx(ref.e_corr_ss, abs=TOL_OUTCORE)
+
+
+def test_uks_orbitals_without_singles_match_pyscf():
+    """A UKS reference: MP2 on its orbitals, no singles (the double-hybrid convention), recorded
+    as uks with its functional; PySCF's DFUMP2 on the same object agrees."""
+    from pyscf import dft
+
+    mol = gto.M(atom=NH2.replace("\n", "; "), basis="cc-pvdz", spin=1, verbose=0)
+    uks = dft.UKS(mol)
+    uks.xc = "b3lyp"
+    uks.conv_tol = 1e-11
+    uks.kernel()
+    ref = mp.dfump2.DFUMP2(uks)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel(with_t2=False)
+    pt = dfmp2.DFMP2(uks, auxbasis="cc-pvdz-ri").run()
+    assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_OUTCORE)
+    assert (pt.result.scf.kind, pt.result.scf.xc, pt.e_singles) == ("uks", "b3lyp", 0.0)
+    assert pt.result.e_hf is None
+
+
+def test_roks_is_refused():
+    from pyscf import dft
+
+    from dfmp2.errors import InputError
+
+    mol = gto.M(atom=NH2.replace("\n", "; "), basis="sto-3g", spin=1, verbose=0)
+    with pytest.raises(InputError, match="ROKS"):
+        dfmp2.DFMP2(dft.ROKS(mol).run()).run()
 
 
 def test_closed_shell_through_the_uhf_path_equals_rhf():
