@@ -25,7 +25,13 @@ from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
 from .integrals import INT3C_EXPCUTOFF, auxbasis_record, make_auxmol
 from .linalg import Dispatcher, DispatchPolicy, numpy_ops
-from .molecule import basis_record, build_mole, ecp_record, molecule_record
+from .molecule import (
+    basis_record,
+    build_mole,
+    check_every_atom_has_functions,
+    ecp_record,
+    molecule_record,
+)
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
 from .reference import (
@@ -180,6 +186,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     """
     kind, xc = check_scf_object(mf)
     mol = mf.mol
+    check_every_atom_has_functions(mol, "the SCF's basis",
+                                   "build the Mole with a basis for every element")
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
@@ -438,7 +446,8 @@ class DFMP2:
         merged = {**self.options, **options}
         refused = sorted(set(merged) & set(_MOLE_SETTINGS))
         if refused:
-            raise InputError(f"{', '.join(refused)} belong to the SCF's molecule; build the "
+            verb = "belongs" if len(refused) == 1 else "belong"
+            raise InputError(f"{', '.join(refused)} {verb} to the SCF's molecule; build the "
                              "Mole and SCF with them (DFMP2 cannot change them)")
         frozen = merged.pop("frozen", self.frozen)
         auxbasis = self._auxbasis(merged.pop("auxbasis", self.auxbasis))

@@ -132,13 +132,33 @@ def _atom_line(line: str, where: str):
     return label, tuple(values)
 
 
-def _zmatrix_entry(fields: list[str], where: str):
-    """One Z-matrix entry ``label [i r [j angle [k dihedral]]]``, numbers normalised for PySCF."""
+def _zmatrix_entry(fields: list[str], k: int, where: str):
+    """Entry ``k`` (1-based) of a Z-matrix: ``label``, then for k >= 2 ``i r``, for k >= 3
+    ``j angle``, for k >= 4 ``l dihedral``; references are earlier entries (1-based, distinct),
+    distances in Angstrom, angles in degrees. PySCF gets the entry rebuilt from the parsed
+    values only (it evaluates what it is given)."""
     label = atom_label(fields[0], where)
-    rest = []
-    for field in fields[1:]:
-        _finite(field, _number(field), where)
-        rest.append(_FORTRAN.sub(r"\1e\2", field))
+    nref = min(k - 1, 3)
+    names = ("bond partner and distance", "angle partner and angle",
+             "dihedral partner and dihedral")
+    if len(fields) != 1 + 2 * nref:
+        expected = " ".join(["label", *("i r", "j angle", "l dihedral")[:nref]])
+        raise InputError(f"{where}: expected 'Element x y z' or, as Z-matrix entry {k}, "
+                         f"'{expected}'; got {' '.join(fields)!r}")
+    rest, refs = [], []
+    for m in range(nref):
+        ref_field, value_field = fields[1 + 2 * m], fields[2 + 2 * m]
+        if not ref_field.isdigit() or not 1 <= int(ref_field) < k or int(ref_field) in refs:
+            raise InputError(f"{where}: Z-matrix {names[m]}: {ref_field!r} must name a distinct "
+                             f"earlier entry, 1 to {k - 1}")
+        value = _number(value_field)
+        if value is None:
+            raise InputError(f"{where}: Z-matrix {names[m]}: {value_field!r} is not a number")
+        _finite(value_field, value, where)
+        if m == 0 and value <= 0:
+            raise InputError(f"{where}: Z-matrix distance {value_field!r} must be positive")
+        refs.append(int(ref_field))
+        rest += [ref_field, repr(value)]
     return label, " ".join([label, *rest])
 
 
@@ -195,13 +215,15 @@ def parse_atom_string(text: str) -> Geometry:
     if not entries:
         raise InputError(f"the atom string is empty; give atoms such as {_EXAMPLE}")
     atoms, where = [], []
+    # a Z-matrix starts with a label alone; otherwise every entry is 'Element x y z'
+    zmatrix = len(_fields(entries[0])) == 1
     for k, entry in enumerate(entries, start=1):
         here = f"atom string entry {k} ({entry.strip()!r})"
         fields = _fields(entry)
-        if len(fields) == 4 and all(_number(field) is not None for field in fields[1:]):
+        if zmatrix:  # validated and rebuilt here; PySCF converts it to Cartesians
+            atoms.append(_zmatrix_entry(fields, k, here))
+        else:
             atoms.append(_atom_line(entry, here))
-        else:  # Z-matrix: validate the label and the numbers, PySCF converts it
-            atoms.append(_zmatrix_entry(fields, here))
         where.append(here)
     return Geometry(tuple(atoms), "atom string", "", tuple(where))
 

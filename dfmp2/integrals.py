@@ -16,6 +16,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from .errors import InputError
 from .molecule import (
     basis_record,
+    check_every_atom_has_functions,
     describe_shells,
     element_of,
     first_line,
@@ -119,6 +120,9 @@ def make_auxmol(mol, auxbasis=None):
             f"auxiliary basis {_aux_text(auxbasis, spec)} could not be built (PySCF: "
             f"{type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
         ) from None
+    check_every_atom_has_functions(
+        auxmol, f"the auxiliary basis {_aux_text(auxbasis, spec)}",
+        "give an auxiliary basis for every element (a name, or a dict with every element)")
     auxmol.verbose = mol.verbose
     return auxmol
 

@@ -25,6 +25,7 @@ from .geometry import GHOST_PREFIX, Geometry, parse_geometry, read_xyz
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "check_every_atom_has_functions",
     "DEFAULT_BASIS",
     "MIN_DISTANCE",
     "Geometry",
@@ -266,8 +267,21 @@ def _check_capacity(mol, source: str) -> None:
         )
 
 
+def check_every_atom_has_functions(mol, what: str, advice: str) -> None:
+    """Every atom of ``mol`` (ghost atoms too) carries shells of ``what`` (the orbital or an
+    auxiliary basis); PySCF only warns when a basis dict leaves an element out, and the run
+    would then treat that atom as a bare nucleus (or leave it unfitted)."""
+    covered = set(mol._bas[:, gto.ATOM_OF].tolist())
+    missing = sorted({mol.atom_symbol(k) for k in range(mol.natm) if k not in covered})
+    if missing:
+        raise InputError(f"{what} has no functions for {', '.join(missing)}; {advice}")
+
+
 def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
-    """Electron count (ECPs and ghosts excluded by PySCF), 2S, basis capacity, geometry."""
+    """Electron count (ECPs and ghosts excluded by PySCF), 2S, basis capacity, geometry, every
+    atom with basis functions."""
+    check_every_atom_has_functions(
+        mol, f"{source}: the basis", "give a basis (or a basis dict entry) for every element")
     _check_electrons(mol.nelectron, spin, charge, source)
     mol.spin = spin
     labels = [mol.atom_symbol(k) for k in range(mol.natm)]

@@ -71,6 +71,7 @@ class Options:
     max_cycle: int = 100
 
     def __post_init__(self):
+        _check_types(self)
         _choice("scf_type", self.scf_type, SCF_TYPES)
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
@@ -131,6 +132,27 @@ class Options:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISSING}
+
+
+def _check_types(opts: Options) -> None:
+    """Numbers and switches have the type of their default (bool is not taken for a number);
+    ``frozen`` is None, an int or a list."""
+    for f in fields(opts):
+        value, default = getattr(opts, f.name), f.default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            continue
+        if not ok:
+            kind = {bool: "True or False", float: "a number", int: "an integer"}[type(default)]
+            raise InputError(f"{f.name} must be {kind}, got {value!r}")
+    if opts.frozen is not None and not isinstance(opts.frozen, (int, list, tuple)):
+        raise InputError(f"frozen must be an int or a list of orbital indices, got "
+                         f"{opts.frozen!r}")
 
 
 def _check_indices(frozen) -> None:

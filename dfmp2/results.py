@@ -239,7 +239,7 @@ class Result:
         ref = scf.kind.upper() + (f" ({scf.xc})" if scf.xc else "")
         lines = [
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
-            f"{mo.natom - mo.nghost} atoms{ghosts}  {s.nbasis} basis functions",
+            f"{_count(mo.natom - mo.nghost, 'atom')}{ghosts}  {s.nbasis} basis functions",
             f"  basis      {_per_element(m.basis)}",
             f"  auxiliary  {_per_element(m.auxbasis)}  ({s.naux} functions"
             + (f", {s.naux_dropped} dropped" if s.naux_dropped else "") + ")",
@@ -316,6 +316,10 @@ class Result:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _mp2_space(s: Sizes) -> str:
