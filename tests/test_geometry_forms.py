@@ -215,3 +215,47 @@ def test_a_single_atom_and_an_unbuilt_mole():
     given = gto.Mole(atom=WATER, basis="sto-3g", verbose=0)
     mol = build_mole(given)
     assert mol._built and mol.nelectron == 10 and not given._built
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("H 0 0 0; H 0 0 a", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 (1", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 1/0", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 0x10", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 len('abc')", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 __import__('os').getpid()", "coordinates must be numbers"),
+    ("H 0 0 0; H 0 0 0.74 junk", "expected 'Element x y z'"),
+    ("H 0 0 0\\tH 0 0 0.74", "expected 'Element x y z'"),
+    ("N; H 1 1.008 junk", "'label i r'"),
+    ("N; H 1 1/0", "is not a number"),
+    ("N; H 1 1.0; H 2 1.0 2 105", "distinct earlier entry"),
+    ("N; H 3 1.0", "earlier entry, 1 to 1"),
+    ("N; H 1 -1.0", "must be positive"),
+], ids=lambda v: v if len(v) < 30 else v[:30])
+def test_atom_strings_are_parsed_never_evaluated(text, needle):
+    """PySCF evaluates the fields of entries it takes for a Z-matrix: dfmp2 parses every
+    entry itself, so junk is one InputError naming the entry, never a traceback, never a number
+    PySCF made of an expression."""
+    with pytest.raises(InputError, match="atom string entry") as info:
+        build_mole(text, basis="sto-3g")
+    assert needle in str(info.value)
+
+
+def test_zmatrix_is_rebuilt_from_parsed_numbers():
+    mol = build_mole("N; H 1 1.008; H 1 1.008D0 2 105.0", basis="sto-3g", spin=1)
+    dist = np.linalg.norm(mol.atom_coord(1, unit="Angstrom") - mol.atom_coord(0, unit="Angstrom"))
+    assert dist == pytest.approx(1.008, abs=TOL_IDENTITY)
+
+
+def test_a_basis_dict_that_leaves_an_element_out_is_refused():
+    """PySCF only warns and would run H as a bare nucleus: refused for a given Mole, for the
+    SCF object given to DFMP2, and for an auxiliary basis dict (before the SCF)."""
+    import dfmp2
+
+    with pytest.raises(InputError, match="basis has no functions for H"):
+        dfmp2.run(gto.M(atom=WATER, basis={"O": "cc-pvdz"}, verbose=0))
+    mf = scf.RHF(gto.M(atom=WATER, basis={"O": "cc-pvdz"}, verbose=0)).run()
+    with pytest.raises(InputError, match="SCF's basis has no functions for H"):
+        dfmp2.DFMP2(mf).run()
+    with pytest.raises(InputError, match="auxiliary basis .* no functions for H"):
+        dfmp2.run(WATER, auxbasis={"O": "cc-pvdz-ri"}, max_cycle=1)

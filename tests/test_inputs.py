@@ -106,3 +106,15 @@ def test_memory_error_comes_before_the_scf(monkeypatch):
     monkeypatch.setattr(dfmp2.api, "run_scf", no_scf)
     with pytest.raises(ResourceError):
         dfmp2.run(INPUTS / "caffeine.xyz", max_memory=1)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"frozen": "a"}, "frozen must be an int"),
+    ({"os_scale": "x"}, "os_scale must be a number"),
+    ({"max_memory": 1.5}, "max_memory must be an integer"),
+    ({"fused_energy": 1}, "fused_energy must be True or False"),
+    ({"charge": True}, "charge must be an integer"),
+])
+def test_options_of_the_wrong_type_are_input_errors(kwargs, needle):
+    with pytest.raises(InputError, match=needle):
+        Options(**kwargs)

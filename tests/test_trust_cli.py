@@ -74,8 +74,10 @@ def test_counterpoise_ghost_atoms_on_the_command_line():
     ([""], ["empty"]),
     (["H 0 0 0; H 0 0 0.74", "--charge", "-4", "--basis", "sto-3g"], ["electrons"]),
     ([WATER, "--ecp", "no-such-ecp"], ["no-such-ecp"]),
+    (["H 0 0 0; H 0 0 __import__('os').getpid()"], ["entry 2", "must be numbers"]),
+    (["H 0 0 0; H 0 0 0.74 junk"], ["entry 2", "expected 'Element x y z'"]),
 ], ids=["close-atoms", "nan", "no-default-aux", "directory", "empty", "too-many-electrons",
-        "unknown-ecp"])
+        "unknown-ecp", "expression", "extra-field"])
 def test_bad_input_is_one_line_and_exit_1(args, needles):
     _one_error_line(_dfmp2("run", *args), *needles)
 
