@@ -335,10 +335,33 @@ def _check_basis_arg(basis) -> None:
         raise InputError(f"basis must be a name or a dict element -> name, got {basis!r}")
 
 
+def _pp_partner(basis, elements):
+    """A named ``...-PP`` basis (cc-pVXZ-PP, aug-cc-pVXZ-PP) exists only for the heavy elements
+    its pseudopotentials cover; as in ORCA and Psi4, the other elements get the all-electron
+    set of the same name without ``-PP`` (hydrogen in HI gets cc-pVDZ). Returns a dict per
+    element then (the result records it), else ``basis`` unchanged."""
+    if not isinstance(basis, str) or not basis.lower().endswith("-pp"):
+        return basis
+    table = {}
+    for element in elements:
+        try:
+            with quiet_pyscf():
+                found = bool(gto.basis.load(basis, element))
+        except (BasisNotFoundError, RuntimeError, KeyError, ValueError, OSError):
+            found = False
+        table[element] = basis if found else basis[:-3]
+    if all(name == basis for name in table.values()):
+        return basis
+    log.info("basis %s: %s take the all-electron %s", basis,
+             ", ".join(e for e, n in table.items() if n != basis), basis[:-3])
+    return table
+
+
 def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
     basis = DEFAULT_BASIS if basis is None else basis
     _check_basis_arg(basis)
     labels = [label for label, _ in parsed.atoms]
+    basis = _pp_partner(basis, sorted({element_of(label) for label in labels}))
     if all(isinstance(xyz, tuple) for _, xyz in parsed.atoms):
         _check_coordinates(labels, [xyz for _, xyz in parsed.atoms], parsed.source)
         atom = [(label, xyz) for label, xyz in parsed.atoms]

@@ -127,3 +127,14 @@ def test_settings_given_with_a_mole_are_applied_to_a_copy():
     assert not given.ecp and mol is not given
     none = build_mole(gto.M(atom=HI, basis="def2-svp", ecp="def2-svp", verbose=0), ecp="none")
     assert ecp_record(none) == {} and none.nelectron == 54
+
+
+def test_pp_basis_gives_light_elements_the_all_electron_set():
+    """cc-pVDZ-PP exists for iodine only: hydrogen takes cc-pVDZ (as ORCA and Psi4 do), iodine
+    keeps the basis and its ECP, and the records say which element got what."""
+    from dfmp2.molecule import basis_record
+
+    mol = build_mole("H 0 0 0; I 0 0 1.609", basis="cc-pvdz-pp")
+    assert basis_record(mol) == {"H": "cc-pvdz", "I": "cc-pvdz-pp"}
+    assert ecp_record(mol) == {"I": {"name": "cc-pvdz-pp", "core_electrons": 28}}
+    assert mol.nelectron == 26
