@@ -475,8 +475,10 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
         stores = timer.run("transform", lambda: [new_store(spaces[k]) for k in used])
         timer.run("transform", transform, mol, auxmol, [spaces[k] for k in used],
                   placed["transform"], plan.aux_block, plan.unpack_block, stores, progress)
-        for store in stores:
-            timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)
+        for k, store in zip(used, stores):
+            spin = "" if len(spaces) == 1 else (" alpha", " beta")[k]
+            timer.run("fit", fit, store, factor, placed["fit"], plan.fit_occ,
+                      lambda stage, done, total: progress(stage + spin, done, total))
         by_space = dict(zip(used, stores))
         eps = [tuple(torch.from_numpy(np.ascontiguousarray(e)).to(reduce_dtype)
                      for e in (sp.eps_occ, sp.eps_vir)) for sp in spaces]
