@@ -17,7 +17,7 @@ from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import TensorB, pair_energies
 from dfmp2.reference import frozen_mask, orbital_space
 
-from tolerances import TOL_MATRIX_REL, TOL_OUTCORE, TOL_PRINTED
+from tolerances import TOL_INT3C_SCREEN, TOL_MATRIX_REL, TOL_OUTCORE, TOL_PRINTED
 
 
 def _random_problem(nocc, nvir, naux, seed):
@@ -145,7 +145,7 @@ def test_int3c2e_primitive_screening(monkeypatch):
     monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 60)  # libcint's default
     reference = _int3c2e_blocks(mol, aux)
     monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 40)
-    assert np.abs(_int3c2e_blocks(mol, aux) - reference).max() < 1e-14
+    assert np.abs(_int3c2e_blocks(mol, aux) - reference).max() < TOL_INT3C_SCREEN
     assert mol._env[gto.PTR_EXPCUTOFF] == 0
     monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 8)
     assert np.abs(_int3c2e_blocks(mol, aux) - reference).max() > 1e-12

@@ -12,6 +12,7 @@ from dfmp2.molecule import build_mole, parse_geometry, read_xyz
 from dfmp2.options import Options
 
 from conftest import INPUTS
+from tolerances import TOL_COORDS
 
 
 @pytest.mark.parametrize("name", ["water", "ammonia", "methane", "benzene", "water4",
@@ -28,8 +29,8 @@ def test_xyz_atom_string_and_mole_give_the_same_molecule():
     b = build_mole(text)
     c = build_mole(gto.M(atom=text, basis="cc-pvdz"))
     assert a.nao_nr() == b.nao_nr() == c.nao_nr() == 24
-    assert abs(a.atom_coords() - b.atom_coords()).max() < 1e-12
-    assert abs(a.atom_coords() - c.atom_coords()).max() < 1e-12
+    assert abs(a.atom_coords() - b.atom_coords()).max() < TOL_COORDS
+    assert abs(a.atom_coords() - c.atom_coords()).max() < TOL_COORDS
 
 
 def test_element_symbols_are_case_insensitive_and_zmatrix_is_accepted():

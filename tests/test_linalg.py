@@ -9,7 +9,7 @@ from dfmp2.energy import pair_weights, reference_pair_sums
 from dfmp2.errors import InputError, NotPositiveDefiniteError
 from dfmp2.linalg import torch_ops
 
-from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_MATRIX_REL
+from tolerances import TOL_FP32_REDUCTION_REL, TOL_FP32_REL, TOL_MATRIX_ABS, TOL_MATRIX_REL
 
 
 def _rand(*shape, seed=0):
@@ -168,7 +168,7 @@ def test_numpy_pair_sums_match_oracle(kind, chunk_pairs, precision, compiled, mo
     ref = torch.from_numpy(reference_pair_sums(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb,
                                                weights, exchange))
     assert got.dtype == torch.float64 and got.shape == (2,)
-    tol = {"fp64": TOL_MATRIX_REL, "mixed": 1e-5, "fp32": 1e-4}[precision]
+    tol = {"fp64": TOL_MATRIX_REL, "mixed": TOL_FP32_REL, "fp32": TOL_FP32_REDUCTION_REL}[precision]
     assert torch.allclose(got, ref, rtol=tol, atol=tol)
     assert torch.allclose(got, torch_ops.mp2_pair_sums(*operands), rtol=tol, atol=tol)
 

@@ -14,7 +14,15 @@ from pyscf import df, gto, mp, scf
 
 import dfmp2
 
-from tolerances import TOL_8DP, TOL_FP32, TOL_OUTCORE, TOL_PRECISION, TOL_PRINTED
+from tolerances import (
+    TOL_8DP,
+    TOL_FP32,
+    TOL_FP64,
+    TOL_OUTCORE,
+    TOL_PRECISION,
+    TOL_PRINTED,
+    TOL_SCF_TIGHT,
+)
 
 NH2 = "N\nH 1 1.008\nH 1 1.008 2 105.0"
 
@@ -48,7 +56,7 @@ def test_nh2_references(scf_type, reference, frozen_core):
     e_scf, ae, fc = (NH2_DF if scf_type == "df" else NH2_CONV)[reference]
     singles, ss, os_, corr = fc if frozen_core else ae
     assert result.scf.kind == reference
-    assert result.e_scf == pytest.approx(e_scf, abs=1e-9)
+    assert result.e_scf == pytest.approx(e_scf, abs=TOL_SCF_TIGHT)
     assert result.e_singles == pytest.approx(singles, abs=TOL_8DP)
     assert result.e_corr_ss == pytest.approx(ss, abs=TOL_8DP)
     if os_ is not None:
@@ -89,9 +97,9 @@ def test_gpu4pyscf_triplet_water():
     mf = _uhf("O 0 0 0; H 0.94 0 0; H -0.24 0 0.91", "def2-tzvpp", spin=2,
               df_aux="def2-universal-jkfit")
     pt = dfmp2.DFMP2(mf, auxbasis="def2-tzvpp-ri").run()
-    assert pt.e_corr_os == pytest.approx(-0.17417641954815585, abs=1e-8)
-    assert pt.e_corr_ss == pytest.approx(-0.05344288088930613, abs=1e-8)
-    assert pt.e_corr == pytest.approx(-0.2276193004374617, abs=1e-8)
+    assert pt.e_corr_os == pytest.approx(-0.17417641954815585, abs=TOL_FP64)
+    assert pt.e_corr_ss == pytest.approx(-0.05344288088930613, abs=TOL_FP64)
+    assert pt.e_corr == pytest.approx(-0.2276193004374617, abs=TOL_FP64)
 
 
 LIVE = {

@@ -17,7 +17,7 @@ from pyscf.mp import dfump2
 
 import dfmp2
 
-from tolerances import TOL_8DP, TOL_FP64, TOL_ORACLE
+from tolerances import TOL_8DP, TOL_COMPONENT_SUM, TOL_FP64, TOL_ORACLE, TOL_SEMICANONICAL
 
 NH2 = "N; H 1 1.008; H 1 1.008 2 105.0"
 E_SCF = {("uhf", "pk"): -55.57513805247548, ("rohf", "pk"): -55.570724348574,
@@ -80,7 +80,7 @@ def test_oracle_nh2_pinned(nh2_adz, reference, scf_type, corl_type, frozen, sing
     assert e["corr"] == pytest.approx(corr, abs=tol)
     if os_ is not None:
         assert e["os"] == pytest.approx(os_, abs=tol)
-    assert e["corr"] == pytest.approx(e["singles"] + e["os"] + e["ss"], abs=1e-14)
+    assert e["corr"] == pytest.approx(e["singles"] + e["os"] + e["ss"], abs=TOL_COMPONENT_SUM)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,9 @@ def test_semicanonical_blocks_are_diagonal(nh2_dz):
     for c, f_ao, eps, n, f_ov in zip(sc["coeff"], fock, sc["mo_energy"], sc["nocc"], sc["f_ov"]):
         f_mo = c.T @ f_ao @ c
         for block in (slice(0, n), slice(n, None)):
-            assert np.allclose(f_mo[block, block], np.diag(eps[block]), atol=1e-10)
-        assert np.allclose(f_mo[:n, n:], f_ov, atol=1e-10)
-        assert np.allclose(c.T @ mf.get_ovlp() @ c, np.eye(c.shape[1]), atol=1e-10)
+            assert np.allclose(f_mo[block, block], np.diag(eps[block]), atol=TOL_SEMICANONICAL)
+        assert np.allclose(f_mo[:n, n:], f_ov, atol=TOL_SEMICANONICAL)
+        assert np.allclose(c.T @ mf.get_ovlp() @ c, np.eye(c.shape[1]), atol=TOL_SEMICANONICAL)
 
 
 @pytest.mark.parametrize("frozen", [None, 1])

@@ -36,3 +36,76 @@ TOL_CONDITION_REL = 1e-6
 #: and RI basis, a different fit (eigh J^-1/2 vs Cholesky) and contraction order. The oracle
 #: matches PySCF's DFUMP2 to ~1e-14 on NH2/cc-pVDZ, so 1e-10 leaves room only for summation order.
 TOL_ORACLE = 1e-10
+#: A pinned NH2 total SCF energy reproduced by a tight SCF (conv_tol 1e-12, conv_tol_grad 1e-8):
+#: the energy is converged far below 1e-9, which leaves room only for BLAS summation order.
+TOL_SCF_TIGHT = 1e-9
+#: An energy against the float64 sum of its own components (singles + OS + SS): a few ulps of
+#: terms of ~0.2 Eh (ulp ~3e-17), so any dropped or double-counted term shows.
+TOL_COMPONENT_SUM = 1e-14
+#: Semicanonical orbitals checked in float64 (C^T F C diagonal in occ-occ and vir-vir blocks, its
+#: occ-vir block equal to the oracle's f_ov, C^T S C = 1): rounding of eigh and of an AO Fock
+#: rebuild on 24 basis functions (~1e-13), converged SCF orbitals (conv_tol 1e-12).
+TOL_SEMICANONICAL = 1e-10
+#: The same geometry reached by three input forms (xyz file, atom string, Mole), in Bohr: float64
+#: parsing and Angstrom-to-Bohr conversion of coordinates below ~10 Bohr (ulp ~2e-15).
+TOL_COORDS = 1e-12
+#: Largest change of any 3c2e integral when INT3C_EXPCUTOFF screens primitives at 40 instead of
+#: libcint's 60: the screening contract, below the float64 resolution of integrals of order 1.
+TOL_INT3C_SCREEN = 1e-14
+#: Pair sums with fp32 operands *and* an fp32 reduction (precision "fp32") against float64, as
+#: rtol and atol on sums of a few hundred: one more fp32 rounding per term than "mixed"
+#: (TOL_FP32_REL); observed ~1e-7 relative.
+TOL_FP32_REDUCTION_REL = 1e-4
+
+# NKI kernels on an execution mode (tests/kernels; _support.py re-exports the first two as
+# FP32_RTOL and ENERGY_RTOL).
+
+#: fp32 kernels against float64 references, relative to the operand scale: the inputs are
+#: rounded to fp32 (2^-24 ~ 6e-8 relative) and the products are accumulated in fp32 over
+#: K <= a few hundred terms (typical error ~ sqrt(K) * 6e-8 ~ 1e-6 of sum |a||b|; worst case
+#: K * 6e-8 ~ 2e-5 is never approached by random data). 1e-5 of the scale flags any indexing
+#: or accumulation bug (those give O(1) errors) with a wide margin over rounding.
+TOL_NKI_FP32_REL = 1e-5
+#: Pair energies against float64, relative to |e_os|: T is fp32-accurate (~1e-7 relative),
+#: the OS/exchange sums add same-sign terms per pair, the final sum is fp64 on the host, so the
+#: energy keeps ~1e-7; 1e-6 leaves a tenfold margin and is far below the 1e-5 Eh budget of the
+#: NKI path at molecular scale.
+TOL_NKI_ENERGY_REL = 1e-6
+#: Emulated gemm (K = 200, N(0,1) operands, entries up to ~65) against float64, absolute:
+#: TOL_NKI_FP32_REL of sum |a||b| (~130) is ~1e-3; observed 2e-5.
+TOL_NKI_GEMM_ABS = 1e-3
+#: Emulated Cholesky of an SPD matrix of order 200 (cond ~10, entries of L ~1) against float64,
+#: absolute: fp32 rounding of O(1) entries; observed 1e-7.
+TOL_NKI_CHOLESKY_ABS = 1e-5
+#: Emulated trsm X = B L^-T (300 x 200, |X| up to ~5, L from the emulated Cholesky) against
+#: float64, absolute: fp32 rounding times the solve's growth; observed 8e-7.
+TOL_NKI_TRSM_ABS = 1e-4
+
+# The NKI emulator's instructions (tests/nki_emulator) against NumPy evaluating the same
+# expression in float32 (bf16 where a name says so).
+
+#: Relative part where the order or the argument of a fp32 evaluation differs (matmul and
+#: reduction sums over <= 256 terms, exp of a rounded argument): up to ~100 fp32 ulps (6e-8).
+TOL_EMU_FP32_REL = 1e-5
+#: Absolute part for emulated matmuls with K <= 64 of N(0,1) data (|c| < ~25): fp32
+#: summation-order differences observed up to 5e-6.
+TOL_EMU_MATMUL_ABS = 1e-5
+#: Absolute part for emulated matmuls with K = 128..256 of N(0,1) data (|c| < ~70): fp32
+#: summation-order differences observed up to 4e-5.
+TOL_EMU_MATMUL_LONG_ABS = 1e-4
+#: Elementwise ALU results (one or two fp32 roundings per element, or a PSUM sum doubled):
+#: a few fp32 ulps (6e-8) relative.
+TOL_EMU_ELEMENTWISE_REL = 1e-6
+#: An fp32 reciprocal against NumPy's IEEE fp32 division: both are correctly rounded, so equal;
+#: 1e-7 allows less than one fp32 ulp (6e-8 to 1.2e-7 relative) of difference.
+TOL_EMU_RECIPROCAL_REL = 1e-7
+#: Rounding to bf16 (8 significant bits) moves a value by at most half an ulp: 2^-8 relative.
+TOL_BF16_REL = 2**-8
+#: One bf16 ulp relative to the value (2^-7 at most, for 8 significant bits): a float32 sent
+#: through a bf16 DMA cast and back lands within it.
+TOL_BF16_ULP = 2**-7
+#: Emulated matmul of bf16-rounded N(0,1) inputs (K = 32) with fp32 accumulation against NumPy
+#: on the unrounded fp32 inputs: each product carries ~2 * 2^-8 relative error, the sum ~0.03
+#: absolute (worst seen over 200 draws: 0.07). Relative part, then absolute part.
+TOL_EMU_BF16_MATMUL_REL = 0.05
+TOL_EMU_BF16_MATMUL_ABS = 0.1

@@ -15,17 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-#: fp32 kernels against float64 references, relative to the operand scale: the inputs are
-#: rounded to fp32 (2^-24 ~ 6e-8 relative) and the products are accumulated in fp32 over
-#: K <= a few hundred terms (typical error ~ sqrt(K) * 6e-8 ~ 1e-6 of sum |a||b|; worst case
-#: K * 6e-8 ~ 2e-5 is never approached by random data). 1e-5 of the scale flags any indexing
-#: or accumulation bug (those give O(1) errors) with a wide margin over rounding.
-FP32_RTOL = 1e-5
-#: Pair energies against float64, relative to |e_os|: T is fp32-accurate (~1e-7 relative),
-#: the OS/exchange sums add same-sign terms per pair, the final sum is fp64 on the host, so the
-#: energy keeps ~1e-7; 1e-6 leaves a tenfold margin and is far below the 1e-5 Eh budget of the
-#: NKI path at molecular scale.
-ENERGY_RTOL = 1e-6
+from tolerances import TOL_NKI_ENERGY_REL, TOL_NKI_FP32_REL
+
+#: The kernel tests' names for two tolerances of ``tests/tolerances.py`` (see there).
+FP32_RTOL = TOL_NKI_FP32_REL
+ENERGY_RTOL = TOL_NKI_ENERGY_REL
 
 MODES = [
     pytest.param("emulator", marks=pytest.mark.nki_emulated, id="emulator"),

@@ -13,6 +13,8 @@ from dfmp2.errors import BackendUnavailableError, InputError
 from dfmp2.linalg import nki_ops, nki_runtime, torch_ops
 from dfmp2.linalg.registry import OPS
 
+from tolerances import TOL_NKI_CHOLESKY_ABS, TOL_NKI_GEMM_ABS, TOL_NKI_TRSM_ABS
+
 
 def _fake_real_nki(monkeypatch, version):
     """Make ``import nki`` return a stand-in for the real package (no emulator marker)."""
@@ -142,19 +144,24 @@ def test_every_op_runs_under_the_trn1_rules(emulator_trace):
     from dfmp2 import nki_emulator
     from dfmp2.energy import pair_weights
 
-    from ._support import pair_block, rand, spd
+    from ._support import ENERGY_RTOL, pair_block, rand, spd
     with nki_emulator.target("trn1"):
         a, b = rand((130, 200), 1), rand((200, 600), 2)
-        assert torch.allclose(nki_ops.gemm(a, b, mode="emulator"), a @ b, rtol=0, atol=1e-3)
+        assert torch.allclose(nki_ops.gemm(a, b, mode="emulator"), a @ b, rtol=0,
+                              atol=TOL_NKI_GEMM_ABS)
         l_nn = nki_ops.cholesky(spd(200, 3), mode="emulator")
-        assert torch.allclose(l_nn, torch_ops.cholesky(spd(200, 3)), rtol=0, atol=1e-5)
+        assert torch.allclose(l_nn, torch_ops.cholesky(spd(200, 3)), rtol=0,
+                              atol=TOL_NKI_CHOLESKY_ABS)
         x = nki_ops.trsm(l_nn, rand((300, 200), 4), mode="emulator")
-        assert torch.allclose(x, torch_ops.trsm(l_nn, rand((300, 200), 4)), rtol=0, atol=1e-4)
+        assert torch.allclose(x, torch_ops.trsm(l_nn, rand((300, 200), 4)), rtol=0,
+                              atol=TOL_NKI_TRSM_ABS)
         args = pair_block(2, 2, 150, 150, 140, True, 5)
         w = torch.from_numpy(pair_weights(0, 2, 0, 2, True))
         got = nki_ops.mp2_pair_sums(*args, w, True, mode="emulator")
-        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, True), rtol=1e-6, atol=0)
+        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, True), rtol=ENERGY_RTOL,
+                              atol=0)
         args = pair_block(2, 2, 150, 90, 140, False, 6)  # the direct kernel, rectangular
         w = torch.ones((2, 2), dtype=torch.float64)
         got = nki_ops.mp2_pair_sums(*args, w, False, mode="emulator")
-        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, False), rtol=1e-6, atol=0)
+        assert torch.allclose(got, torch_ops.mp2_pair_sums(*args, w, False), rtol=ENERGY_RTOL,
+                              atol=0)

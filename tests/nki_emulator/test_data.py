@@ -9,6 +9,8 @@ from dfmp2.nki_emulator import EmulatorError, jit, target, trace
 from dfmp2.nki_emulator import isa as nisa
 from dfmp2.nki_emulator import language as nl
 
+from tolerances import TOL_BF16_REL, TOL_BF16_ULP
+
 pytestmark = pytest.mark.nki_emulated
 RNG = np.random.default_rng(3)
 
@@ -37,7 +39,7 @@ def test_dma_copy_casts_through_fp32_and_counts_bytes():
         got = k(x)
     # bf16 has 8 significant bits: 1 + 2**-8 ties to even (1.0); 1 + 1.5 * 2**-8 rounds up
     np.testing.assert_array_equal(got[0, :3], np.array([1.0, 1.0, 1.0078125], np.float32))
-    assert abs(got[0, 3] - np.pi) < 2**-7 * np.pi
+    assert abs(got[0, 3] - np.pi) < TOL_BF16_ULP * np.pi
     loads, stores = tr.dma_loads(), tr.dma_stores()
     assert len(loads) == 1 and len(stores) == 1
     assert loads[0].nbytes == 4 * 2 and stores[0].nbytes == 4 * 4
@@ -101,7 +103,7 @@ def test_tensor_copy_psum_to_sbuf_with_cast():
     x = RNG.standard_normal((16, 8)).astype(np.float32)
     got = k(x)
     assert got.shape == (16, 2, 4)
-    np.testing.assert_allclose(got.reshape(16, 8), x, rtol=2**-8)
+    np.testing.assert_allclose(got.reshape(16, 8), x, rtol=TOL_BF16_REL)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,15 @@ from dfmp2.nki_emulator import EmulatorError, jit, trace
 from dfmp2.nki_emulator import isa as nisa
 from dfmp2.nki_emulator import language as nl
 
+from tolerances import (
+    TOL_EMU_BF16_MATMUL_ABS,
+    TOL_EMU_BF16_MATMUL_REL,
+    TOL_EMU_ELEMENTWISE_REL,
+    TOL_EMU_FP32_REL,
+    TOL_EMU_MATMUL_ABS,
+    TOL_EMU_MATMUL_LONG_ABS,
+)
+
 pytestmark = pytest.mark.nki_emulated
 RNG = np.random.default_rng(7)
 
@@ -41,7 +50,7 @@ def test_matmul_128x128_by_128x512_is_a_T_b():
     a, b = rand(128, 128), rand(128, 512)
     with trace() as tr:
         c = k(a, b)
-    np.testing.assert_allclose(c, a.T @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(c, a.T @ b, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_LONG_ABS)
     assert tr.count("nc_matmul") == 1
     rec = tr.find("nc_matmul")[0]
     assert rec.engine == "tensor"
@@ -60,7 +69,9 @@ def test_accumulation_over_two_k_tiles():
         return store(res)
 
     a, b = rand(256, 64), rand(256, 300)
-    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        k(a, b), a.T @ b, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_LONG_ABS
+    )
 
 
 def test_accumulate_none_first_overwrites_then_accumulates():
@@ -75,7 +86,7 @@ def test_accumulate_none_first_overwrites_then_accumulates():
     a, b = rand(8, 32), rand(8, 16)
     with trace() as tr:
         c = k(a, b)
-    np.testing.assert_allclose(c, 2 * (a.T @ b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c, 2 * (a.T @ b), rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS)
     assert [r.attrs["accumulate"] for r in tr.find("nc_matmul")] == [False, True]
 
 
@@ -89,7 +100,7 @@ def test_accumulate_false_overwrites_previous_group():
         return store(res)
 
     a, b = rand(8, 32), rand(8, 16)
-    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS)
 
 
 def test_moving_with_two_free_dims():
@@ -100,7 +111,9 @@ def test_moving_with_two_free_dims():
         return store(res)
 
     a, b = rand(8, 16), rand(8, 4, 8)
-    np.testing.assert_allclose(k(a, b), np.einsum("km,knp->mnp", a, b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        k(a, b), np.einsum("km,knp->mnp", a, b), rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS
+    )
 
 
 def _matmul_kernel(
@@ -271,7 +284,9 @@ def test_bf16_inputs_accumulate_in_fp32():
 
     a, b = rand(32, 16), rand(32, 8)
     c = k(a, b)
-    np.testing.assert_allclose(c, a.T @ b, rtol=0.05, atol=0.1)
+    np.testing.assert_allclose(
+        c, a.T @ b, rtol=TOL_EMU_BF16_MATMUL_REL, atol=TOL_EMU_BF16_MATMUL_ABS
+    )
 
 
 def test_nc_transpose_tensor_engine():
@@ -354,7 +369,7 @@ def test_row_tiling_runs():
         return store(res)
 
     a, b = rand(64, 32), rand(64, 16)
-    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(k(a, b), a.T @ b, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS)
 
 
 def test_psum_reuse_with_auto_accumulate_adds_onto_old_group():
@@ -371,4 +386,4 @@ def test_psum_reuse_with_auto_accumulate_adds_onto_old_group():
 
     a, b = rand(4, 8), rand(4, 4)
     first, second = k(a, b)
-    np.testing.assert_allclose(second, 2 * first, rtol=1e-6)
+    np.testing.assert_allclose(second, 2 * first, rtol=TOL_EMU_ELEMENTWISE_REL)

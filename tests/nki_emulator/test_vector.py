@@ -9,6 +9,13 @@ from dfmp2.nki_emulator import EmulatorError, jit, target, trace
 from dfmp2.nki_emulator import isa as nisa
 from dfmp2.nki_emulator import language as nl
 
+from tolerances import (
+    TOL_BF16_REL,
+    TOL_EMU_ELEMENTWISE_REL,
+    TOL_EMU_FP32_REL,
+    TOL_EMU_RECIPROCAL_REL,
+)
+
 pytestmark = pytest.mark.nki_emulated
 RNG = np.random.default_rng(11)
 
@@ -108,7 +115,7 @@ def test_tensor_scalar_column_operand_and_reverse():
         return store(out)
 
     x, col = rand(16, 10), rand(16, 1)
-    np.testing.assert_allclose(k(x, col), (col - x) * np.float32(3.0), rtol=1e-6)
+    np.testing.assert_allclose(k(x, col), (col - x) * np.float32(3.0), rtol=TOL_EMU_ELEMENTWISE_REL)
 
 
 def test_tensor_scalar_reverse1_and_unary():
@@ -119,7 +126,7 @@ def test_tensor_scalar_reverse1_and_unary():
         return store(out)
 
     x = rand(4, 6)
-    np.testing.assert_allclose(k(x), 1.0 - np.abs(x), rtol=1e-6)
+    np.testing.assert_allclose(k(x), 1.0 - np.abs(x), rtol=TOL_EMU_ELEMENTWISE_REL)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +177,7 @@ def test_scalar_tensor_tensor():
         return store(out)
 
     t, tt = rand(32, 20), rand(32, 20)
-    np.testing.assert_allclose(k(t, tt), 2 * t - tt, rtol=1e-6)
+    np.testing.assert_allclose(k(t, tt), 2 * t - tt, rtol=TOL_EMU_ELEMENTWISE_REL)
 
 
 def test_scalar_tensor_tensor_reverse_and_column():
@@ -183,7 +190,7 @@ def test_scalar_tensor_tensor_reverse_and_column():
         return store(out)
 
     t, col, tt = rand(8, 5), rand(8, 1), rand(8, 5)
-    np.testing.assert_allclose(k(t, col, tt), tt - (t + col), rtol=1e-6)
+    np.testing.assert_allclose(k(t, col, tt), tt - (t + col), rtol=TOL_EMU_ELEMENTWISE_REL)
 
 
 def test_scalar_tensor_tensor_both_psum_raises():
@@ -206,7 +213,7 @@ def test_activation_bias_column_and_scale():
         return store(out)
 
     x, bias, scale = rand(16, 12), rand(16, 1), rand(16, 1)
-    np.testing.assert_allclose(k(x, bias, scale), np.exp(x * scale + bias), rtol=1e-5)
+    np.testing.assert_allclose(k(x, bias, scale), np.exp(x * scale + bias), rtol=TOL_EMU_FP32_REL)
 
 
 def test_activation_reciprocal_of_shifted_row():
@@ -218,7 +225,7 @@ def test_activation_reciprocal_of_shifted_row():
 
     negv = -rand(8, 30, low=1.0, high=3.0)
     col = rand(8, 1, low=-3.0, high=-1.0)
-    np.testing.assert_allclose(k(negv, col), 1.0 / (negv + col), rtol=1e-6)
+    np.testing.assert_allclose(k(negv, col), 1.0 / (negv + col), rtol=TOL_EMU_ELEMENTWISE_REL)
 
 
 def test_activation_scalar_bias_gen3_only():
@@ -280,8 +287,8 @@ def test_activation_reduce_registers():
     x, y = rand(8, 10), rand(8, 10)
     got = k(x, y)
     want = (x**2).sum(axis=1) + (y**2).sum(axis=1)
-    np.testing.assert_allclose(got[:, 0], want, rtol=1e-5)
-    np.testing.assert_allclose(got[:, 1], want, rtol=1e-5)
+    np.testing.assert_allclose(got[:, 0], want, rtol=TOL_EMU_FP32_REL)
+    np.testing.assert_allclose(got[:, 1], want, rtol=TOL_EMU_FP32_REL)
 
 
 def test_activation_reset_then_read():
@@ -329,8 +336,8 @@ def test_tensor_reduce_trailing_axes():
 
     x = rand(8, 3, 5)
     last, both, mx = k(x)
-    np.testing.assert_allclose(last, x.sum(axis=2, keepdims=True), rtol=1e-5)
-    np.testing.assert_allclose(both[:, 0], -x.sum(axis=(1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(last, x.sum(axis=2, keepdims=True), rtol=TOL_EMU_FP32_REL)
+    np.testing.assert_allclose(both[:, 0], -x.sum(axis=(1, 2)), rtol=TOL_EMU_FP32_REL)
     np.testing.assert_array_equal(mx, x.max(axis=2))
 
 
@@ -359,7 +366,7 @@ def test_tensor_partition_reduce():
         return store(out)
 
     x = rand(64, 7)
-    np.testing.assert_allclose(k(x), x.sum(axis=0, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(k(x), x.sum(axis=0, keepdims=True), rtol=TOL_EMU_FP32_REL)
 
 
 def test_reciprocal_and_dst_cast_rounding():
@@ -373,10 +380,10 @@ def test_reciprocal_and_dst_cast_rounding():
 
     x = rand(4, 8, low=1.0, high=3.0)
     r, rb = k(x)
-    np.testing.assert_allclose(r, np.float32(1.0) / x, rtol=1e-7)
+    np.testing.assert_allclose(r, np.float32(1.0) / x, rtol=TOL_EMU_RECIPROCAL_REL)
     # bf16 keeps 8 significant bits: low 16 bits of the float32 pattern are zero after rounding
     assert np.all(rb.view(np.uint32) & 0xFFFF == 0)
-    np.testing.assert_allclose(rb, 1.0 / x, rtol=2**-8)
+    np.testing.assert_allclose(rb, 1.0 / x, rtol=TOL_BF16_REL)
 
 
 def test_int_dst_rounds_to_nearest():
