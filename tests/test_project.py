@@ -42,3 +42,17 @@ def test_benchmark_code_names_no_machine_paths():
     for path in sorted((ROOT / "benchmarks").glob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             assert not pattern.search(line), f"{path.name}:{number}: {line.strip()}"
+
+
+def test_every_test_tolerance_is_named_in_tolerances_py():
+    """House rule: tolerances live in tests/tolerances.py, named, with their reason; a literal
+    literal bound elsewhere is one nobody can find when it must change."""
+    pattern = re.compile(r"\b(abs|rel|rtol|atol)\s*=\s*([0-9.]+e-?[0-9]+|2\s*\*\*\s*-)")
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.name == "tolerances.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
