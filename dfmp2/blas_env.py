@@ -4,12 +4,25 @@ result. Only the CLI (and the benchmark harness, which mirrors it) calls this mo
 itself never reads or writes the environment.
 
 **PySCF's kernels.**
-PySCF wheels bundle OpenBLAS 0.3.3, which predates AMD Zen 3 and later: it falls back to its
-"Barcelona" kernels and runs DGEMM at about a third of the machine's rate (measured on this
-project's benchmark machine, an AMD EPYC family 0x1A). ``OPENBLAS_CORETYPE=Haswell`` selects the
-AVX2/FMA kernels these CPUs run well. The variable is read when a library loads, and numpy's own
-(newer) OpenBLAS detects the CPU correctly, so numpy, scipy and torch load first, the variable is
-set only while PySCF's library loads, and the previous environment is restored.
+PySCF wheels bundle OpenBLAS 0.3.3 (``pyscf/lib/libopenblas-r0-*.so``, loaded by
+``libnp_helper``), which predates the CPUs this project runs on. On CPUs it does not know it falls
+back to an old SSE-only core: "Barcelona" on the AMD EPYC machines (Zen 4 and Zen 5) of this
+project, "Prescott" on an Intel Xeon Sapphire Rapids (issue 13). Its DGEMM then runs at half the
+rate of its own Haswell kernels (49 against 106 GFLOP/s on the Zen 5 machine,
+``docs/performance.md``; PySCF's DF-MP2 took 30 s against 16 s on the Intel machine).
+``OPENBLAS_CORETYPE=Haswell`` selects the AVX2/FMA kernels, the newest that 0.3.3's PyPI build
+has (asked for "SkylakeX", it runs Haswell). So the library itself is asked, not the CPU vendor:
+
+1. a child process loads PySCF's library as PySCF does and asks ``openblas_get_corename()`` which
+   core it picks by default (:func:`probe_pyscf_openblas`; a fresh process because
+   ``OPENBLAS_CORETYPE`` acts only when the library loads, and once loaded here it stays);
+2. if that core's kernels predate AVX2/FMA (:func:`is_pre_avx2_core`) and the CPU has AVX2 and
+   FMA, PySCF's library loads here with ``OPENBLAS_CORETYPE=Haswell``. numpy's own (newer)
+   OpenBLAS detects the CPU correctly, so numpy, scipy and torch load first, the variable is set
+   only while PySCF's library loads, and the previous environment is restored;
+3. the loaded library is asked again which core it runs, and both answers are recorded.
+
+A value of ``OPENBLAS_CORETYPE`` the user set is kept (and recorded with the core it gave).
 
 **OpenBLAS's idle workers.** After each call OpenBLAS's worker threads spin for
 ``2^OPENBLAS_THREAD_TIMEOUT`` cycles (default 2^28, about 0.1 s) before they sleep. The
@@ -22,39 +35,204 @@ next call, nothing next to the GEMMs of this program. The variable is read when 
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import json
+import logging
 import os
+import re
+import subprocess
 import sys
 
 from .cpuinfo import choose_cpu_blas
 from .cpuinfo import cpu_identity as _cpu
 
-__all__ = ["prepare_process", "tune_pyscf_openblas", "shorten_openblas_spin",
-           "OPENBLAS_THREAD_TIMEOUT"]
+__all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
+           "probe_pyscf_openblas", "ask_openblas", "is_pre_avx2_core", "shorten_openblas_spin",
+           "OPENBLAS_THREAD_TIMEOUT", "PRE_AVX2_CORES", "CORRECTED_CORETYPE"]
+
+logger = logging.getLogger(__name__)
 
 #: The ``OPENBLAS_THREAD_TIMEOUT`` the CLI sets (log2 of the cycles an idle worker spins).
 OPENBLAS_THREAD_TIMEOUT = "20"
 
-_ZEN3 = 0x19  # OpenBLAS 0.3.3 knows Zen 1/2 (family 0x17); 0x19 (Zen 3/4) and 0x1A (Zen 5) not
+#: The core PySCF's OpenBLAS is loaded with where it chose one of :data:`PRE_AVX2_CORES`.
+CORRECTED_CORETYPE = "Haswell"
+
+#: OpenBLAS x86 cores (``openblas_get_corename()``, lower case) whose kernels predate AVX2/FMA:
+#: the SSE-only cores OpenBLAS falls back to on CPUs newer than it knows, and the AVX(-FMA) cores
+#: without AVX2 (Sandybridge, Bulldozer, Piledriver, Steamroller). A core not named here (Haswell,
+#: Zen, SkylakeX, Cooperlake, SapphireRapids, Excavator, names of later versions) is left alone.
+PRE_AVX2_CORES = frozenset({
+    "unknown", "generic", "katmai", "coppermine", "northwood", "prescott", "banias", "atom",
+    "core2", "penryn", "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3", "barcelona",
+    "nano", "bobcat", "sandybridge", "bulldozer", "piledriver", "steamroller",
+})
+
+#: The CPU flags the Haswell kernels need.
+_AVX2_FMA = frozenset({"avx2", "fma"})
+
+#: The probe's limit in seconds (it took 0.11-0.15 s on a busy 2-core machine: a Python start,
+#: the import of this module and one dlopen).
+_PROBE_TIMEOUT_S = 30
 
 
-def tune_pyscf_openblas() -> str:
-    """Load PySCF's libraries with ``OPENBLAS_CORETYPE=Haswell`` where that is right; return what
-    was done (for the result's provenance)."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} (set by the user)"
-    vendor, family, flags = _cpu()
-    if vendor != "AuthenticAMD" or family < _ZEN3 or not {"avx2", "fma"} <= flags:
-        return "not needed on this CPU"
+def is_pre_avx2_core(core: str) -> bool:
+    """True when OpenBLAS's core ``core`` (as ``openblas_get_corename()`` names it, any case)
+    runs kernels older than AVX2/FMA (:data:`PRE_AVX2_CORES`)."""
+    return core.strip().lower() in PRE_AVX2_CORES
+
+
+def _pyscf_helper_path() -> str | None:
+    """Path of PySCF's ``libnp_helper`` (the library that loads its OpenBLAS), found without
+    importing PySCF; None when PySCF or the library is not there."""
+    spec = importlib.util.find_spec("pyscf")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        for ext in (".so", ".dylib"):
+            path = os.path.join(location, "lib", "libnp_helper" + ext)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_of(function) -> str:
+    """The shared object that defines the ctypes ``function`` (``dladdr``); '' if unknown."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (AttributeError, OSError):
+        return ""
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    info = _DlInfo()
+    if not dladdr(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(info)):
+        return ""
+    return os.path.realpath(os.fsdecode(info.dli_fname)) if info.dli_fname else ""
+
+
+def ask_openblas(handle: ctypes.CDLL) -> dict:
+    """Ask the OpenBLAS behind the loaded library ``handle`` (itself or a dependency) which core
+    it runs: {'core', 'config', 'library', 'version'}, or {'error'} when there is no OpenBLAS."""
+    try:
+        corename, config = handle.openblas_get_corename, handle.openblas_get_config
+    except AttributeError:
+        return {"error": f"no openblas_get_corename in {os.path.basename(handle._name)} or its "
+                         "dependencies (PySCF's BLAS is not OpenBLAS)"}
+    corename.restype = config.restype = ctypes.c_char_p
+    library = _file_of(corename)
+    config_text = (config() or b"").decode(errors="replace").strip()
+    version = re.search(r"(\d+\.\d+\.\d+)", config_text) or re.search(
+        r"(\d+\.\d+\.\d+)", os.path.basename(library))
+    return {"core": (corename() or b"").decode(errors="replace").strip(), "config": config_text,
+            "library": library, "version": version.group(1) if version else "unknown"}
+
+
+def _probe_child(helper: str) -> None:
+    """The child of :func:`probe_pyscf_openblas`: load ``helper`` and print the answer as JSON."""
+    print(json.dumps(ask_openblas(ctypes.CDLL(helper))))
+
+
+def probe_pyscf_openblas(helper: str) -> dict:
+    """Which core PySCF's OpenBLAS picks by itself: load ``helper`` (PySCF's ``libnp_helper``,
+    as PySCF loads it) in a child process with ``OPENBLAS_CORETYPE`` unset, and ask it
+    (:func:`ask_openblas`); {'error'} if the child fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE",
+                                                            "OPENBLAS_VERBOSE")}
+    env["OPENBLAS_NUM_THREADS"] = "1"  # no worker threads: the core is chosen regardless
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    code = "import sys; from dfmp2.blas_env import _probe_child; _probe_child(sys.argv[1])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, helper], env=env, capture_output=True,
+                              text=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"the probe of {helper} did not run: {exc}"}
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the probe of {helper} failed (exit {done.returncode}: {last})"}
+
+
+def _pyscf_loaded() -> bool:
+    """Whether PySCF's libraries (and with them its OpenBLAS) have loaded in this process."""
+    return "pyscf.lib" in sys.modules
+
+
+def _load_pyscf(coretype: str | None) -> dict:
+    """Import ``pyscf.lib`` (loading its OpenBLAS) after numpy, scipy and torch, with
+    ``OPENBLAS_CORETYPE=coretype`` set only meanwhile when given; ask the loaded library."""
     import numpy  # noqa: F401  - numpy, scipy and torch pick their own kernels first
     import scipy.linalg  # noqa: F401
     import torch  # noqa: F401
 
-    os.environ["OPENBLAS_CORETYPE"] = "Haswell"
-    try:
-        import pyscf.lib  # noqa: F401  - loads the bundled libopenblas
-    finally:
-        del os.environ["OPENBLAS_CORETYPE"]
-    return f"Haswell for PySCF's bundled OpenBLAS (AMD family {family:#x})"
+    if coretype is None:
+        import pyscf.lib
+    else:
+        os.environ["OPENBLAS_CORETYPE"] = coretype
+        try:
+            import pyscf.lib  # loads the bundled libopenblas
+        finally:
+            del os.environ["OPENBLAS_CORETYPE"]
+    return ask_openblas(pyscf.lib.load_library("libnp_helper"))
+
+
+def load_pyscf_openblas() -> dict:
+    """Load PySCF's OpenBLAS with the right kernels (see the module docstring) and return the
+    record: 'summary' (one line), 'library', 'version', 'default' (the core it picks by
+    itself; None when not probed), 'OPENBLAS_CORETYPE' (what it loaded with; None: nothing),
+    'loaded' (the core it runs), 'avx2_fma' (whether the CPU has both)."""
+    has_avx2_fma = _AVX2_FMA <= _cpu()[2]
+    record = {"default": None, "OPENBLAS_CORETYPE": None, "avx2_fma": has_avx2_fma}
+    helper = _pyscf_helper_path()
+    user = os.environ.get("OPENBLAS_CORETYPE")
+    # what was done: {v} and {core} are the version and the loaded core
+    if user is not None:
+        loaded, record["OPENBLAS_CORETYPE"] = _load_pyscf(None), user
+        done = f"OPENBLAS_CORETYPE={user} (set by the user): PySCF's OpenBLAS {{v}} runs {{core}}"
+    elif _pyscf_loaded():
+        loaded = _load_pyscf(None)
+        done = ("PySCF's OpenBLAS {v} had loaded before the CLI could choose its kernels: "
+                "runs {core}")
+    elif helper is None:
+        loaded = _load_pyscf(None)
+        done = "PySCF's OpenBLAS {v} not probed (no libnp_helper in pyscf/lib): runs {core}"
+    else:
+        default = probe_pyscf_openblas(helper)
+        record["default"] = default.get("core")
+        if "error" in default:
+            loaded = _load_pyscf(None)
+            done = f"PySCF's OpenBLAS {{v}} not probed ({default['error']}): runs {{core}}"
+        elif not is_pre_avx2_core(default["core"]):
+            loaded = _load_pyscf(None)
+            done = f"PySCF's OpenBLAS {{v}} chose {default['core']}; kept: runs {{core}}"
+        elif not has_avx2_fma:
+            loaded = _load_pyscf(None)
+            done = (f"PySCF's OpenBLAS {{v}} chose {default['core']}; kept, as this CPU has no "
+                    "AVX2/FMA: runs {core}")
+        else:
+            loaded = _load_pyscf(CORRECTED_CORETYPE)
+            record["OPENBLAS_CORETYPE"] = CORRECTED_CORETYPE
+            done = (f"PySCF's OpenBLAS {{v}} chose {default['core']}; loaded with "
+                    f"OPENBLAS_CORETYPE={CORRECTED_CORETYPE}: now {{core}}")
+    if "error" in loaded:
+        record.update(library="", version="unknown", loaded=None, summary=loaded["error"])
+        return record
+    record.update(library=loaded["library"], version=loaded["version"], loaded=loaded["core"])
+    record["summary"] = done.format(v=loaded["version"], core=loaded["core"])
+    if has_avx2_fma and is_pre_avx2_core(loaded["core"]) and user is None:
+        logger.warning("PySCF's OpenBLAS runs %s kernels on this AVX2/FMA CPU, at a fraction of "
+                       "its DGEMM rate (%s)", loaded["core"], record["summary"])
+    return record
+
+
+def tune_pyscf_openblas() -> str:
+    """Load PySCF's OpenBLAS as :func:`load_pyscf_openblas` does; return its one-line summary
+    (the benchmark harness prints it)."""
+    return load_pyscf_openblas()["summary"]
 
 
 def shorten_openblas_spin() -> str:
@@ -75,7 +253,9 @@ def prepare_process(cpu_blas: str) -> dict:
     1. ``OPENBLAS_THREAD_TIMEOUT`` (read when numpy's OpenBLAS loads);
     2. ``OMP_WAIT_POLICY=PASSIVE`` when numpy's BLAS runs the products (torch's OpenMP threads
        must not spin while OpenBLAS works; libgomp reads it when torch loads);
-    3. PySCF's bundled OpenBLAS loaded with Haswell kernels where it needs them.
+    3. PySCF's bundled OpenBLAS asked which core it picks, and loaded with Haswell kernels where
+       that core predates AVX2/FMA on an AVX2/FMA CPU: ``pyscf_openblas`` says what was done in
+       one line, ``pyscf_openblas_core`` holds the library, the default and the loaded core.
     A value the user set is kept and recorded as such."""
     record = {"OPENBLAS_THREAD_TIMEOUT": shorten_openblas_spin()}
     if choose_cpu_blas(cpu_blas)[0] == "numpy":
@@ -84,5 +264,7 @@ def prepare_process(cpu_blas: str) -> dict:
         else:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
             record["OMP_WAIT_POLICY"] = "PASSIVE (numpy's BLAS runs the products)"
-    record["pyscf_openblas"] = tune_pyscf_openblas()
+    pyscf_blas = load_pyscf_openblas()
+    record["pyscf_openblas"] = pyscf_blas.pop("summary")
+    record["pyscf_openblas_core"] = pyscf_blas
     return record

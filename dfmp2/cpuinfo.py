@@ -7,7 +7,7 @@ never the environment.
 
 from __future__ import annotations
 
-__all__ = ["cpu_identity", "cpu_model", "numpy_blas_name", "choose_cpu_blas"]
+__all__ = ["cpu_identity", "cpu_model", "numpy_blas_name", "choose_cpu_blas", "CPU_BLAS_EVIDENCE"]
 
 
 def cpu_identity() -> tuple[str, int, set[str]]:
@@ -52,15 +52,35 @@ def numpy_blas_name() -> str:
     return str(config.get("Build Dependencies", {}).get("blas", {}).get("name", "")).lower()
 
 
+#: What the ``auto`` rule of :func:`choose_cpu_blas` rests on, per CPU vendor: measured where a
+#: machine was had, and said so where none was (no figure is assumed for a machine not measured).
+CPU_BLAS_EVIDENCE = {
+    "AuthenticAMD": (
+        "measured on AMD EPYC Zen 5 (family 0x1A): DGEMM 2048^3 numpy's OpenBLAS 181-190 GFLOP/s, "
+        "torch's MKL 82-105"
+    ),
+    "GenuineIntel": (
+        "not measured on Intel (no Intel machine at hand): torch's MKL, Intel's own library, "
+        "by default"
+    ),
+}
+
+
 def choose_cpu_blas(requested: str) -> tuple[str, str]:
     """Resolve ``cpu_blas``: ('torch' | 'numpy', why). 'auto' takes numpy's OpenBLAS on AMD CPUs,
-    where the MKL in torch's CPU wheel runs its generic AVX2 code (DGEMM 2048^3 on the AMD EPYC
-    Zen 5 benchmark machine: MKL 82-105 GFLOP/s, numpy's OpenBLAS 181-190), and torch's MKL
-    elsewhere. A rule, not a timing: a timed pick was fooled by thread contention."""
+    where the MKL in torch's CPU wheel runs its generic AVX2 code, and torch's MKL elsewhere;
+    the reason names the evidence (:data:`CPU_BLAS_EVIDENCE`: the AMD branch is measured, the
+    Intel branch is not yet). A rule, not a timing: a timed pick was fooled by thread
+    contention."""
     if requested != "auto":
         return requested, f"requested --cpu-blas {requested}"
     vendor, family, _ = cpu_identity()
     blas = numpy_blas_name()
+    evidence = CPU_BLAS_EVIDENCE.get(vendor, "not measured on this CPU vendor")
     if vendor == "AuthenticAMD" and "openblas" in blas:
-        return "numpy", f"auto: AMD CPU (family {family:#x}) and numpy's BLAS is {blas}"
-    return "torch", f"auto: {vendor or 'unknown CPU vendor'}, numpy's BLAS {blas or 'unknown'}"
+        return "numpy", (
+            f"auto: AMD CPU (family {family:#x}) and numpy's BLAS is {blas}; {evidence}"
+        )
+    return "torch", (
+        f"auto: {vendor or 'unknown CPU vendor'}, numpy's BLAS {blas or 'unknown'}; {evidence}"
+    )

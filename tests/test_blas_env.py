@@ -1,35 +1,201 @@
 """The process environment's one owner (the CLI side) and the CPU BLAS rule it shares with
-linalg: PySCF's OpenBLAS tuned only on CPUs that need it, never over the user's choice."""
+linalg: PySCF's OpenBLAS asked which core it runs and corrected where that core predates
+AVX2/FMA (on any vendor's CPU), never over the user's choice."""
 
 from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
 
 import dfmp2.blas_env as blas_env
 import dfmp2.cpuinfo as cpuinfo
 
+#: What a child process runs: the CLI's set-up (``prepare_process``, as ``dfmp2 run`` calls it
+#: before anything else loads), then PySCF's loaded OpenBLAS asked which core it runs, through
+#: PySCF's own handle and plain ctypes (not through the module under test).
+_CLI_SETUP_THEN_ASK = """
+import ctypes, json
+from dfmp2.blas_env import prepare_process
+record = prepare_process("auto")
+import pyscf.lib
+corename = pyscf.lib.load_library("libnp_helper").openblas_get_corename
+corename.restype = ctypes.c_char_p
+print(json.dumps({"record": record, "core": corename().decode()}))
+"""
 
-def test_user_setting_is_respected(monkeypatch):
-    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
-    assert "set by the user" in blas_env.tune_pyscf_openblas()
-    import os
 
-    assert os.environ["OPENBLAS_CORETYPE"] == "Zen"
+def _cli_setup_in_child(**env_changes) -> tuple[dict, str]:
+    """(the environment record, the core PySCF's OpenBLAS runs) of a fresh process that went
+    through the CLI's set-up; ``env_changes``: variables to set (None: to remove)."""
+    env = dict(os.environ)
+    for key in ("OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY"):
+        env.pop(key, None)
+    for key, value in env_changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    done = subprocess.run([sys.executable, "-c", _CLI_SETUP_THEN_ASK], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer["record"], answer["core"]
 
 
-def test_not_applied_to_intel_or_old_amd(monkeypatch):
+def _has_avx2_fma() -> bool:
+    return {"avx2", "fma"} <= cpuinfo.cpu_identity()[2]
+
+
+#: (core as openblas_get_corename() may name it, whether its kernels predate AVX2/FMA).
+_CORES = [
+    # the SSE-only cores OpenBLAS falls back to on CPUs newer than it knows
+    ("Prescott", True), ("Barcelona", True), ("Katmai", True), ("Coppermine", True),
+    ("Northwood", True), ("Banias", True), ("Atom", True), ("Core2", True), ("Penryn", True),
+    ("Dunnington", True), ("Nehalem", True), ("Athlon", True), ("Opteron", True),
+    ("Opteron_SSE3", True), ("Nano", True), ("Bobcat", True), ("Unknown", True),
+    ("generic", True),
+    # AVX or AVX+FMA without AVX2
+    ("Sandybridge", True), ("Bulldozer", True), ("Piledriver", True), ("Steamroller", True),
+    # any spelling openblas_get_corename() may use
+    ("PRESCOTT", True), (" barcelona\n", True),
+    # AVX2/FMA and newer: left alone
+    ("Haswell", False), ("haswell", False), ("Zen", False), ("SkylakeX", False),
+    ("Excavator", False), ("Cooperlake", False), ("SapphireRapids", False),
+    # names the rule does not know are not touched
+    ("neoversen1", False), ("", False),
+]
+
+#: The table's old cores, for the tests that check the loaded library independently of the rule.
+_OLD_CORES = {core.strip().lower() for core, pre_avx2 in _CORES if pre_avx2}
+
+
+@pytest.mark.parametrize("core, pre_avx2", _CORES)
+def test_pre_avx2_core_rule(core, pre_avx2):
+    assert blas_env.is_pre_avx2_core(core) is pre_avx2
+
+
+def test_pyscf_openblas_after_the_cli_setup_runs_no_pre_avx2_core():
+    """A fresh process through the CLI's set-up; then PySCF's own library is asked."""
+    record, core = _cli_setup_in_child()
+    facts = record["pyscf_openblas_core"]
+    assert facts["loaded"] == core != ""
+    assert facts["default"], record  # the probe answered
+    assert f"chose {facts['default']}" in record["pyscf_openblas"]
+    assert record["pyscf_openblas"].endswith(f": now {core}") or \
+        record["pyscf_openblas"].endswith(f": runs {core}")
+    assert os.path.basename(facts["library"]).startswith("libopenblas")
+    if _has_avx2_fma():
+        assert facts["avx2_fma"] is True
+        assert core.lower() not in _OLD_CORES, record
+        if facts["default"].lower() in _OLD_CORES:
+            assert facts["OPENBLAS_CORETYPE"] == blas_env.CORRECTED_CORETYPE == core
+        else:
+            assert facts["OPENBLAS_CORETYPE"] is None and core == facts["default"]
+    else:
+        assert facts["avx2_fma"] is False and facts["OPENBLAS_CORETYPE"] is None
+        assert core == facts["default"]
+        if core.lower() in _OLD_CORES:
+            assert "this CPU has no AVX2/FMA" in record["pyscf_openblas"]
+
+
+def test_user_coretype_is_kept_and_recorded_with_the_core_it_gave():
+    """Even an old core the CLI would correct: the user's value wins and the probe is skipped."""
+    record, core = _cli_setup_in_child(OPENBLAS_CORETYPE="Prescott")
+    facts = record["pyscf_openblas_core"]
+    assert record["pyscf_openblas"].startswith("OPENBLAS_CORETYPE=Prescott (set by the user)")
+    assert facts["OPENBLAS_CORETYPE"] == "Prescott" and facts["default"] is None
+    assert facts["loaded"] == core
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert core == "Prescott"
+
+
+def test_probe_reports_pyscf_library_and_ignores_a_set_coretype(monkeypatch):
+    helper = blas_env._pyscf_helper_path()
+    assert helper is not None and os.path.basename(helper).startswith("libnp_helper")
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
-    for cpu in [("GenuineIntel", 6, {"avx2", "fma"}), ("AuthenticAMD", 0x17, {"avx2", "fma"}),
-                ("AuthenticAMD", 0x1A, {"sse2"})]:
-        monkeypatch.setattr(blas_env, "_cpu", lambda cpu=cpu: cpu)
-        assert blas_env.tune_pyscf_openblas() == "not needed on this CPU"
+    default = blas_env.probe_pyscf_openblas(helper)
+    assert "error" not in default, default
+    assert default["core"] and os.path.dirname(default["library"]) == os.path.dirname(
+        os.path.realpath(helper))
+    assert default["version"] != "unknown"
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
+    assert blas_env.probe_pyscf_openblas(helper)["core"] == default["core"]
 
 
-def test_applied_on_zen3_and_later_and_environment_restored(monkeypatch):
-    import os
+def test_probe_failure_is_an_error_record():
+    answer = blas_env.probe_pyscf_openblas("/nonexistent/libnp_helper.so")
+    assert "failed" in answer["error"] and "core" not in answer
+
+
+def _decide(monkeypatch, cpu, default):
+    """load_pyscf_openblas with the CPU, the probe's answer and the loading faked: the record,
+    and the OPENBLAS_CORETYPE each load was asked for."""
+    calls = []
+
+    def fake_load(coretype):
+        calls.append(coretype)
+        core = coretype or default.get("core", "Haswell")
+        return {"core": core, "config": "", "library": "/x/libopenblas-r0.3.3.so",
+                "version": "0.3.3"}
 
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
-    monkeypatch.setattr(blas_env, "_cpu", lambda: ("AuthenticAMD", 0x1A, {"avx2", "fma"}))
-    assert "Haswell" in blas_env.tune_pyscf_openblas()
+    monkeypatch.setattr(blas_env, "_cpu", lambda: cpu)
+    monkeypatch.setattr(blas_env, "_pyscf_loaded", lambda: False)
+    monkeypatch.setattr(blas_env, "_pyscf_helper_path", lambda: "/x/libnp_helper.so")
+    monkeypatch.setattr(blas_env, "probe_pyscf_openblas", lambda helper: dict(default))
+    monkeypatch.setattr(blas_env, "_load_pyscf", fake_load)
+    return blas_env.load_pyscf_openblas(), calls
+
+
+def test_correction_follows_the_library_not_the_vendor(monkeypatch):
+    """Sapphire Rapids (Intel, 'Prescott') and Zen 5 (AMD, 'Barcelona') are both corrected; a
+    modern default and a CPU without AVX2/FMA are left alone."""
+    avx2 = {"avx2", "fma", "avx512f"}
+    for cpu, default, coretype, summary in [
+        (("GenuineIntel", 6, avx2), "Prescott", "Haswell",
+         "PySCF's OpenBLAS 0.3.3 chose Prescott; loaded with OPENBLAS_CORETYPE=Haswell: "
+         "now Haswell"),
+        (("AuthenticAMD", 0x1A, avx2), "Barcelona", "Haswell",
+         "PySCF's OpenBLAS 0.3.3 chose Barcelona; loaded with OPENBLAS_CORETYPE=Haswell: "
+         "now Haswell"),
+        (("GenuineIntel", 6, {"avx", "avx2", "fma"}), "Sandybridge", "Haswell",
+         "PySCF's OpenBLAS 0.3.3 chose Sandybridge; loaded with OPENBLAS_CORETYPE=Haswell: "
+         "now Haswell"),
+        (("AuthenticAMD", 0x17, avx2), "Zen", None,
+         "PySCF's OpenBLAS 0.3.3 chose Zen; kept: runs Zen"),
+        (("GenuineIntel", 6, {"sse2", "avx"}), "Prescott", None,
+         "PySCF's OpenBLAS 0.3.3 chose Prescott; kept, as this CPU has no AVX2/FMA: "
+         "runs Prescott"),
+    ]:
+        record, calls = _decide(monkeypatch, cpu, {"core": default})
+        assert calls == [coretype]
+        assert record["summary"] == summary
+        assert record["default"] == default and record["OPENBLAS_CORETYPE"] == coretype
+        assert record["loaded"] == (coretype or default)
+        assert "OPENBLAS_CORETYPE" not in os.environ
+
+
+def test_failed_probe_loads_unchanged_and_says_so(monkeypatch):
+    record, calls = _decide(monkeypatch, ("GenuineIntel", 6, {"avx2", "fma"}),
+                            {"error": "the probe failed"})
+    assert calls == [None] and record["default"] is None
+    assert record["summary"].startswith("PySCF's OpenBLAS 0.3.3 not probed (the probe failed)")
+
+
+def test_loading_with_a_coretype_restores_the_environment(monkeypatch):
+    """The real loader; in this test process PySCF has loaded already, so nothing changes but
+    the environment must be as before and the loaded library answers."""
+    import pyscf.lib  # noqa: F401
+
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    answer = blas_env._load_pyscf(blas_env.CORRECTED_CORETYPE)
     assert "OPENBLAS_CORETYPE" not in os.environ
+    assert answer["core"] and os.path.basename(answer["library"]).startswith("libopenblas")
 
 
 def test_cpu_reader_returns_a_vendor_on_linux():
@@ -38,14 +204,18 @@ def test_cpu_reader_returns_a_vendor_on_linux():
 
 
 def test_cpu_blas_rule(monkeypatch):
-    """auto: numpy's OpenBLAS on AMD, torch's MKL otherwise; explicit choices pass through."""
+    """auto: numpy's OpenBLAS on AMD, torch's MKL otherwise; explicit choices pass through; the
+    reason says what the rule rests on (measured on AMD, not on Intel)."""
     amd, intel = ("AuthenticAMD", 0x1A, {"avx2"}), ("GenuineIntel", 6, {"avx2"})
-    for cpu, blas, expected in [(amd, "scipy-openblas", "numpy"), (amd, "accelerate", "torch"),
-                                (intel, "scipy-openblas", "torch"), (("", 0, set()), "", "torch")]:
+    for cpu, blas, expected, evidence in [
+            (amd, "scipy-openblas", "numpy", "measured on AMD EPYC"),
+            (amd, "accelerate", "torch", "measured on AMD EPYC"),
+            (intel, "scipy-openblas", "torch", "not measured on Intel"),
+            (("", 0, set()), "", "torch", "not measured on this CPU vendor")]:
         monkeypatch.setattr(cpuinfo, "cpu_identity", lambda cpu=cpu: cpu)
         monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda blas=blas: blas)
         choice, reason = cpuinfo.choose_cpu_blas("auto")
-        assert choice == expected and reason.startswith("auto: ")
+        assert choice == expected and reason.startswith("auto: ") and evidence in reason
         for explicit in ("torch", "numpy"):
             assert cpuinfo.choose_cpu_blas(explicit) == (explicit,
                                                           f"requested --cpu-blas {explicit}")
@@ -58,13 +228,12 @@ def test_cpu_blas_resolution_is_recorded(monkeypatch):
     monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda: "scipy-openblas")
     record = Dispatcher(DispatchPolicy("pytorch")).cpu_blas.as_dict()
     assert record["choice"] == "numpy" and "AMD CPU (family 0x19)" in record["reason"]
+    assert cpuinfo.CPU_BLAS_EVIDENCE["AuthenticAMD"] in record["reason"]
     assert set(record["libraries"]) == {"torch", "numpy"}
     assert record["cpu"] == cpuinfo.cpu_model() != ""
 
 
 def test_thread_timeout_respects_the_user_and_a_loaded_numpy(monkeypatch):
-    import os
-
     import numpy  # noqa: F401  - loaded, as in any test process
 
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "24")
@@ -78,10 +247,17 @@ def test_prepare_process_records_what_it_set_and_keeps_the_users(monkeypatch):
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "22")
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(blas_env, "_load_pyscf", lambda coretype: {
+        "core": "Zen", "config": "", "library": "/x/libopenblas.so", "version": "0.3.3"})
     record = blas_env.prepare_process("numpy")
     assert record["OPENBLAS_THREAD_TIMEOUT"] == "OPENBLAS_THREAD_TIMEOUT=22 (set by the user)"
     assert record["OMP_WAIT_POLICY"].startswith("PASSIVE")
-    assert record["pyscf_openblas"] == "OPENBLAS_CORETYPE=Zen (set by the user)"
+    assert record["pyscf_openblas"] == ("OPENBLAS_CORETYPE=Zen (set by the user): "
+                                        "PySCF's OpenBLAS 0.3.3 runs Zen")
+    assert record["pyscf_openblas_core"]["OPENBLAS_CORETYPE"] == "Zen"
+    assert record["pyscf_openblas_core"]["loaded"] == "Zen"
+    assert os.environ["OPENBLAS_CORETYPE"] == "Zen"
+    json.dumps(record)  # it goes into the result's JSON
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert blas_env.prepare_process("numpy")["OMP_WAIT_POLICY"] == "ACTIVE (set by the user)"
     assert "OMP_WAIT_POLICY" not in blas_env.prepare_process("torch")
