@@ -79,7 +79,8 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     auxmol = make_auxmol(mol, opts.auxbasis)
     plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts)
     check_scratch(plan, opts, auxmol.nao_nr())
-    mf = run_scf(mol, opts)
+    check_chkfile(opts.chkfile)
+    mf = run_scf(mol, opts, progress=progress)
     return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
                    auxmol=auxmol, plan=plan, own_scf=True, environment=environment)
 
@@ -140,6 +141,23 @@ def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options) -> RunPl
                              b_itemsize=8 if opts.precision == "fp64" else 4,
                              force_outcore=opts.force_outcore)
     return RunPlan(tuple(dims), tuple(totals), blocks)
+
+
+def check_chkfile(path: str | None) -> None:
+    """Before the SCF: a new checkpoint file can be created where ``path`` says (tried, and
+    removed again), or an existing one can be read and rewritten."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise InputError(f"chkfile {path!r} is a directory; give a file path")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write chkfile {path!r}: {exc.strerror}") from None
+    if not existed:
+        os.remove(path)
 
 
 def scratch_bytes(plan: RunPlan, naux: int) -> int:
@@ -347,6 +365,7 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
     cycles = getattr(mf, "cycles", None)
     s2 = spin_contamination(mf)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
+                   restart=getattr(mf, "restart", None),
                    cycles=int(cycles) if cycles is not None else None,
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,

@@ -115,12 +115,15 @@ _D = Options.default
               help="Directory for the temporary HDF5 file [default: system temp dir].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
+@click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
+              help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
+                   "same molecule, basis and reference already there is the initial guess.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Write the QCSchema AtomicResult to this file ('-': stdout, "
                                  "instead of the text summary).")
 @click.option("-v", "--verbose", count=True,
-              help="-v: backend, BLAS and per-op records and timings; -vv: debug detail, "
-                   "SCF iterations included.")
+              help="-v: SCF iterations, backend, BLAS and per-op records and timings; -vv: "
+                   "debug detail.")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the MP2 total energy.")
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""

@@ -42,6 +42,9 @@ class Options:
     os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error).
+    chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
+        molecule, basis and reference already there is the initial guess (a converged one costs
+        one iteration); one of another calculation is refused.
     """
 
     basis: str = "cc-pvdz"
@@ -69,6 +72,7 @@ class Options:
     conv_tol: float = 1e-11
     conv_tol_grad: float = 1e-7
     max_cycle: int = 100
+    chkfile: str | None = None
 
     def __post_init__(self):
         _check_types(self)

@@ -37,7 +37,8 @@ class ScfInfo:
     the functional), ``energy`` its total energy, ``cycles`` its iterations, ``homo``/``lumo``
     orbital energies over both spins (``lumo`` None without virtual orbitals),
     ``orbital_check`` what was verified of the orbitals before MP2, ``s2`` <S^2> of an
-    unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones)."""
+    unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones),
+    ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one)."""
 
     kind: str
     xc: str | None
@@ -50,6 +51,7 @@ class ScfInfo:
     orbital_check: str
     s2: float | None = None
     s2_deviation: float | None = None
+    restart: str | None = None
 
 
 @dataclass(frozen=True)
@@ -250,11 +252,12 @@ class Result:
                 for el, rec in sorted(m.ecp.items())))
         scf_fit = f"density-fitted ({_per_element(m.scf_auxbasis)})" if m.scf_type == "df" \
             else "exact integrals"
-        cycles = f"{scf.cycles} cycles" if scf.cycles is not None else "cycles unknown"
+        cycles = _count(scf.cycles, "cycle") if scf.cycles is not None else "cycles unknown"
         lines += [
             f"  nuclear repulsion {mo.nuclear_repulsion:.10f} Eh",
             f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'} in "
-            f"{cycles} (conv_tol {scf.conv_tol:.0e})",
+            f"{cycles} (conv_tol {scf.conv_tol:.0e})"
+            + (f"; {scf.restart}" if scf.restart else ""),
             f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
                                           else "  LUMO none (no virtual orbitals)"),
             f"  MP2 space  {_mp2_space(s)} ({frozen})",

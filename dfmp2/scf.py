@@ -4,8 +4,10 @@ exact integrals."""
 from __future__ import annotations
 
 import logging
+import os
 
-from pyscf import df, scf
+import numpy as np
+from pyscf import df, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import ConvergenceError, InputError
@@ -14,7 +16,7 @@ from .options import Options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_scf", "jk_auxbasis", "scf_fit_record"]
+__all__ = ["run_scf", "jk_auxbasis", "restart_guess", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -25,11 +27,16 @@ def jk_auxbasis(mol, options: Options):
         return df.make_auxbasis(mol, mp2fit=False)
 
 
-def run_scf(mol, options: Options):
+def run_scf(mol, options: Options, progress=None):
     """Run and return a converged SCF object for ``mol``.
 
     ``options.resolved_reference``: 'rhf' (2S = 0 only), 'uhf' or 'rohf'. A non-converged SCF
-    raises :class:`ConvergenceError`: no MP2 energy is computed from it.
+    raises :class:`ConvergenceError`: no MP2 energy is computed from it. Each iteration is
+    logged at INFO (cycle, energy, change, orbital gradient) and reported to
+    ``progress(stage, cycle, max_cycle)`` when given. With ``options.chkfile`` the converged SCF
+    is written there; a chkfile of the same molecule, basis and reference already there is the
+    initial guess (:func:`restart_guess`), so a converged one costs a single iteration. The
+    object's ``restart`` attribute says which.
     """
     reference = options.resolved_reference
     if reference == "rhf" and mol.spin != 0:
@@ -48,8 +55,10 @@ def run_scf(mol, options: Options):
     mf.conv_tol_grad = options.conv_tol_grad
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
-    mf.callback = _log_cycle
-    mf.kernel()
+    mf.callback = _cycle_reporter(progress, options.max_cycle)
+    dm0, mf.restart = restart_guess(mf, options.chkfile)
+    mf.chkfile = options.chkfile  # None: PySCF writes no scratch chkfile of its own
+    mf.kernel(dm0=dm0)
     if not mf.converged:
         raise ConvergenceError(
             f"the {options.scf_type.upper()}-{reference.upper()} did not converge in {options.max_cycle} cycles "
@@ -59,10 +68,67 @@ def run_scf(mol, options: Options):
     return mf
 
 
-def _log_cycle(envs: dict) -> None:
-    """PySCF's per-iteration callback: one DEBUG line per SCF cycle (shown by ``dfmp2 -vv``)."""
-    log.debug("SCF cycle %2d  E = %.12f Eh  |g| = %.2e", envs["cycle"] + 1, envs["e_tot"],
-              envs.get("norm_gorb", float("nan")))
+def _cycle_reporter(progress, max_cycle: int):
+    """PySCF's per-iteration callback: one INFO line per SCF cycle (shown by ``dfmp2 -v``) and,
+    with ``progress``, the terminal's status line."""
+
+    def report(envs: dict) -> None:
+        cycle, energy = envs["cycle"] + 1, envs["e_tot"]
+        change = energy - envs.get("last_hf_e", energy)
+        gradient = envs.get("norm_gorb", float("nan"))
+        log.info("SCF cycle %2d  E = %.12f Eh  dE = %+.2e  |g| = %.2e", cycle, energy, change,
+                 gradient)
+        if progress is not None:
+            progress(f"SCF E={energy:.8f} dE={change:+.1e} |g|={gradient:.1e}", cycle,
+                     max_cycle)
+
+    return report
+
+
+def _same_system(mol, saved) -> str | None:
+    """None when the chkfile's molecule ``saved`` is ``mol`` (atoms, coordinates, basis, ECP,
+    charge, 2S), else what differs."""
+    if [mol.atom_symbol(k) for k in range(mol.natm)] != [
+            saved.atom_symbol(k) for k in range(saved.natm)]:
+        return "other atoms"
+    if not np.allclose(mol.atom_coords(), saved.atom_coords(), atol=1e-8, rtol=0):
+        return "other coordinates"
+    if mol.nao_nr() != saved.nao_nr() or gto.same_basis_set(mol, saved) is False:
+        return "another basis"
+    if (mol.charge, mol.spin) != (saved.charge, saved.spin):
+        return f"charge {saved.charge:+d} and 2S = {saved.spin}"
+    if mol.nelectron != saved.nelectron:
+        return "another ECP"
+    return None
+
+
+def restart_guess(mf, chkfile: str | None):
+    """(dm0, record) for an SCF object from ``chkfile``: its saved orbitals' density when the
+    file holds a converged SCF of the same molecule, basis and reference, else (None, why not).
+    A file of another system or reference is an :class:`InputError` (it would be overwritten)."""
+    if chkfile is None:
+        return None, None
+    if not os.path.exists(chkfile):
+        return None, f"new chkfile {chkfile}"
+    from pyscf.scf import chkfile as pyscf_chk
+
+    try:
+        saved_mol, saved = pyscf_chk.load_scf(chkfile)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise InputError(f"chkfile {chkfile!r} cannot be read as a PySCF SCF checkpoint "
+                         f"({first_line(exc)}); remove it or choose another --chkfile") from None
+    differs = _same_system(mf.mol, saved_mol)
+    mo_coeff, mo_occ = np.asarray(saved["mo_coeff"]), np.asarray(saved["mo_occ"])
+    unrestricted = isinstance(mf, scf.uhf.UHF)
+    if differs is None and (mo_coeff.ndim == 3) != unrestricted:
+        differs = "another reference (restricted vs unrestricted)"
+    if differs is None and not unrestricted and (
+            isinstance(mf, scf.rohf.ROHF) != bool(np.any(mo_occ == 1))):
+        differs = "another reference (RHF vs ROHF)"
+    if differs is not None:
+        raise InputError(f"chkfile {chkfile!r} holds another calculation ({differs}); remove it "
+                         "or choose another --chkfile")
+    return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
 
 
 def scf_fit_record(mf):

@@ -160,6 +160,8 @@ def test_default_output_is_chemistry_verbose_adds_machinery_and_scf_cycles():
     assert "calls" not in plain.stdout and "OPENBLAS" not in plain.stdout
     verbose = _dfmp2("run", WATER, "-v")
     assert "calls" in verbose.stdout and "environment OPENBLAS_THREAD_TIMEOUT" in verbose.stdout
+    assert "INFO: SCF cycle  1  E = " in verbose.stderr and " dE = " in verbose.stderr
+    assert " |g| = " in verbose.stderr and "SCF cycle" not in verbose.stdout
     debug = _dfmp2("run", WATER, "-vv")
     assert "SCF cycle  1" in debug.stderr and "DEBUG" in debug.stderr
     assert "SCF cycle" not in debug.stdout
