@@ -99,8 +99,9 @@ def blas_info() -> dict:
         info["numpy_config"] = _numpy_blas_config()
         return info
     info["libraries"] = [
-        {k: lib.get(k) for k in ("internal_api", "prefix", "version", "architecture",
-                                  "num_threads", "threading_layer", "filepath")}
+        {**{k: lib.get(k) for k in ("internal_api", "prefix", "version", "architecture",
+                                     "num_threads", "threading_layer")},
+         "filepath": _package_path(lib.get("filepath") or "")}
         for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"
     ]
     return info
@@ -116,6 +117,16 @@ def _torch_blas() -> str:
         if token.startswith(("BLAS_INFO=", "LAPACK_INFO=")):
             parts.append(token)
     return "; ".join(parts) or "unknown"
+
+
+def _package_path(path: str) -> str:
+    """A library's path from its package folder on (``numpy.libs/libscipy_openblas...so``): the
+    part that names the library, without the machine's install prefix."""
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1:])
+    return parts[-1]
 
 
 def _numpy_blas_config() -> str:

@@ -44,6 +44,24 @@ def pair_flops(nocc: int, nvir: int, naux: int) -> float:
     return 2.0 * nocc * (nocc + 1) / 2 * nvir**2 * naux
 
 
+def uhf_pair_flops(nocc_a: int, nvir_a: int, nocc_b: int, nvir_b: int, naux: int) -> float:
+    """Flops of the (ia|jb) GEMMs an unrestricted DF-MP2 needs: the same-spin pairs i < j of
+    each spin (pairs i = i add nothing to E_SS) and every alpha-beta pair,
+    2 * naux * [oa(oa-1)/2 * va^2 + ob(ob-1)/2 * vb^2 + oa*ob*va*vb]."""
+    return 2.0 * naux * (nocc_a * (nocc_a - 1) / 2 * nvir_a**2
+                         + nocc_b * (nocc_b - 1) / 2 * nvir_b**2
+                         + nocc_a * nocc_b * nvir_a * nvir_b)
+
+
+def sizes_pair_flops(sizes: dict) -> float:
+    """:func:`pair_flops` of a closed shell or :func:`uhf_pair_flops` of an open one, from a
+    run's ``sizes`` (``nocc_beta`` None or absent for a closed shell)."""
+    if sizes.get("nocc_beta") is None:
+        return pair_flops(sizes["nocc"], sizes["nvir"], sizes["naux"])
+    return uhf_pair_flops(sizes["nocc"], sizes["nvir"], sizes["nocc_beta"], sizes["nvir_beta"],
+                          sizes["naux"])
+
+
 def gemm_dtype(precision: str) -> str:
     """The dtype of the pair GEMMs of a precision: fp32 for 'fp32'/'mixed', fp64 otherwise."""
     return "fp32" if precision in ("fp32", "mixed") else "fp64"
@@ -72,7 +90,7 @@ def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
     """One summary row per dfmp2 variant (precision, cpu_blas) of a molecule result (one
     process, one coretype)."""
     s = mol["sizes"]
-    flops = pair_flops(s["nocc"], s["nvir"], s["naux"])
+    flops = sizes_pair_flops(s)
     pyscf_runs = mol["runs"]["pyscf"]
     t_pyscf = median(r["seconds"] for r in pyscf_runs)
     e_pyscf = pyscf_runs[0]["e_corr"]
@@ -84,13 +102,19 @@ def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
         precision, _, choice = key.split(":", 1)[1].partition("/")
         blas, dtype = selected_blas(runs), gemm_dtype(precision)
         stages = {k: median(r["stages"].get(k) for r in runs)
-                  for k in ("metric", "transform", "fit", "pair_energy")}
+                  for k in ("orbital_check", "metric", "transform", "fit", "pair_energy")}
         t = median(r["seconds"] for r in runs)
         pair_rate = flops / stages["pair_energy"] / 1e9
         shape_rate = _rate(mol["pair_gemm"], blas, dtype)
         rows.append({
             "molecule": mol["name"], "basis": mol["basis"], "nbasis": s["nbasis"],
             "naux": s["naux"], "nocc": s["nocc"], "nvir": s["nvir"],
+            "reference": mol.get("reference", "rhf"), "charge": mol.get("charge", 0),
+            "spin": mol.get("spin", 0), "nocc_beta": s.get("nocc_beta"),
+            "nvir_beta": s.get("nvir_beta"), "pair_flops": flops,
+            "s2": mol["scf"].get("s2"), "e_corr_pyscf": e_pyscf,
+            "dE_os": _max_diff(runs, pyscf_runs[0], "e_corr_os"),
+            "dE_ss": _max_diff(runs, pyscf_runs[0], "e_corr_ss"),
             "coretype": coretype_label(mol["coretype"]), "precision": precision,
             "cpu_blas_choice": choice or "default", "cpu_blas": blas,
             "variant": precision + (f"/{choice}" if choice else ""),
@@ -118,6 +142,13 @@ def dfmp2_rows(mol: dict, gemm_by_core: dict) -> list[dict]:
             "loadavg": mol["loadavg"],
         })
     return rows
+
+
+def _max_diff(runs: list[dict], ref: dict, key: str) -> float | None:
+    """max |run[key] - ref[key]| over runs (None where a side did not record ``key``)."""
+    if ref.get(key) is None or any(r.get(key) is None for r in runs):
+        return None
+    return max(abs(r[key] - ref[key]) for r in runs)
 
 
 def loglog_exponent(points: list[tuple[float, float]]) -> float | None:
@@ -177,19 +208,27 @@ def _variant_cell(row: dict) -> str:
     return f"{row['variant']} [{row['cpu_blas']}]"
 
 
+def _spins(row: dict, key: str) -> str:
+    """A closed shell's count, or an open shell's 'alpha/beta'."""
+    beta = row.get(key + "_beta")
+    return str(row[key]) if beta is None else f"{row[key]}/{beta}"
+
+
 def main_table(rows: list[dict]) -> list[str]:
     header = ["molecule", "basis", "nbf", "naux", "nocc", "nvir", "OPENBLAS_CORETYPE",
               "prec [BLAS]", "SCF s", "PySCF s", "dfmp2 s", "PySCF/dfmp2", "max abs dE (Eh)",
               "CPU/wall PySCF / dfmp2", "load 1m"]
     return _table(header, [[
-        r["molecule"], r["basis"], r["nbasis"], r["naux"], r["nocc"], r["nvir"], r["coretype"],
+        r["molecule"], r["basis"], r["nbasis"], r["naux"], _spins(r, "nocc"), _spins(r, "nvir"),
+        r["coretype"],
         _variant_cell(r), _f(r["scf_s"], 1), _f(r["pyscf_s"]), _f(r["dfmp2_s"]), _f(r["ratio"], 2),
         _energy_cell(r), f"{_f(r['cpu_util_pyscf'], 1)} / {_f(r['cpu_util_dfmp2'], 1)}",
         _f(r["loadavg"]["start"][0], 1)] for r in rows])
 
 
 def stage_table(rows: list[dict]) -> list[str]:
-    header = ["molecule", "basis", "CORETYPE", "prec [BLAS]", "metric", "transform", "(int3c2e)",
+    header = ["molecule", "basis", "CORETYPE", "prec [BLAS]", "orbital check", "metric",
+              "transform", "(int3c2e)",
               "fit", "pair_energy", "pair GFLOP/s", "% GEMM 2048", "% GEMM 2048 in worker",
               "% GEMM pair-shape",
               "reduction share", "peak RSS dfmp2 MiB", "peak RSS PySCF MiB"]
@@ -197,13 +236,26 @@ def stage_table(rows: list[dict]) -> list[str]:
     for r in rows:
         st = r["stages"]
         lines.append([
-            r["molecule"], r["basis"], r["coretype"], _variant_cell(r), _f(st["metric"]),
+            r["molecule"], r["basis"], r["coretype"], _variant_cell(r),
+            _f(st.get("orbital_check")), _f(st["metric"]),
             _f(st["transform"]), _f(r["int3c2e_s"]), _f(st["fit"]), _f(st["pair_energy"]),
             _f(r["pair_gflops"], 1), _f(r["pair_pct_gemm"], 0), _f(r["pair_pct_gemm_here"], 0),
             _f(r["pair_pct_shape"], 0),
             _split_cell(r["pair_split"]), _rss_cell(r["peak_rss_dfmp2_mb"], r["rss_before_mb"]),
             _rss_cell(r["peak_rss_pyscf_mb"], r["rss_before_mb"])])
     return _table(header, lines)
+
+
+def open_shell_table(rows: list[dict]) -> list[str]:
+    """Charge, 2S, <S^2> of the UHF and the energy components against PySCF, open-shell rows."""
+    header = ["molecule", "CORETYPE", "prec [BLAS]", "charge", "2S", "<S^2> UHF",
+              "E_corr PySCF (Eh)", "max abs dE (Eh)", "dE OS", "dE SS"]
+    return _table(header, [[
+        r["molecule"], r["coretype"], _variant_cell(r), f"{r['charge']:+d}", r["spin"],
+        _f(r["s2"], 4), f"{r['e_corr_pyscf']:.10f}", _energy_cell(r),
+        "—" if r["dE_os"] is None else f"{r['dE_os']:.1e}",
+        "—" if r["dE_ss"] is None else f"{r['dE_ss']:.1e}"]
+        for r in rows if r.get("reference", "rhf") != "rhf"])
 
 
 def pyscf_stage_table(rows: list[dict]) -> list[str]:
@@ -307,11 +359,15 @@ def markdown(data: dict) -> str:
            f"Command: `{data['command']}`  ",
            (f"Started {data['started']}; wall {data['wall_s']:.0f} s; repeat {data['repeat']}, "
             f"extra warm-up runs {data['warmup']}; precisions {', '.join(data['precisions'])}; "
-            f"max_memory {data['max_memory']} MB; 1-minute load average at start "
+            f"max_memory {data['max_memory']} MB; reference {data.get('reference', 'rhf')}; "
+            f"1-minute load average at start "
             f"{data['machine']['loadavg'][0]:.1f}"), "",
            "## Machine and BLAS", ""] + blas_lines(data["gemm"], data["machine"])
     out += ["", "## GEMM rates (GFLOP/s, 2048^3, median of 5)", ""] + gemm_table(data["gemm"])
     out += ["", "## DF-MP2: PySCF vs dfmp2 (medians, seconds)", ""] + main_table(rows)
+    if any(r.get("reference", "rhf") != "rhf" for r in rows):
+        out += ["", "## Open shells: reference and energy components vs PySCF DFUMP2", ""]
+        out += open_shell_table(rows)
     out += ["", "## dfmp2 stages (medians, seconds) and pair-energy rate", ""] + stage_table(rows)
     out += ["", "## PySCF stages (medians, seconds; pair = total − ao2mo stages)", ""]
     out += pyscf_stage_table(rows)

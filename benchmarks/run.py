@@ -4,14 +4,16 @@
     python3 benchmarks/run.py --ladder full --budget-min 25
     python3 benchmarks/run.py --molecules water,water4@cc-pvtz --basis cc-pvdz --repeat 3
     python3 benchmarks/run.py --molecule-dir ~/my-xyz --molecules mymol --no-e2e
+    python3 benchmarks/run.py --reference uhf --molecules water16+1 --no-e2e --name uhf-r1
 
 Molecules are xyz stems looked up in every ``--molecule-dir`` given, then in the repository's
 ``inputs/``, then in ``benchmarks/molecules/`` (the larger water clusters and alkanes).
 
 Each molecule runs in fresh worker processes (``benchmarks/worker.py``), one per
 OPENBLAS_CORETYPE setting (unset = OpenBLAS auto-detects; Haswell = forced), because the variable
-only acts before OpenBLAS loads. A worker builds the DF-RHF once, then times PySCF's DF-MP2 and
-dfmp2's (every precision in ``dfmp2.options.PRECISIONS``) alternately. Results go to stdout and
+only acts before OpenBLAS loads. A worker builds the DF-RHF (``--reference uhf``: DF-UHF) once,
+then times PySCF's DF-MP2 (DFUMP2) and dfmp2's (every precision in ``dfmp2.options.PRECISIONS``)
+alternately. An entry ``name+1`` or ``name-2`` has that charge. Results go to stdout and
 to ``benchmarks/results/<name>.md`` and ``.json``; see ``benchmarks/README.md`` for the columns.
 """
 
@@ -21,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -56,6 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="folder of xyz files searched before inputs/ and benchmarks/molecules/ "
                         "(repeat the option for several folders)")
     p.add_argument("--basis", default="cc-pvdz", help="orbital basis of entries without @basis")
+    p.add_argument("--reference", choices=("rhf", "uhf"), default="rhf",
+                   help="SCF reference of every entry: density-fitted RHF (PySCF's DFMP2) or UHF "
+                        "(PySCF's DFUMP2); an entry name may end in a charge, e.g. water16+1")
+    p.add_argument("--spin", type=int, default=None, metavar="2S",
+                   help="2S of every entry (needs --reference uhf when nonzero); default the "
+                        "lowest for each entry's electron count (0 or 1)")
     p.add_argument("--auxbasis", help="MP2 fitting basis (default: <basis>-ri)")
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions of each side")
     p.add_argument("--warmup", type=int, default=0,
@@ -82,9 +91,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=int, default=2400, help="seconds per worker process")
     p.add_argument("--name", help="results file name (default: the ladder name or 'custom')")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--append", action="store_true",
+                   help="add this run's workers to the results file of the same --name in "
+                        "--out-dir (same reference, repeat and precisions), e.g. a coretype "
+                        "that an earlier run's --budget-min left out")
     args = p.parse_args(argv)
     if not args.ladder and not args.molecules:
         p.error("give --ladder or --molecules")
+    if args.spin is not None and (args.spin < 0 or (args.spin and args.reference == "rhf")):
+        p.error(f"--spin {args.spin}: 2S must be >= 0, and 0 for --reference rhf")
+    if args.append:
+        previous = os.path.join(args.out_dir, (args.name or args.ladder or "custom") + ".json")
+        if not os.path.exists(previous):
+            p.error(f"--append: no {previous} to add to")
     for folder in args.molecule_dir:
         if not os.path.isdir(folder):
             p.error(f"--molecule-dir {folder}: not a folder")
@@ -111,19 +130,42 @@ def ri_basis(basis: str) -> str:
     return basis.lower() + "-ri"
 
 
-def entries(names: list[str], basis: str, auxbasis: str | None, dirs: list[str]) -> list[dict]:
-    """Molecule entries (name, basis, auxbasis, path, nbasis), smallest nbasis first; xyz files
-    from ``dirs`` (:func:`molecule_dirs`)."""
+#: An entry name: the xyz stem, then optionally the charge (``water16+1``, ``C20H41-1``).
+_ENTRY = re.compile(r"^(?P<stem>.+?)(?P<charge>[+-]\d+)?$")
+
+
+def parse_entry(item: str) -> tuple[str, int, str | None]:
+    """(xyz stem, charge, basis or None) of ``name[+q|-q][@basis]``."""
+    name, _, own_basis = item.partition("@")
+    match = _ENTRY.match(name)
+    return match["stem"], int(match["charge"] or 0), own_basis or None
+
+
+def entries(names: list[str], basis: str, auxbasis: str | None, dirs: list[str],
+            reference: str = "rhf", spin: int | None = None) -> list[dict]:
+    """Molecule entries (name, basis, auxbasis, path, nbasis, charge, spin, reference), smallest
+    nbasis first; xyz files from ``dirs`` (:func:`molecule_dirs`). ``spin`` (2S) None: the lowest
+    for each entry's electron count. An odd electron count under an RHF reference is an error."""
     from pyscf import gto
 
     out = []
     for item in names:
-        name, _, own_basis = item.partition("@")
+        stem, charge, own_basis = parse_entry(item)
         b = own_basis or basis
-        path = find_xyz(name, dirs)
-        nbasis = gto.M(atom=path, basis=b, verbose=0).nao_nr()
-        out.append({"name": name, "basis": b, "auxbasis": auxbasis or ri_basis(b),
-                    "path": path, "nbasis": nbasis})
+        path = find_xyz(stem, dirs)
+        nelectron = gto.M(atom=path, basis=b, charge=charge, spin=None, verbose=0).nelectron
+        two_s = nelectron % 2 if spin is None else spin
+        if (nelectron - two_s) % 2 or two_s > nelectron:
+            raise SystemExit(f"{item}: {nelectron} electrons cannot have 2S = {two_s}")
+        if two_s and reference == "rhf":
+            raise SystemExit(f"{item}: {nelectron} electrons, 2S = {two_s}: an open shell needs "
+                             "--reference uhf")
+        nbasis = gto.M(atom=path, basis=b, charge=charge, spin=two_s, verbose=0).nao_nr()
+        entry = {"name": item.partition("@")[0], "basis": b,
+                 "auxbasis": auxbasis or ri_basis(b), "path": path, "nbasis": nbasis}
+        if reference != "rhf" or charge or two_s:  # RHF entries keep their former fields
+            entry.update(charge=charge, spin=two_s, reference=reference)
+        out.append(entry)
     return sorted(out, key=lambda e: e["nbasis"])
 
 
@@ -179,6 +221,9 @@ def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "dfmp2", "run", entry["path"], "--basis", entry["basis"],
                "--auxbasis", entry["auxbasis"], "--backend", "pytorch", "--json", out, "-q"]
+        if "reference" in entry:
+            cmd += ["--charge", str(entry["charge"]), "--spin", str(entry["spin"]),
+                    "--reference", entry["reference"]]
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
@@ -195,7 +240,15 @@ def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
     mp2 = sum(v for k, v in timings.items() if k != "scf")
     return {**base, "wall_s": wall, "scf_s": scf, "mp2_s": mp2, "other_s": wall - scf - mp2,
             "timings": timings, "e_tot": result["properties"]["mp2_total_energy"],
-            "command": shlex.join(cmd)}
+            "command": _portable(cmd, out)}
+
+
+def _portable(cmd: list[str], json_out) -> str:
+    """The end-to-end command as a reader would type it: ``python3``, the xyz file by name, the
+    temporary JSON as ``OUT.json`` (no paths of this machine in the results)."""
+    words = ["python3" if k == 0 else os.path.basename(w) if w.endswith(".xyz") else
+             "OUT.json" if w == str(json_out) else w for k, w in enumerate(cmd)]
+    return shlex.join(words)
 
 
 def precisions(arg: str | None) -> list[str]:
@@ -271,7 +324,8 @@ def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
     """End-to-end CLI runs of ``names`` for every coretype, while the budget lasts."""
     out = []
     dirs = molecule_dirs(args.molecule_dir)
-    for entry in entries(names, args.basis, args.auxbasis, dirs) if names else []:
+    for entry in (entries(names, args.basis, args.auxbasis, dirs, args.reference, args.spin)
+                  if names else []):
         for core in cores:
             label = f"end to end {entry['name']}/{entry['basis']} [{core}]"
             if not budget.ok():
@@ -326,7 +380,8 @@ def collect(args: argparse.Namespace) -> dict:
     cores = args.coretypes.split(",")
     precs = precisions(args.precisions)
     names = args.molecules.split(",") if args.molecules else LADDERS[args.ladder]
-    mols = entries(names, args.basis, args.auxbasis, molecule_dirs(args.molecule_dir))
+    mols = entries(names, args.basis, args.auxbasis, molecule_dirs(args.molecule_dir),
+                   args.reference, args.spin)
     info = {**machine.machine_info(), "versions": dfmp2.results.versions(),
             "source_start": source_state()}
     skipped: list[str] = []
@@ -342,6 +397,7 @@ def collect(args: argparse.Namespace) -> dict:
     scaling = report.scaling_fits(rows) + report.scaling_fits(rows, min_nbasis=100)
     return {"name": args.name or args.ladder or "custom", "command": _command(),
             "started": started, "wall_s": budget.elapsed(), "repeat": args.repeat,
+            "reference": args.reference,
             "warmup": args.warmup, "precisions": precs, "max_memory": args.max_memory,
             "conv_tol": args.conv_tol,
             "worker_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
@@ -351,6 +407,39 @@ def collect(args: argparse.Namespace) -> dict:
 
 def _command() -> str:
     return "python3 " + shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+#: Settings two runs must share for their workers to sit in one results file (``--append``).
+_SHARED = ("reference", "repeat", "warmup", "precisions", "max_memory", "conv_tol",
+           "worker_thread_timeout")
+
+
+def append_to(previous: dict, data: dict) -> dict:
+    """``data`` (this run) added to ``previous`` (the results file of the same name): workers,
+    GEMM rates and end-to-end runs join the earlier ones (this run's GEMM rates replace those
+    of a coretype measured twice), rows and fits are recomputed, and a worker measured now
+    leaves the earlier 'Not measured' list. Both commands and both source states are kept."""
+    for key in _SHARED:
+        if previous.get(key) != data.get(key):
+            raise SystemExit(f"--append: {key} differs from {data['name']}.json's "
+                             f"({data.get(key)!r} here, {previous.get(key)!r} there)")
+    done = [(m["name"], m["basis"], report.coretype_label(m["coretype"])) for m in data["raw"]]
+    skipped = [s for s in previous.get("skipped", [])
+               if not any(s.startswith(f"{n}/{b} (") and f"[{c}]:" in s for n, b, c in done)]
+    gemm = {**previous["gemm"], **data["gemm"]}
+    raw = previous["raw"] + data["raw"]
+    rows = [row for mol in raw for row in report.dfmp2_rows(mol, gemm)]
+    machine_info = {**previous["machine"], "source_end": data["machine"]["source_end"],
+                    "appended": previous["machine"].get("appended", []) + [{
+                        "started": data["started"], "loadavg": data["machine"]["loadavg"],
+                        "source_start": data["machine"]["source_start"],
+                        "source_end": data["machine"]["source_end"]}]}
+    return {**previous, "command": f"{previous['command']}; then {data['command']}",
+            "wall_s": previous["wall_s"] + data["wall_s"], "machine": machine_info,
+            "gemm": gemm, "rows": rows,
+            "scaling": report.scaling_fits(rows) + report.scaling_fits(rows, min_nbasis=100),
+            "e2e": previous.get("e2e", []) + data["e2e"],
+            "skipped": skipped + data["skipped"], "raw": raw}
 
 
 def write(data: dict, out_dir: str) -> str:
@@ -371,6 +460,9 @@ def main(argv=None) -> int:
     if timeout is not None:
         os.environ["OPENBLAS_THREAD_TIMEOUT"] = timeout
     data = collect(args)
+    if args.append:
+        with open(os.path.join(args.out_dir, data["name"] + ".json")) as handle:
+            data = append_to(json.load(handle), data)
     print(write(data, args.out_dir))
     return 1 if any(report.energy_fails(r) for r in data["rows"]) else 0
 

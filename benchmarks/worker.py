@@ -62,12 +62,14 @@ def current_rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def build_scf(path: str, basis: str, conv_tol: float):
-    """Density-fitted RHF (PySCF's JK-fit partner of ``basis``) converged to ``conv_tol``."""
+def build_scf(path: str, basis: str, conv_tol: float, charge: int = 0, spin: int = 0,
+              reference: str = "rhf"):
+    """Density-fitted RHF, or UHF for ``reference`` 'uhf' (PySCF's JK-fit partner of ``basis``),
+    of the molecule with ``charge`` and 2S = ``spin``, converged to ``conv_tol``."""
     from pyscf import gto, scf
 
-    mol = gto.M(atom=path, basis=basis, verbose=0)
-    mf = scf.RHF(mol).density_fit()
+    mol = gto.M(atom=path, basis=basis, charge=charge, spin=spin, verbose=0)
+    mf = (scf.UHF if reference == "uhf" else scf.RHF)(mol).density_fit()
     mf.conv_tol = conv_tol
     mf.verbose = 0
     mf.kernel()
@@ -77,15 +79,20 @@ def build_scf(path: str, basis: str, conv_tol: float):
 
 
 def run_pyscf(mf, auxbasis: str, max_memory: int) -> dict:
-    """PySCF's DF-MP2 with the RI basis ``auxbasis`` (not the SCF's JK-fit ``with_df``), no t2.
+    """PySCF's DF-MP2 with the RI basis ``auxbasis`` (not the SCF's JK-fit ``with_df``), no t2:
+    ``pyscf.mp.dfmp2.DFMP2`` on an RHF, ``pyscf.mp.dfump2.DFUMP2`` on a UHF (its ``kernel`` is
+    ``MP2.kernel``, which passes ``with_t2`` to the DF-UMP2 kernel: no amplitudes are allocated).
 
     Its debug log gives the wall time of each ao2mo stage (j2c, j3c, xform, save, fit); the rest
     of the call is the pair-energy contraction (``pair``).
     """
     from pyscf import df
+    from pyscf import scf as pyscf_scf
     from pyscf.mp import dfmp2 as pyscf_dfmp2
+    from pyscf.mp import dfump2 as pyscf_dfump2
 
-    pt = pyscf_dfmp2.DFMP2(mf)
+    unrestricted = isinstance(mf, pyscf_scf.uhf.UHF)
+    pt = (pyscf_dfump2.DFUMP2 if unrestricted else pyscf_dfmp2.DFMP2)(mf)
     pt.with_df = df.DF(mf.mol, auxbasis=auxbasis)
     pt.max_memory = max_memory
     pt.verbose = 5
@@ -96,8 +103,9 @@ def run_pyscf(mf, auxbasis: str, max_memory: int) -> dict:
     assert t2 is None, "PySCF stored t2 amplitudes"
     stages = {name: float(wall) for name, wall in _PYSCF_STAGE.findall(pt.stdout.getvalue())}
     stages["pair"] = seconds - sum(stages.values())
-    return {"seconds": seconds, "e_corr": float(e_corr), "stages": stages,
-            "naux": pt.with_df.auxmol.nao_nr()}
+    return {"seconds": seconds, "e_corr": float(e_corr), "e_corr_os": float(pt.e_corr_os),
+            "e_corr_ss": float(pt.e_corr_ss), "stages": stages,
+            "naux": pt.with_df.auxmol.nao_nr(), "class": type(pt).__name__}
 
 
 def run_dfmp2(mf, auxbasis: str, max_memory: int, precision: str,
@@ -116,7 +124,8 @@ def run_dfmp2(mf, auxbasis: str, max_memory: int, precision: str,
     res = pt.result
     blas = res.backend.cpu_blas or {}
     sizes = {**dataclasses.asdict(res.sizes), "nfrozen": res.sizes.nfrozen}
-    return {"seconds": seconds, "e_corr": float(res.e_corr), "stages": dict(res.timings),
+    return {"seconds": seconds, "e_corr": float(res.e_corr), "e_corr_os": float(res.e_corr_os),
+            "e_corr_ss": float(res.e_corr_ss), "stages": dict(res.timings),
             "sizes": sizes, "blocks": res.method.blocks,
             "precision": res.method.precision, "backend": res.backend.resolved,
             "cpu_blas": {k: blas.get(k) for k in ("choice", "reason", "pair_reduction")}}
@@ -168,14 +177,15 @@ def pair_gemm_rates(nvir: int, naux: int, occ_block: int, cap: int = 2048) -> di
 def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | None,
                repeat: int = 9) -> dict | None:
     """Where dfmp2's fp64 pair step spends its time, on random data of the molecule's shapes,
-    GEMM and reduction timed apart (median seconds), for the path the run took:
+    GEMM and reduction timed apart (median seconds), for the path the run took, with the
+    exchange sum (closed-shell and same-spin blocks; an open shell's alpha sizes):
 
-    - numpy's BLAS (``cpu_blas`` 'numpy'): one GEMM block of ``numpy_ops.mp2_pair_energy``,
+    - numpy's BLAS (``cpu_blas`` 'numpy'): one GEMM block of ``numpy_ops.mp2_pair_sums``,
       ``B_J[chunk] x B_group^T``, timed alone, and the public op on the same group and chunk
       (one GEMM and its reduction, compiled or numpy as this install runs it by default): the
       reduction is the op less the GEMM;
-    - torch: one row of a diagonal block, the GEMM (nvir, naux) x (naux, b*nvir) and
-      ``pair_energy_from_ovov`` of its (1, nvir, b, nvir) result.
+    - torch: one row of a block, the GEMM (nvir, naux) x (naux, b*nvir) and
+      ``pair_sums_from_ovov`` of its (1, nvir, b, nvir) result.
 
     {'error': ...} if the op API changed."""
     import torch
@@ -197,14 +207,15 @@ def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | 
             gemm_s = float(np.median(machine.timed(
                 lambda: np.matmul(rows_j, group_t, out=out), repeat)))
             # the op on the same block (one group, one chunk: a single GEMM), less its GEMM
-            both = machine.timed(lambda: numpy_ops.mp2_pair_energy(
-                b_i, b_j, eps_i, eps_j, eps_v, False), repeat)
+            weights = torch.ones((ng, nk), dtype=torch.float64)
+            both = machine.timed(lambda: numpy_ops.mp2_pair_sums(
+                b_i, b_j, eps_i, eps_j, eps_v, eps_v, weights, True), repeat)
             reduce_s = max(0.0, float(np.median(both)) - gemm_s)
             flops, how = 2.0 * nk * nvir * naux * ng * nvir, numpy_ops.pair_reduction(
                 torch.float64)
             shape = {"group": ng, "chunk": nk}
         else:
-            from dfmp2.linalg.torch_ops import pair_energy_from_ovov
+            from dfmp2.linalg.torch_ops import pair_sums_from_ovov
             b = max(1, min(occ_block, nocc))
             ovl = torch.rand((b, nvir, naux), dtype=torch.float64, generator=gen)
             eps_o = -1.0 - torch.rand(b, dtype=torch.float64, generator=gen)
@@ -212,10 +223,13 @@ def pair_split(nvir: int, naux: int, occ_block: int, nocc: int, cpu_blas: str | 
             ovov = ovl[0] @ rest
             gemm_s = float(np.median(machine.timed(lambda: ovl[0] @ rest, repeat)))
             view = ovov.view(1, nvir, b, nvir)
+            weights = torch.ones((1, b), dtype=torch.float64)
             reduce_s = float(np.median(machine.timed(
-                lambda: pair_energy_from_ovov(view, eps_o[:1], eps_o, eps_v, True), repeat)))
+                lambda: pair_sums_from_ovov(view, eps_o[:1], eps_o, eps_v, eps_v, weights, True),
+                repeat)))
             flops, how, shape = 2.0 * nvir * naux * b * nvir, "torch", {"b": b}
-    except (ImportError, TypeError, ValueError, RuntimeError) as exc:  # diagnostic only
+    except (ImportError, AttributeError, TypeError, ValueError,
+            RuntimeError) as exc:  # diagnostic only
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {**shape, "gemm_s": gemm_s, "reduce_s": reduce_s, "gemm_gflops": flops / gemm_s / 1e9,
             "reduction": how}
@@ -252,7 +266,8 @@ def warm_up(spec: dict) -> None:
     """Load every library and start every thread pool before timing: each method once, untimed,
     on the small warm-up molecule (water, same basis)."""
     if spec.get("warmup_path"):
-        small = build_scf(spec["warmup_path"], spec["basis"], spec["conv_tol"])
+        small = build_scf(spec["warmup_path"], spec["basis"], spec["conv_tol"],
+                          reference=spec.get("reference", "rhf"))
         for fn in make_methods(small, spec).values():
             fn()
 
@@ -266,13 +281,17 @@ def _pair_probe(run: dict) -> dict:
 
 def run_molecule(spec: dict) -> dict:
     """Spec: path, name, basis, auxbasis, repeat, warmup, warmup_path, precisions, max_memory,
-    conv_tol. Times the methods of :func:`make_methods` with :func:`alternating`."""
+    conv_tol; for an open shell also charge, spin (2S) and reference ('uhf'; the warm-up water
+    then runs as a UHF too). Times the methods of :func:`make_methods` with
+    :func:`alternating`."""
     import torch
 
     load_start = list(os.getloadavg())
     warm_up(spec)
     start = time.perf_counter()
-    mf = build_scf(spec["path"], spec["basis"], spec["conv_tol"])
+    reference = spec.get("reference", "rhf")
+    mf = build_scf(spec["path"], spec["basis"], spec["conv_tol"], spec.get("charge", 0),
+                   spec.get("spin", 0), reference)
     scf_seconds = time.perf_counter() - start
     aux = spec["auxbasis"]
     methods = make_methods(mf, spec)
@@ -282,12 +301,17 @@ def run_molecule(spec: dict) -> dict:
     key = next(k for k in methods if k.startswith("dfmp2:"))
     runs, probes = alternating(methods, spec["repeat"], lambda done: _pair_probe(done[key][-1]))
     sizes, blocks = runs[key][0]["sizes"], runs[key][0]["blocks"]
+    open_shell = ({"reference": reference, "charge": spec.get("charge", 0),
+                   "spin": spec.get("spin", 0)} if "reference" in spec else {})
+    scf_info = {"seconds": scf_seconds, "e_tot": float(mf.e_tot),
+                "cycles": getattr(mf, "cycles", None)}
+    if reference == "uhf":
+        scf_info["s2"] = float(mf.spin_square()[0])
     return {
-        "name": spec["name"], "basis": spec["basis"], "auxbasis": aux,
+        "name": spec["name"], "basis": spec["basis"], "auxbasis": aux, **open_shell,
         "coretype": coretype(),
         "sizes": sizes, "blocks": blocks,
-        "scf": {"seconds": scf_seconds, "e_tot": float(mf.e_tot),
-                "cycles": getattr(mf, "cycles", None)},
+        "scf": scf_info,
         "runs": runs,
         "int3c2e_seconds": int3c2e_seconds(mf.mol, aux, blocks.get("aux_block", 512)),
         "pair_gemm": {dt: {"shape": probes[0][dt]["shape"],
