@@ -217,6 +217,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         plan = plan_run(mol, auxmol, _occupations(ref, mf), opts)
     la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                    opts.require_nki, opts.cpu_blas))
+    log.debug("MP2 spaces (nocc, nvir) %s; block plan %s", dims,
+              plan.blocks.as_dict() if plan.blocks else None)
     if ref.has_pairs:
         kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
                   "scratch_dir": opts.scratch_dir}

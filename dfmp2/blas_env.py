@@ -189,11 +189,12 @@ def load_pyscf_openblas() -> dict:
     record = {"default": None, "OPENBLAS_CORETYPE": None, "avx2_fma": has_avx2_fma}
     helper = _pyscf_helper_path()
     user = os.environ.get("OPENBLAS_CORETYPE")
+    preloaded = user is None and _pyscf_loaded()  # in-process use (tests, notebooks)
     # what was done: {v} and {core} are the version and the loaded core
     if user is not None:
         loaded, record["OPENBLAS_CORETYPE"] = _load_pyscf(None), user
         done = f"OPENBLAS_CORETYPE={user} (set by the user): PySCF's OpenBLAS {{v}} runs {{core}}"
-    elif _pyscf_loaded():
+    elif preloaded:
         loaded = _load_pyscf(None)
         done = ("PySCF's OpenBLAS {v} had loaded before the CLI could choose its kernels: "
                 "runs {core}")
@@ -223,7 +224,8 @@ def load_pyscf_openblas() -> dict:
         return record
     record.update(library=loaded["library"], version=loaded["version"], loaded=loaded["core"])
     record["summary"] = done.format(v=loaded["version"], core=loaded["core"])
-    if has_avx2_fma and is_pre_avx2_core(loaded["core"]) and user is None:
+    if has_avx2_fma and is_pre_avx2_core(loaded["core"]) and user is None and not preloaded:
+        # the correction failed; when PySCF had loaded first (in-process use) the record says so
         logger.warning("PySCF's OpenBLAS runs %s kernels on this AVX2/FMA CPU, at a fraction of "
                        "its DGEMM rate (%s)", loaded["core"], record["summary"])
     return record

@@ -115,7 +115,7 @@ def test_contradicting_auxbasis_and_with_df_are_refused(water_rhf):
 
 
 def test_molecule_settings_on_dfmp2_are_refused(water_rhf):
-    with pytest.raises(InputError, match="basis belong to the SCF's molecule"):
+    with pytest.raises(InputError, match="basis belongs to the SCF's molecule"):
         dfmp2.DFMP2(water_rhf, basis="cc-pvtz").run()
 
 

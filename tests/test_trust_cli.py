@@ -163,7 +163,8 @@ def test_default_output_is_chemistry_verbose_adds_machinery_and_scf_cycles():
     assert "INFO: SCF cycle  1  E = " in verbose.stderr and " dE = " in verbose.stderr
     assert " |g| = " in verbose.stderr and "SCF cycle" not in verbose.stdout
     debug = _dfmp2("run", WATER, "-vv")
-    assert "SCF cycle  1" in debug.stderr and "DEBUG" in debug.stderr
+    assert "SCF cycle  1" in debug.stderr and "DEBUG: MP2 spaces" in debug.stderr
+    assert "DEBUG" not in verbose.stderr
     assert "SCF cycle" not in debug.stdout
 
 
