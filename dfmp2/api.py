@@ -80,9 +80,16 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts)
     check_scratch(plan, opts, auxmol.nao_nr())
     check_chkfile(opts.chkfile)
-    mf = run_scf(mol, opts, progress=progress)
+    la = _dispatcher(opts)
+    mf = run_scf(mol, opts, progress=progress, la=la)
     return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
-                   auxmol=auxmol, plan=plan, own_scf=True, environment=environment)
+                   auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
+
+
+def _dispatcher(opts: Options) -> Dispatcher:
+    """The run's one dispatcher (SCF J/K and the MP2 step share it and its records)."""
+    return Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
+                                     opts.require_nki, opts.cpu_blas))
 
 
 def _check_spin(mol, opts: Options) -> None:
@@ -195,12 +202,12 @@ def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
 
 def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
             auxmol=None, plan: RunPlan | None = None, own_scf: bool = False,
-            environment: dict | None = None) -> Result:
+            environment: dict | None = None, la: Dispatcher | None = None) -> Result:
     """The DF-MP2 step on a converged RHF, UHF, ROHF, RKS or UKS object ``mf``.
 
     auxmol, plan : from :func:`run` (built before the SCF) or made here; own_scf : the orbitals
     come from dfmp2's own SCF (their canonical form is then known, and only the cheap checks
-    run); environment : stored in the result.
+    run); environment : stored in the result; la : the run's dispatcher (made here when None).
     """
     kind, xc = check_scf_object(mf)
     mol = mf.mol
@@ -215,8 +222,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     dims = tuple((sp.nocc, sp.nvir) for sp in ref.spaces)
     if plan is None or plan.spaces != dims:
         plan = plan_run(mol, auxmol, _occupations(ref, mf), opts)
-    la = Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
-                                   opts.require_nki, opts.cpu_blas))
+    la = la if la is not None else _dispatcher(opts)
     log.debug("MP2 spaces (nocc, nvir) %s; block plan %s", dims,
               plan.blocks.as_dict() if plan.blocks else None)
     if ref.has_pairs:
@@ -367,12 +373,20 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
     cycles = getattr(mf, "cycles", None)
     s2 = spin_contamination(mf)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
-                   restart=getattr(mf, "restart", None),
+                   restart=getattr(mf, "restart", None), jk=_jk_record(mf),
                    cycles=int(cycles) if cycles is not None else None,
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None)
+
+
+def _jk_record(mf) -> str:
+    """What built the SCF's J and K: dfmp2's own SCF says (``mf.jk``); else PySCF's."""
+    if getattr(mf, "jk", None):
+        return mf.jk
+    return "PySCF's DF J/K" if getattr(mf, "with_df", None) is not None else \
+        "exact integrals (PySCF)"
 
 
 def _molecule_info(mol) -> MoleculeInfo:

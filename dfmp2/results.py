@@ -38,7 +38,8 @@ class ScfInfo:
     orbital energies over both spins (``lumo`` None without virtual orbitals),
     ``orbital_check`` what was verified of the orbitals before MP2, ``s2`` <S^2> of an
     unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones),
-    ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one)."""
+    ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one), ``jk`` what
+    built its J and K matrices."""
 
     kind: str
     xc: str | None
@@ -52,6 +53,7 @@ class ScfInfo:
     s2: float | None = None
     s2_deviation: float | None = None
     restart: str | None = None
+    jk: str | None = None
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,7 @@ class Result:
         """The backend, BLAS, per-op and timing lines of ``summary(verbose=True)``."""
         m, b = self.method, self.backend
         lines = [
+            f"  SCF J/K: {self.scf.jk}",
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
             + f" ({b.resolution})",
             f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "

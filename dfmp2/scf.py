@@ -27,7 +27,7 @@ def jk_auxbasis(mol, options: Options):
         return df.make_auxbasis(mol, mp2fit=False)
 
 
-def run_scf(mol, options: Options, progress=None):
+def run_scf(mol, options: Options, progress=None, la=None):
     """Run and return a converged SCF object for ``mol``.
 
     ``options.resolved_reference``: 'rhf' (2S = 0 only), 'uhf' or 'rohf'. A non-converged SCF
@@ -37,15 +37,22 @@ def run_scf(mol, options: Options, progress=None):
     is written there; a chkfile of the same molecule, basis and reference already there is the
     initial guess (:func:`restart_guess`), so a converged one costs a single iteration. The
     object's ``restart`` attribute says which.
+
+    A density-fitted SCF builds J and K with dfmp2's own integrals, fit and ``la`` ops
+    (:class:`dfmp2.df.DFJK`) when ``la`` is given and the fitted tensor fits in
+    ``options.max_memory``; otherwise with PySCF's DF object (which can go out of core). The
+    object's ``jk`` attribute says which ran and why.
     """
     reference = options.resolved_reference
     if reference == "rhf" and mol.spin != 0:
         raise InputError(f"an RHF reference needs 2S = 0, got 2S = {mol.spin}; use --reference "
                          "uhf or rohf for an open shell")
     mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
+    mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
+        mf.jk = _choose_jk(mf, mol, auxbasis, options, la)
         try:
             with quiet_pyscf():
                 mf.with_df.build()
@@ -66,6 +73,25 @@ def run_scf(mol, options: Options, progress=None):
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     return mf
+
+
+def _choose_jk(mf, mol, auxbasis, options: Options, la) -> str:
+    """Give ``mf`` dfmp2's J/K (:class:`dfmp2.df.DFJK`) when ``la`` is given and the fitted
+    tensor fits in ``options.max_memory``; return what runs J and K, and why."""
+    from .df import DFJK, jk_bytes
+    from .integrals import make_auxmol
+
+    if la is None:
+        return "PySCF's DF J/K (no dispatcher given)"
+    naux = make_auxmol(mol, auxbasis).nao_nr()
+    packed, square = jk_bytes(mol.nao_nr(), naux)
+    if packed > options.max_memory * 2**20:
+        return (f"PySCF's DF J/K: the fitted tensor ({packed / 2**20:.0f} MB) exceeds "
+                f"--max-memory {options.max_memory} MB (PySCF keeps it on disk)")
+    mf.with_df = DFJK(mol, auxbasis, la)
+    mf.with_df.max_memory = options.max_memory
+    layout = "packed and square" if packed + square <= options.max_memory * 2**20 else "packed"
+    return f"dfmp2 DF J/K ({layout} fitted tensor in memory, naux {naux})"
 
 
 def _cycle_reporter(progress, max_cycle: int):
