@@ -68,10 +68,12 @@ def run_scf(mol, options: Options, progress=None, la=None):
     mf.kernel(dm0=dm0)
     if not mf.converged:
         raise ConvergenceError(
-            f"the {options.scf_type.upper()}-{reference.upper()} did not converge in {options.max_cycle} cycles "
-            f"(last energy {mf.e_tot:.10f} Eh); raise --max-cycle or check the geometry"
+            f"the {options.scf_type.upper()}-{reference.upper()} did not converge in "
+            f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or check the geometry"
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
+    if getattr(mf, "with_df", None) is not None:
+        mf.with_df.reset()  # the JK-fit tensors: the MP2 step's --max-memory budget is its own
     return mf
 
 
