@@ -216,13 +216,16 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     timer = StageTimer()
     if scf_seconds is not None:
         timer.seconds["scf"] = scf_seconds
-    orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf)
+    la = la if la is not None else _dispatcher(opts)
+    # the check's Fock build is validation, not a DF-MP2 op: fp64 ops of its own, unrecorded
+    check_ops = Dispatcher(DispatchPolicy("pytorch", cpu_blas=opts.cpu_blas))
+    orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf,
+                              la=check_ops)
     ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core)
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
     dims = tuple((sp.nocc, sp.nvir) for sp in ref.spaces)
     if plan is None or plan.spaces != dims:
         plan = plan_run(mol, auxmol, _occupations(ref, mf), opts)
-    la = la if la is not None else _dispatcher(opts)
     log.debug("MP2 spaces (nocc, nvir) %s; block plan %s", dims,
               plan.blocks.as_dict() if plan.blocks else None)
     if ref.has_pairs:
@@ -294,7 +297,7 @@ def _name(basis):
     return basis if basis is None or isinstance(basis, str) else None
 
 
-def check_orbitals(mf, fock: bool = True) -> str:
+def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
     """Refuse orbitals the formulas do not describe; return what was checked.
 
     Always, for each spin of an unrestricted reference: ``mo_coeff`` orthonormal in the overlap
@@ -342,7 +345,7 @@ def check_orbitals(mf, fock: bool = True) -> str:
         return "orthonormal (orbitals from dfmp2's own SCF)"
     grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
     tol = max(1e-6, 10 * grad_tol)
-    fock_ao = mf.get_fock()
+    fock_ao = fock_matrix(mf, la)
     for spin in spins:
         label = "" if spin is None else f"{'alpha' if spin == 0 else 'beta'} "
         c = per_spin(mf.mo_coeff, spin)
@@ -362,6 +365,29 @@ def check_orbitals(mf, fock: bool = True) -> str:
                     f"F[{idx[a]}, {idx[b]}] = {block[a, b]:.3e} Eh (tolerance {tol:.0e}); "
                     "localised, rotated or reordered orbitals need canonical ones for DF-MP2")
     return f"orthonormal and canonical (Fock blocks diagonal to {tol:.0e} Eh)"
+
+
+def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
+    """The Fock matrix of ``mf``'s own density (per spin for UHF), for the orbital check.
+
+    A density-fitted HF object whose fitted tensor is in memory gets J and K from
+    :func:`dfmp2.df.get_jk` on that tensor with ``la``'s ops (one pass, dfmp2's BLAS); anything
+    else (exact integrals, Kohn-Sham, a tensor on disk) asks PySCF's ``get_fock``."""
+    from pyscf import dft
+
+    from .df import get_jk
+
+    with_df = getattr(mf, "with_df", None)
+    cderi = getattr(with_df, "_cderi", None)
+    if (la is None or not isinstance(cderi, np.ndarray) or isinstance(mf, dft.rks.KohnShamDFT)
+            or isinstance(mf, pyscf_scf.rohf.ROHF)):
+        return mf.get_fock()
+    dm = mf.make_rdm1()
+    vj, vk = get_jk(cderi, dm, la)
+    h = mf.get_hcore()
+    if isinstance(mf, pyscf_scf.uhf.UHF):
+        return h + (vj[0] + vj[1]) - vk
+    return h + vj - 0.5 * vk
 
 
 def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:

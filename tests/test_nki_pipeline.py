@@ -63,8 +63,12 @@ def test_cli_nki_emulator_records_modes_in_json(tmp_path):
     assert "backend nki [emulator]" in result.stdout
     backend = json.loads(out.read_text())["extras"]["backend"]
     assert backend["nki_mode"] == "emulator"
-    assert {op: backend["ops"][op]["mode"] for op in NKI_OPS} == dict.fromkeys(NKI_OPS,
-                                                                               "emulator")
+    modes = {op: backend["ops"][op]["mode"] for op in NKI_OPS}
+    # the DF-SCF's J/K (gemm; its fit, trmm) run on the host in fp64, the MP2 stages on NKI
+    assert modes == {"gemm": "host+emulator", "trmm": "host+emulator",
+                     "mp2_pair_sums": "emulator"}
+    for op in ("gemm", "trmm"):
+        assert "DF-SCF J/K in fp64" in backend["ops"][op]["host_reason"]
 
 
 def test_cli_env_var_opts_into_the_emulator():

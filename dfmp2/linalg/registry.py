@@ -147,8 +147,9 @@ class OpRecord:
     """What ran one op during a run: backend, execution mode, call count, fallback reason.
 
     host_calls : how many of ``calls`` an NKI run placed on the host in float64 on purpose
-    (:meth:`Dispatcher.on_host`), and host_reason why (the first reason given). An op that ran
-    both on NKI and on the host has backend 'mixed' and mode e.g. 'emulator+host'.
+    (:meth:`Dispatcher.on_host`), and host_reason why (each distinct reason, joined by '; ').
+    An op that ran both on NKI and on the host has backend 'mixed' and mode e.g.
+    'emulator+host'.
     """
 
     backend: str
@@ -287,7 +288,9 @@ class Dispatcher(_NamedOps):
         result = self._run_host(op, args, mode=HOST_MODE)
         record = self.records[op]
         record.host_calls += 1
-        record.host_reason = record.host_reason or reason
+        if reason not in (record.host_reason or "").split("; "):  # each distinct reason once
+            record.host_reason = f"{record.host_reason}; {reason}" if record.host_reason \
+                else reason
         return result
 
     def _run_host(self, op: str, args: tuple, mode: str):
