@@ -20,6 +20,7 @@ from pyscf import df as pyscf_df
 from pyscf import gto
 from pyscf import scf as pyscf_scf
 
+from ._files import check_writable_file
 from .blocking import MB, BlockPlan, plan_blocks
 from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
@@ -151,20 +152,10 @@ def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options) -> RunPl
 
 
 def check_chkfile(path: str | None) -> None:
-    """Before the SCF: a new checkpoint file can be created where ``path`` says (tried, and
-    removed again), or an existing one can be read and rewritten."""
-    if path is None:
-        return
-    if os.path.isdir(path):
-        raise InputError(f"chkfile {path!r} is a directory; give a file path")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as exc:
-        raise InputError(f"cannot write chkfile {path!r}: {exc.strerror}") from None
-    if not existed:
-        os.remove(path)
+    """Before the SCF: a new checkpoint file can be created where ``path`` says, or an existing
+    one rewritten."""
+    if path is not None:
+        check_writable_file(path, "chkfile")
 
 
 def scratch_bytes(plan: RunPlan, naux: int) -> int:

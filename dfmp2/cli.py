@@ -7,7 +7,6 @@ The only place that reads ``DFMP2_*`` environment variables (through click's ``e
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 
@@ -15,7 +14,7 @@ import click
 
 from ._names import BACKENDS, CPU_BLAS_CHOICES
 from ._version import __version__
-from .errors import Interrupted
+from .errors import InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_TYPES, Options
 
 
@@ -166,18 +165,14 @@ def run(geometry, json_path, verbose, quiet, **options):
 
 
 def _check_json_path(path) -> None:
-    """Before any work: the JSON file can be created or overwritten (a file made by the test is
-    removed again)."""
-    if path is None or path == "-":
-        return
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as exc:
-        raise _fail(f"cannot write JSON to {path!r}: {exc.strerror}") from None
-    if not existed:
-        os.remove(path)
+    """Before any work: the JSON file can be created or overwritten."""
+    from ._files import check_writable_file
+
+    if path is not None and path != "-":
+        try:
+            check_writable_file(path, "JSON")
+        except InputError as exc:
+            raise _fail(str(exc)) from None
 
 
 def _raise_on_signals():

@@ -72,25 +72,14 @@ def _always(*_args, **_kwargs) -> None:
     return None
 
 
-def _nki_attr(name: str) -> Callable:
-    """Defer ``import dfmp2.linalg.nki_ops`` until the nki backend is used."""
+def _lazy_attr(module: str, name: str) -> Callable:
+    """``dfmp2.linalg.<module>.<name>`` imported at call time (the nki and numpy backends load
+    only when used)."""
 
     def call(*args, **kwargs):
-        module = importlib.import_module(".nki_ops", __package__)
-        return getattr(module, name)(*args, **kwargs)
+        return getattr(importlib.import_module(f".{module}", __package__), name)(*args, **kwargs)
 
-    call.__name__ = f"nki_ops.{name}"
-    return call
-
-
-def _numpy_attr(name: str) -> Callable:
-    """``dfmp2.linalg.numpy_ops.<name>`` looked up at call time."""
-
-    def call(*args, **kwargs):
-        module = importlib.import_module(".numpy_ops", __package__)
-        return getattr(module, name)(*args, **kwargs)
-
-    call.__name__ = f"numpy_ops.{name}"
+    call.__name__ = f"{module}.{name}"
     return call
 
 
@@ -110,12 +99,12 @@ def _nki_supports(op: str) -> Callable[..., str | None]:
 _TABLE: dict[tuple[str, str], Impl] = {}
 for _op in OPS:
     _TABLE[(_op, "pytorch")] = Impl(getattr(torch_ops, _op), _always)
-    _TABLE[(_op, "nki")] = Impl(_nki_attr(_op), _nki_supports(_op))
+    _TABLE[(_op, "nki")] = Impl(_lazy_attr("nki_ops", _op), _nki_supports(_op))
 for _op in HOST_OPS:
     _TABLE[(_op, "pytorch")] = Impl(getattr(torch_ops, _op), _always)
 _TABLE[("gemm", "numpy")] = Impl(_numpy_gemm, _always)
-_TABLE[("trmm", "numpy")] = Impl(_numpy_attr("trmm"), _always)
-_TABLE[("mp2_pair_sums", "numpy")] = Impl(_numpy_attr("mp2_pair_sums"), _always)
+_TABLE[("trmm", "numpy")] = Impl(_lazy_attr("numpy_ops", "trmm"), _always)
+_TABLE[("mp2_pair_sums", "numpy")] = Impl(_lazy_attr("numpy_ops", "mp2_pair_sums"), _always)
 REGISTRY = MappingProxyType(_TABLE)
 #: The implementation backends of the registry.
 IMPL_BACKENDS = ("pytorch", "numpy", "nki")
