@@ -36,8 +36,6 @@ __all__ = ["DFJK", "JK_AUX_BLOCK", "fitted_cderi", "get_jk", "jk_bytes"]
 
 #: Auxiliary functions per block of J/K work (unpacked ``(q, nao, nao)`` at a time).
 JK_AUX_BLOCK = 128
-#: Pair columns per fit block (the fit runs ``B^T = (P|mu nu)^T L^{-T}`` on row slabs).
-_FIT_COLUMNS = 4096
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
 _DM_EIG_CUTOFF = 1e-14
@@ -63,11 +61,8 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarra
     if factor.lower is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
         inv_sqrt = factor.inv_sqrt  # (naux, nkept)
         return la.gemm(inv_sqrt, torch.from_numpy(j3c), trans_a=True).numpy()
-    upper = fit_matrix(factor, la)  # L^{-T}
-    for c0 in range(0, npair, _FIT_COLUMNS):
-        c1 = min(c0 + _FIT_COLUMNS, npair)
-        rows = torch.from_numpy(np.ascontiguousarray(j3c[:, c0:c1].T))  # (pairs, naux)
-        j3c[:, c0:c1] = la.trmm(upper, rows).numpy().T
+    # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
+    la.trmm(fit_matrix(factor, la), torch.from_numpy(j3c).T)
     return j3c
 
 

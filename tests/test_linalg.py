@@ -231,6 +231,21 @@ def test_numpy_trmm_handles_strided_rows():
 
 
 @pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
+def test_trmm_on_a_transposed_view_works_in_place(cpu_blas):
+    """The DF-SCF's fit multiplies the (pairs, naux) view of its C-ordered (naux, pairs) tensor:
+    in place, the same as on a C-ordered copy."""
+    from dfmp2.linalg import Dispatcher, DispatchPolicy
+
+    upper = torch.triu(_rand(6, 6, seed=54))
+    tensor = _rand(6, 11, seed=55)  # (naux, pairs)
+    expected = tensor.T @ upper
+    view = tensor.T  # Fortran-ordered (pairs, naux)
+    got = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas)).trmm(upper, view)
+    assert got.data_ptr() == tensor.data_ptr()
+    assert torch.allclose(tensor.T, expected, atol=TOL_MATRIX_REL)
+
+
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
 def test_gemm_writes_into_out(cpu_blas):
     from dfmp2.linalg import Dispatcher, DispatchPolicy
 

@@ -200,11 +200,21 @@ def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor) -> torch.Tensor:
     in place (SciPy's BLAS wrapper; SciPy's wheel bundles its own scipy-openblas, the same
     OpenBLAS family as numpy's, with the same kernels on this machine).
     Measured on the fit of (H2O)20 cc-pVDZ (38000 x 1680): 0.57-0.71 s against 1.06-1.15 s for
-    the blocked GEMMs of the torch implementation on numpy's BLAS."""
+    the blocked GEMMs of the torch implementation on numpy's BLAS. A C- or Fortran-ordered
+    ``b_mn`` is worked on in place (the DF-SCF's fit passes the transposed view of its
+    (naux, pairs) tensor)."""
     from scipy.linalg import blas
 
     b, u = b_mn.numpy(), u_nn.numpy().astype(b_mn.numpy().dtype, copy=False)
     routine = blas.dtrmm if b.dtype == np.float64 else blas.strmm
+    if b.flags.f_contiguous and not b.flags.c_contiguous:
+        # a Fortran-ordered b (the transposed view of a C-ordered (n, m) array): the BLAS
+        # multiplies it from the right in place
+        result = routine(1.0, np.asfortranarray(u), b, side=1, lower=0, trans_a=0, diag=0,
+                         overwrite_b=1)
+        if not np.shares_memory(result, b):
+            np.copyto(b, result)
+        return b_mn
     # b @ u = (u^T b^T)^T; b^T and u^T (lower) are Fortran-ordered views: nothing is copied
     result = routine(1.0, u.T, b.T, side=0, lower=1, trans_a=0, diag=0, overwrite_b=1)
     if not np.shares_memory(result, b):  # b was not C-contiguous: SciPy worked on a copy
