@@ -45,7 +45,7 @@ from .reference import (
     spin_contamination,
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
-from .scf import run_scf, scf_fit_record
+from .scf import check_reference_spin, release_integrals, run_scf, scf_fit_record
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     else:
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp)
-    _check_spin(mol, opts)
+    check_reference_spin(mol, opts.resolved_reference)
     auxmol = make_auxmol(mol, opts.auxbasis)
     plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts)
     check_scratch(plan, opts, auxmol.nao_nr())
@@ -91,14 +91,6 @@ def _dispatcher(opts: Options) -> Dispatcher:
     """The run's one dispatcher (SCF J/K and the MP2 step share it and its records)."""
     return Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
                                      opts.require_nki, opts.cpu_blas))
-
-
-def _check_spin(mol, opts: Options) -> None:
-    """An RHF reference needs a singlet (2S = 0)."""
-    if opts.resolved_reference == "rhf" and mol.spin != 0:
-        raise InputError(
-            f"an RHF reference needs 2S = 0, got 2S = {mol.spin} (multiplicity "
-            f"{mol.spin + 1}); use --reference uhf or rohf for an open shell")
 
 
 def guess_occupations(mol, reference: str) -> list[np.ndarray]:
@@ -213,6 +205,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf,
                               la=check_ops)
     ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core)
+    if own_scf:  # ROHF's semicanonicalisation above was the last use of the SCF's J/K
+        release_integrals(mf)
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
     dims = tuple((sp.nocc, sp.nvir) for sp in ref.spaces)
     if plan is None or plan.spaces != dims:
@@ -246,7 +240,9 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         naux_fit=naux_fit, naux_dropped=ndropped, nocc=first.nocc, nvir=first.nvir,
         nalpha=ref.nalpha, nbeta=ref.nbeta, nfrozen_occ=first.nfrozen_occ,
         nfrozen_vir=first.nfrozen_vir, npairs=npairs,
-        nocc_beta=beta.nocc if beta else None, nvir_beta=beta.nvir if beta else None)
+        nocc_beta=beta.nocc if beta else None, nvir_beta=beta.nvir if beta else None,
+        nfrozen_occ_beta=beta.nfrozen_occ if beta else None,
+        nfrozen_vir_beta=beta.nfrozen_vir if beta else None)
     cpu_blas = la.cpu_blas.as_dict()
     if ref.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
             and opts.fused_energy:
@@ -361,18 +357,21 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
 def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
     """The Fock matrix of ``mf``'s own density (per spin for UHF), for the orbital check.
 
-    A density-fitted HF object whose fitted tensor is in memory gets J and K from
-    :func:`dfmp2.df.get_jk` on that tensor with ``la``'s ops (one pass, dfmp2's BLAS); anything
-    else (exact integrals, Kohn-Sham, a tensor on disk) asks PySCF's ``get_fock``."""
+    A plain density-fitted HF object (PySCF's own ``get_veff`` and ``get_fock``) whose fitted
+    tensor is in memory gets J and K from :func:`dfmp2.df.get_jk` on that tensor with ``la``'s
+    ops (dfmp2's BLAS); anything else (exact integrals, Kohn-Sham, solvent or other added
+    potentials, a tensor on disk) asks the object's ``get_fock``."""
     from pyscf import dft
 
     from .df import get_jk
 
     with_df = getattr(mf, "with_df", None)
     cderi = getattr(with_df, "_cderi", None)
-    if (la is None or not isinstance(cderi, np.ndarray) or isinstance(mf, dft.rks.KohnShamDFT)
-            or isinstance(mf, pyscf_scf.rohf.ROHF)):
-        return mf.get_fock()
+    plain = (type(mf).get_veff in (pyscf_scf.hf.RHF.get_veff, pyscf_scf.uhf.UHF.get_veff)
+             and type(mf).get_fock in (pyscf_scf.hf.RHF.get_fock, pyscf_scf.uhf.UHF.get_fock))
+    if (la is None or not isinstance(cderi, np.ndarray) or not plain
+            or isinstance(mf, (dft.rks.KohnShamDFT, pyscf_scf.rohf.ROHF))):
+        return mf.get_fock()  # solvent models and other potentials: the object's own Fock
     dm = mf.make_rdm1()
     vj, vk = get_jk(cderi, dm, la)
     h = mf.get_hcore()

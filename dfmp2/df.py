@@ -152,7 +152,7 @@ class DFJK(pyscf_df.DF):
     (an fp32 J/K cannot converge an SCF to 1e-11 Eh), recorded per op.
     """
 
-    _keys = {"la"}
+    _keys = {"la", "square"}
 
     def __init__(self, mol, auxbasis, la: Dispatcher):
         super().__init__(mol, auxbasis)
@@ -184,7 +184,7 @@ class DFJK(pyscf_df.DF):
         return super().reset(mol)
 
     def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
-        if omega is not None:
+        if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
             return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if self._cderi is None:
             self.build()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import MISSING, dataclass, fields
+
+import numpy as np
 
 from ._names import BACKENDS, CPU_BLAS_CHOICES
 from .errors import InputError
@@ -28,7 +31,8 @@ class Options:
     reference : 'rhf', 'uhf' or 'rohf'; None = rhf for singlets, uhf otherwise.
     frozen : None (all electrons), an int (the lowest n orbitals), or a tuple of orbital indices
         (PySCF's ``frozen=`` semantics; may name virtual orbitals too); for UHF and ROHF the
-        same for both spins, or a pair of tuples (alpha indices, beta indices).
+        same for both spins, or a pair of tuples (alpha indices, beta indices). As in PySCF, an
+        int larger than a spin's occupied count freezes that spin's lowest virtuals too.
     frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs, else torch's), 'torch' (MKL in the CPU
@@ -95,6 +99,9 @@ class Options:
             object.__setattr__(self, "frozen", (tuple(self.frozen[0]), tuple(self.frozen[1])))
         elif isinstance(self.frozen, list):
             object.__setattr__(self, "frozen", tuple(self.frozen))
+        if isinstance(self.frozen, tuple) and any(isinstance(f, list) for f in self.frozen):
+            raise InputError(f"frozen: give a list of orbital indices, or a pair of lists (alpha, "
+                             f"beta) for an open shell; got {self.frozen!r}")
         if isinstance(self.frozen, bool):
             raise InputError(f"frozen must be an int or a list of orbital indices, got {self.frozen}")
         if isinstance(self.frozen, int) and self.frozen < 0:
@@ -139,24 +146,47 @@ _DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISS
 
 
 def _check_types(opts: Options) -> None:
-    """Numbers and switches have the type of their default (bool is not taken for a number);
-    ``frozen`` is None, an int or a list."""
+    """Numbers and switches have the type of their default (bool is not taken for a number;
+    numpy scalars are, and become Python numbers); ``frozen`` is None, an integer or a sequence
+    of integers (a numpy array too), or a pair of such sequences, normalised to tuples."""
     for f in fields(opts):
         value, default = getattr(opts, f.name), f.default
         if isinstance(default, bool):
-            ok = isinstance(value, bool)
+            ok = isinstance(value, (bool, np.bool_))
+            value = bool(value) if ok else value
         elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+            value = float(value) if ok else value
         elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+            value = int(value) if ok else value
         else:
             continue
         if not ok:
             kind = {bool: "True or False", float: "a number", int: "an integer"}[type(default)]
             raise InputError(f"{f.name} must be {kind}, got {value!r}")
-    if opts.frozen is not None and not isinstance(opts.frozen, (int, list, tuple)):
-        raise InputError(f"frozen must be an int or a list of orbital indices, got "
-                         f"{opts.frozen!r}")
+        object.__setattr__(opts, f.name, value)
+    frozen = opts.frozen
+    if frozen is None:
+        return
+    if isinstance(frozen, numbers.Integral) and not isinstance(frozen, (bool, np.bool_)):
+        object.__setattr__(opts, "frozen", int(frozen))
+        return
+    if isinstance(frozen, np.ndarray):
+        frozen = frozen.tolist()
+    if not isinstance(frozen, (list, tuple)):
+        raise InputError(f"frozen must be an int or a list of orbital indices, got {frozen!r}")
+    object.__setattr__(opts, "frozen", [
+        [_index(k) for k in (f.tolist() if isinstance(f, np.ndarray) else f)]
+        if isinstance(f, (list, tuple, np.ndarray)) else _index(f) for f in frozen])
+
+
+def _index(value):
+    """An orbital index as a Python int (numpy integers too); anything else is left for the
+    range check to name."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return value
 
 
 def _check_indices(frozen) -> None:

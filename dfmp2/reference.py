@@ -136,6 +136,9 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
             raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
         mask[: int(frozen)] = False
         return mask
+    if any(isinstance(k, (list, tuple, np.ndarray)) for k in frozen):
+        raise InputError(f"frozen={list(frozen)} is a per-spin pair (alpha, beta): that needs an "
+                         "open-shell (UHF or ROHF) reference; give one list for a closed shell")
     indices = np.asarray(sorted({int(k) for k in frozen}), dtype=int)
     if indices.size and (indices.max() >= nmo):
         raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")

@@ -59,10 +59,10 @@ class ScfInfo:
 @dataclass(frozen=True)
 class Sizes:
     """Dimensions: basis functions, MOs, auxiliary functions (``naux_fit`` kept by the fit),
-    active occupied/virtual orbitals (of the alpha spin for an open shell; ``nocc_beta`` and
-    ``nvir_beta`` the beta ones, None for a closed shell), occupied orbitals of each spin
-    (``nalpha``/``nbeta``, frozen ones included), frozen ones (per spin), occupied pairs
-    evaluated (over all spin blocks)."""
+    active occupied/virtual orbitals and frozen ones (of the alpha spin for an open shell; the
+    ``*_beta`` fields the beta ones, None for a closed shell), occupied orbitals of each spin
+    (``nalpha``/``nbeta``, frozen ones included), occupied pairs evaluated (over all spin
+    blocks)."""
 
     natom: int
     nbasis: int
@@ -79,6 +79,8 @@ class Sizes:
     npairs: int
     nocc_beta: int | None = None
     nvir_beta: int | None = None
+    nfrozen_occ_beta: int | None = None
+    nfrozen_vir_beta: int | None = None
 
     @property
     def nfrozen(self) -> int:
@@ -238,8 +240,7 @@ class Result:
         energies; with ``verbose`` also the backend, BLAS and per-op records and stage times."""
         mo, scf, s, m = self.molecule, self.scf, self.sizes, self.method
         ghosts = f" + {mo.nghost} ghost" if mo.nghost else ""
-        frozen = (f"{s.nfrozen_occ} occupied and {s.nfrozen_vir} virtual frozen"
-                  if s.nfrozen else "all electrons")
+        frozen = _frozen_text(s)
         ref = scf.kind.upper() + (f" ({scf.xc})" if scf.xc else "")
         lines = [
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
@@ -322,6 +323,17 @@ class Result:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _frozen_text(s: Sizes) -> str:
+    """'all electrons', '1 occupied and 0 virtual frozen', or per spin where the spins differ."""
+    alpha = (s.nfrozen_occ, s.nfrozen_vir)
+    beta = (s.nfrozen_occ_beta, s.nfrozen_vir_beta) if s.nocc_beta is not None else alpha
+    if alpha == beta:
+        return (f"{alpha[0]} occupied and {alpha[1]} virtual frozen" if any(alpha)
+                else "all electrons")
+    return (f"frozen: alpha {alpha[0]} occupied and {alpha[1]} virtual, beta {beta[0]} "
+            f"occupied and {beta[1]} virtual")
 
 
 def _count(n: int, noun: str) -> str:

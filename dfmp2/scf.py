@@ -16,7 +16,8 @@ from .options import Options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_scf", "jk_auxbasis", "restart_guess", "scf_fit_record"]
+__all__ = ["check_reference_spin", "jk_auxbasis", "release_integrals", "restart_guess",
+           "run_scf", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -44,10 +45,10 @@ def run_scf(mol, options: Options, progress=None, la=None):
     object's ``jk`` attribute says which ran and why.
     """
     reference = options.resolved_reference
-    if reference == "rhf" and mol.spin != 0:
-        raise InputError(f"an RHF reference needs 2S = 0, got 2S = {mol.spin}; use --reference "
-                         "uhf or rohf for an open shell")
+    check_reference_spin(mol, reference)
     mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
+    mf.max_memory = options.max_memory  # PySCF's in-core/on-disk decisions (exact or DF)
+    dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
@@ -63,8 +64,7 @@ def run_scf(mol, options: Options, progress=None, la=None):
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
     mf.callback = _cycle_reporter(progress, options.max_cycle)
-    dm0, mf.restart = restart_guess(mf, options.chkfile)
-    mf.chkfile = options.chkfile  # None: PySCF writes no scratch chkfile of its own
+    mf.chkfile = None  # PySCF writes no scratch chkfile of its own, nor --chkfile mid-run
     mf.kernel(dm0=dm0)
     if not mf.converged:
         raise ConvergenceError(
@@ -72,9 +72,25 @@ def run_scf(mol, options: Options, progress=None, la=None):
             f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or check the geometry"
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
-    if getattr(mf, "with_df", None) is not None:
-        mf.with_df.reset()  # the JK-fit tensors: the MP2 step's --max-memory budget is its own
+    if options.chkfile is not None:  # written once, converged
+        scf.chkfile.dump_scf(mol, options.chkfile, mf.e_tot, mf.mo_energy, mf.mo_coeff,
+                             mf.mo_occ)
+        mf.chkfile = options.chkfile
     return mf
+
+
+def check_reference_spin(mol, reference: str) -> None:
+    """An RHF reference needs 2S = 0."""
+    if reference == "rhf" and mol.spin != 0:
+        raise InputError(f"an RHF reference needs 2S = 0, got 2S = {mol.spin} (multiplicity "
+                         f"{mol.spin + 1}); use --reference uhf or rohf for an open shell")
+
+
+def release_integrals(mf) -> None:
+    """Drop the SCF's JK-fit tensors (dfmp2's or PySCF's) once nothing needs them: the MP2
+    step's --max-memory budget is its own."""
+    if getattr(mf, "with_df", None) is not None:
+        mf.with_df.reset()
 
 
 def _choose_jk(mf, mol, auxbasis, options: Options, la) -> str:
@@ -132,8 +148,9 @@ def _same_system(mol, saved) -> str | None:
 
 def restart_guess(mf, chkfile: str | None):
     """(dm0, record) for an SCF object from ``chkfile``: its saved orbitals' density when the
-    file holds a converged SCF of the same molecule, basis and reference, else (None, why not).
-    A file of another system or reference is an :class:`InputError` (it would be overwritten)."""
+    file holds an SCF of the same molecule, basis and reference (dfmp2 writes one only when
+    converged; then the SCF takes one iteration), else (None, why not). A file of another
+    system or reference is an :class:`InputError` (it would be overwritten)."""
     if chkfile is None:
         return None, None
     if not os.path.exists(chkfile):
@@ -150,9 +167,8 @@ def restart_guess(mf, chkfile: str | None):
     unrestricted = isinstance(mf, scf.uhf.UHF)
     if differs is None and (mo_coeff.ndim == 3) != unrestricted:
         differs = "another reference (restricted vs unrestricted)"
-    if differs is None and not unrestricted and (
-            isinstance(mf, scf.rohf.ROHF) != bool(np.any(mo_occ == 1))):
-        differs = "another reference (RHF vs ROHF)"
+    if differs is None and not unrestricted and mf.mol.spin > 0 and not np.any(mo_occ == 1):
+        differs = "another reference (RHF vs ROHF)"  # a singlet's ROHF is its RHF
     if differs is not None:
         raise InputError(f"chkfile {chkfile!r} holds another calculation ({differs}); remove it "
                          "or choose another --chkfile")

@@ -114,3 +114,46 @@ def test_orbital_check_fock_from_dfmp2_jk_equals_pyscf(kind):
     la = _la()
     assert np.abs(fock_matrix(mf, la) - mf.get_fock()).max() < TOL_MATRIX_ABS
     assert la.records["gemm"].calls > 0
+
+
+def test_a_solvent_model_keeps_its_own_fock_in_the_orbital_check():
+    """ddCOSMO adds a potential to the Fock matrix: the check must use the object's own."""
+    mf = scf.RHF(gto.M(atom=WATER, basis="cc-pvdz", verbose=0)).density_fit().ddCOSMO()
+    mf.run(conv_tol=1e-10)
+    assert dfmp2.DFMP2(mf).run().e_corr < 0
+
+
+def test_non_symmetric_densities_go_to_pyscfs_general_code():
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    ref = scf.RHF(mol).density_fit(auxbasis=JKFIT)
+    ref.with_df.build()
+    ours = DFJK(mol, JKFIT, _la()).build()
+    dm = np.random.default_rng(1).standard_normal((mol.nao_nr(), mol.nao_nr()))
+    vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=0)
+    vj, vk = ours.get_jk(dm, hermi=0)
+    assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS and np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+
+
+def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
+    from dfmp2 import df as dfmp2_df
+
+    calls = []
+    real = dfmp2_df.fitted_cderi
+    monkeypatch.setattr(dfmp2_df, "fitted_cderi", lambda *a: calls.append(1) or real(*a))
+    seen = {}
+    real_compute = dfmp2.api.compute
+
+    def compute(mf, *args, **kwargs):
+        seen["mf"] = mf
+        return real_compute(mf, *args, **kwargs)
+
+    monkeypatch.setattr(dfmp2.api, "compute", compute)
+    dfmp2.run(NH2, spin=1, reference="rohf")
+    assert calls == [1]
+    assert seen["mf"].with_df._cderi is None and seen["mf"].with_df.square is None
+
+
+def test_pyscf_fallback_gets_the_memory_budget():
+    mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
+    mf = run_scf(mol, Options(max_memory=10), la=_la())
+    assert mf.max_memory == 10 and mf.with_df.max_memory == 10

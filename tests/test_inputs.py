@@ -119,3 +119,17 @@ def test_memory_error_comes_before_the_scf(monkeypatch):
 def test_options_of_the_wrong_type_are_input_errors(kwargs, needle):
     with pytest.raises(InputError, match=needle):
         Options(**kwargs)
+
+
+def test_numpy_integers_are_taken_and_normalised():
+    import numpy as np
+
+    assert Options(frozen=np.int64(1)).frozen == 1
+    assert Options(frozen=np.arange(2)).frozen == (0, 1)
+    assert Options(frozen=[np.arange(1), [0, np.int32(1)]]).frozen == ((0,), (0, 1))
+    assert Options(max_memory=np.int64(100)).max_memory == 100
+
+
+def test_a_per_spin_frozen_pair_needs_an_open_shell():
+    with pytest.raises(InputError, match="per-spin pair"):
+        dfmp2.run("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis="sto-3g", frozen=[[0], [0]])

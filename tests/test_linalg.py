@@ -95,6 +95,16 @@ def test_pair_sums_fused_and_unfused_equal_the_oracle(kind):
         assert fused[1] == 0.0
 
 
+def test_same_tensor_with_two_virtual_energies_is_not_taken_for_a_diagonal_block():
+    """The diagonal path sums each pair's transpose, which is right only when eps_va ==
+    eps_vb: the op must give the oracle's sums for the same tensor with two virtual spectra."""
+    ovL, _, eps_o, _, eps_va, _, weights, _ = _pair_problem("diagonal", seed=60)
+    eps_vb = eps_va + _rand(eps_va.shape[0], seed=61).abs()
+    args = (ovL, ovL, eps_o, eps_o, eps_va, eps_vb, weights, True)
+    ref = torch.from_numpy(reference_pair_sums(*args))
+    assert torch.allclose(torch_ops.mp2_pair_sums(*args), ref, atol=TOL_MATRIX_REL)
+
+
 def test_pair_sums_refuses_exchange_on_rectangular_blocks():
     args = list(_pair_problem("rectangular"))
     args[-1] = True

@@ -219,7 +219,10 @@ def test_frozen_per_spin_lists():
     both = dfmp2.DFMP2(mf, frozen=1).run().e_corr
     none = dfmp2.DFMP2(mf).run().e_corr
     alpha_only = dfmp2.DFMP2(mf, frozen=[[0], []]).run()
-    assert alpha_only.result.sizes.nocc == 4 and alpha_only.result.sizes.nocc_beta == 4
+    sizes = alpha_only.result.sizes
+    assert sizes.nocc == 4 and sizes.nocc_beta == 4
+    assert (sizes.nfrozen_occ, sizes.nfrozen_occ_beta) == (1, 0)
+    assert "frozen: alpha 1 occupied and 0 virtual, beta 0 occupied" in alpha_only.result.summary()
     assert none < alpha_only.e_corr < both
 
 

@@ -51,3 +51,26 @@ def test_unwritable_chkfile_is_refused_before_the_scf(tmp_path):
     assert not (tmp_path / "missing-dir").exists()
     with pytest.raises(InputError, match="is a directory"):
         dfmp2.run(WATER, chkfile=str(tmp_path))
+
+
+def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(tmp_path,
+                                                                              monkeypatch):
+    from dfmp2 import df as dfmp2_df
+    from dfmp2.errors import ConvergenceError
+
+    chk = tmp_path / "water.chk"
+    with pytest.raises(ConvergenceError):
+        dfmp2.run(WATER, chkfile=str(chk), max_cycle=2)
+    assert not chk.exists()
+    dfmp2.run(WATER, chkfile=str(chk))
+    monkeypatch.setattr(dfmp2_df, "fitted_cderi", lambda *a: pytest.fail("integrals built"))
+    with pytest.raises(InputError, match="another basis"):
+        dfmp2.run(WATER, chkfile=str(chk), basis="cc-pvtz")
+
+
+def test_a_singlet_rohf_restarts_from_its_own_chkfile(tmp_path):
+    chk = str(tmp_path / "water.chk")
+    first = dfmp2.run(WATER, chkfile=chk, reference="rohf")
+    again = dfmp2.run(WATER, chkfile=chk, reference="rohf")
+    assert again.scf.cycles == 1
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)

@@ -226,7 +226,8 @@ def mp2_pair_sums(
     if ni == 0 or nj == 0 or nva == 0 or nvb == 0:
         return total
     weights = weights.to(device=ovL_i.device, dtype=torch.float64)
-    if not is_diagonal_block(ovL_i, ovL_j, weights):
+    # the diagonal path sums each pair's transpose: right only when D is symmetric in a <-> b
+    if not (is_diagonal_block(ovL_i, ovL_j, weights) and torch.equal(eps_va, eps_vb)):
         ovov = matmul(ovL_i.reshape(ni * nva, naux), jb_L.T).view(ni, nva, nj, nvb)
         for i in range(ni):
             total += work.sums(ovov[i].permute(1, 0, 2), eps_i[i], 0, weights[i], exchange)
