@@ -131,16 +131,22 @@ def run(geometry, json_path, verbose, quiet, **options):
 
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
     _check_json_path(json_path)
-    progress = _TerminalProgress(enabled=not quiet)
-    restore = _raise_on_signals()
+    terminal = _TerminalProgress(enabled=not quiet)
+    restore, pending = _raise_on_signals()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        pending.check()  # a signal whose exception Python swallowed (in a __del__ or callback)
+        terminal(stage, done, total)
+
     try:
         from .api import run as run_dfmp2
         from .errors import DFMP2Error
 
         try:
             result = run_dfmp2(geometry, progress=progress, environment=environment, **options)
+            pending.check()
         finally:
-            progress.close()
+            terminal.close()
     except Interrupted as exc:
         click.echo(f"error: {exc}; temporary files removed; exit status {128 + exc.signum}",
                    err=True)
@@ -175,13 +181,28 @@ def _check_json_path(path) -> None:
             raise _fail(str(exc)) from None
 
 
+class _PendingSignal:
+    """The last signal the handler saw. Python ignores an exception raised while it runs a
+    ``__del__`` method or a weakref callback, so the CLI asks again at every progress report
+    and once the run has returned."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum, signal.Signals(self.signum).name)
+
+
 def _raise_on_signals():
     """Turn SIGINT, SIGTERM and SIGHUP (what batch schedulers send) into :class:`Interrupted`,
     so ``finally`` blocks remove the temporary HDF5 file; return a function that restores the
-    previous handlers."""
+    previous handlers, and the :class:`_PendingSignal` record."""
+    pending = _PendingSignal()
 
     def handler(signum, _frame):
-        raise Interrupted(signum, signal.Signals(signum).name)
+        pending.signum = signum
+        pending.check()
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -194,7 +215,7 @@ def _raise_on_signals():
         for sig, old in previous.items():
             signal.signal(sig, old)
 
-    return restore
+    return restore, pending
 
 
 def _fail(message) -> click.exceptions.Exit:

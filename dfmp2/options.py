@@ -5,8 +5,6 @@ from __future__ import annotations
 import numbers
 from dataclasses import MISSING, dataclass, fields
 
-import numpy as np
-
 from ._names import BACKENDS, CPU_BLAS_CHOICES
 from .errors import InputError
 
@@ -152,13 +150,13 @@ def _check_types(opts: Options) -> None:
     for f in fields(opts):
         value, default = getattr(opts, f.name), f.default
         if isinstance(default, bool):
-            ok = isinstance(value, (bool, np.bool_))
+            ok = _is_bool(value)
             value = bool(value) if ok else value
         elif isinstance(default, float):
-            ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+            ok = isinstance(value, numbers.Real) and not _is_bool(value)
             value = float(value) if ok else value
         elif isinstance(default, int):
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+            ok = isinstance(value, numbers.Integral) and not _is_bool(value)
             value = int(value) if ok else value
         else:
             continue
@@ -169,22 +167,28 @@ def _check_types(opts: Options) -> None:
     frozen = opts.frozen
     if frozen is None:
         return
-    if isinstance(frozen, numbers.Integral) and not isinstance(frozen, (bool, np.bool_)):
+    if isinstance(frozen, numbers.Integral) and not _is_bool(frozen):
         object.__setattr__(opts, "frozen", int(frozen))
         return
-    if isinstance(frozen, np.ndarray):
-        frozen = frozen.tolist()
+    if hasattr(frozen, "tolist"):  # a numpy array (this module does not import numpy: the CLI
+        frozen = frozen.tolist()   # reads Options before numpy may load)
     if not isinstance(frozen, (list, tuple)):
         raise InputError(f"frozen must be an int or a list of orbital indices, got {frozen!r}")
     object.__setattr__(opts, "frozen", [
-        [_index(k) for k in (f.tolist() if isinstance(f, np.ndarray) else f)]
-        if isinstance(f, (list, tuple, np.ndarray)) else _index(f) for f in frozen])
+        [_index(k) for k in (f.tolist() if hasattr(f, "tolist") else f)]
+        if isinstance(f, (list, tuple)) or hasattr(f, "tolist") and getattr(f, "ndim", 0)
+        else _index(f) for f in frozen])
+
+
+def _is_bool(value) -> bool:
+    """Python's and numpy's booleans (numpy's is no ``bool`` subclass)."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
 
 
 def _index(value):
     """An orbital index as a Python int (numpy integers too); anything else is left for the
     range check to name."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+    if isinstance(value, numbers.Integral) and not _is_bool(value):
         return int(value)
     return value
 

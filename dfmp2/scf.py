@@ -47,7 +47,6 @@ def run_scf(mol, options: Options, progress=None, la=None):
     reference = options.resolved_reference
     check_reference_spin(mol, reference)
     mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
-    mf.max_memory = options.max_memory  # PySCF's in-core/on-disk decisions (exact or DF)
     dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
@@ -105,7 +104,8 @@ def _choose_jk(mf, mol, auxbasis, options: Options, la) -> str:
     packed, square = jk_bytes(mol.nao_nr(), naux)
     if packed > options.max_memory * 2**20:
         return (f"PySCF's DF J/K: the fitted tensor ({packed / 2**20:.0f} MB) exceeds "
-                f"--max-memory {options.max_memory} MB (PySCF keeps it on disk)")
+                f"--max-memory {options.max_memory} MB (the MP2 step's budget); PySCF keeps it "
+                f"in memory or on disk under its own max_memory, {mf.max_memory:.0f} MB")
     mf.with_df = DFJK(mol, auxbasis, la)
     mf.with_df.max_memory = options.max_memory
     layout = "packed and square" if packed + square <= options.max_memory * 2**20 else "packed"

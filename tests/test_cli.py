@@ -156,12 +156,14 @@ def test_error_subprocess_has_no_traceback(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
 
 
-def test_importing_the_cli_loads_neither_torch_nor_pyscf():
-    """The CLI sets environment read by torch's OpenMP runtime at load: torch must load later."""
-    code = "import sys, dfmp2, dfmp2.cli; print('torch' in sys.modules, 'pyscf' in sys.modules)"
+def test_importing_the_cli_loads_neither_numpy_nor_torch_nor_pyscf():
+    """The CLI sets environment read by OpenBLAS and torch's OpenMP runtime when they load: numpy,
+    torch and PySCF must load later."""
+    code = ("import sys, dfmp2, dfmp2.cli; "
+            "print(*(m in sys.modules for m in ('numpy', 'torch', 'pyscf')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
-    assert proc.stdout.split() == ["False", "False"], proc.stderr
+    assert proc.stdout.split() == ["False", "False", "False"], proc.stderr
 
 
 def test_cli_shortens_openblas_spin_before_numpy_loads(tmp_path):
