@@ -235,8 +235,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     first = ref.spaces[0]
     beta = ref.spaces[1] if len(ref.spaces) == 2 else None
     sizes = Sizes(
-        natom=mol.natm, nbasis=mol.nao_nr(), nmo=len(first.eps_occ) + len(first.eps_vir)
-        + first.nfrozen_occ + first.nfrozen_vir, naux=auxmol.nao_nr(),
+        natom=mol.natm, nbasis=mol.nao_nr(), nmo=first.nmo, naux=auxmol.nao_nr(),
         naux_fit=naux_fit, naux_dropped=ndropped, nocc=first.nocc, nvir=first.nvir,
         nalpha=ref.nalpha, nbeta=ref.nbeta, nfrozen_occ=first.nfrozen_occ,
         nfrozen_vir=first.nfrozen_vir, npairs=npairs,
@@ -275,8 +274,7 @@ def _occupations(ref: Reference, mf) -> list[np.ndarray]:
     """Occupations per orbital space of a reference (for the planner)."""
     if not KINDS[ref.kind]:
         return [np.asarray(mf.mo_occ)]
-    nmo = ref.spaces[0].nocc + ref.spaces[0].nvir + ref.spaces[0].nfrozen_occ \
-        + ref.spaces[0].nfrozen_vir
+    nmo = ref.spaces[0].nmo
     return [np.array([1.0] * n + [0.0] * (nmo - n)) for n in (ref.nalpha, ref.nbeta)]
 
 

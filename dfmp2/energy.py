@@ -36,6 +36,7 @@ __all__ = [
     "SAME",
     "SpinBlock",
     "pair_weights",
+    "reference_b",
     "reference_dfmp2",
     "reference_pair_energies",
     "reference_pair_sums",

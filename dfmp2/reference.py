@@ -70,6 +70,11 @@ class OrbitalSpace:
     def nvir(self) -> int:
         return self.vir_coeff.shape[1]
 
+    @property
+    def nmo(self) -> int:
+        """Orbitals of this spin, frozen ones included."""
+        return self.nocc + self.nvir + self.nfrozen_occ + self.nfrozen_vir
+
 
 @dataclass(frozen=True)
 class Reference:
