@@ -15,7 +15,7 @@ import click
 from ._names import BACKENDS, CPU_BLAS_CHOICES
 from ._version import __version__
 from .errors import InputError, Interrupted
-from .options import PRECISIONS, REFERENCES, SCF_TYPES, Options
+from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
@@ -74,6 +74,10 @@ _D = Options.default
               show_default=True, help="Density-fitted SCF (JK-fit basis) or exact integrals.")
 @click.option("--scf-auxbasis", default=_D("scf_auxbasis"),
               help="JK-fit basis of a DF-SCF [default: JK-fit partner of --basis].")
+@click.option("--scf-precision", type=click.Choice(SCF_PRECISIONS),
+              default=_D("scf_precision"), show_default=True,
+              help="K of a DF-SCF in float32 until the orbital gradient is below 1e-4, then "
+                   "float64 (mixed; the energy is the float64 SCF's), or float64 throughout.")
 @click.option("--charge", type=int, default=_D("charge"), show_default=True)
 @click.option("--spin", type=int, default=_D("spin"), show_default=True,
               help="2S (number of unpaired electrons), PySCF convention.")

@@ -25,17 +25,22 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
+from .buffers import zeros
 from .errors import ResourceError
-from .integrals import iter_int3c2e, make_auxmol, metric
+from .integrals import iter_int3c2e, make_auxmol, metric, unpack_pairs
 from .linalg import Dispatcher
 from .pipeline import factor_metric, fit_matrix
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DFJK", "JK_AUX_BLOCK", "fitted_cderi", "get_jk", "jk_bytes"]
+__all__ = ["DFJK", "JK_AUX_BLOCK", "UNPACK_BLOCK", "fitted_cderi", "get_jk", "jk_bytes",
+           "square_copy"]
 
-#: Auxiliary functions per block of J/K work (unpacked ``(q, nao, nao)`` at a time).
+#: Auxiliary functions per block of K work on the float32 square tensor.
 JK_AUX_BLOCK = 128
+#: Auxiliary functions unpacked at a time from the packed tensor for K (small: the block stays in
+#: cache between the unpacking and the products; 8 was fastest for (H2O)16 on AMD EPYC Zen 4).
+UNPACK_BLOCK = 8
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
 _DM_EIG_CUTOFF = 1e-14
@@ -55,7 +60,7 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarra
             f"{npair} AO pairs) and --max-memory is {max_memory_mb:.0f} MB; raise --max-memory "
             "or use --scf-type conv")
     factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    j3c = np.empty((naux, npair))
+    j3c = zeros((naux, npair))  # pages touched up front: see dfmp2.buffers
     for p0, p1, packed in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
         j3c[p0:p1] = packed
     if factor.lower is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
@@ -95,21 +100,56 @@ def _tagged_orbitals(dm, nset: int):
     return list(zip(mo_coeff, mo_occ))
 
 
+def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
+    """Yield ``(q*nao, nao)`` row blocks of the unpacked tensor for K in ``dtype``: slices of
+    ``square`` ((naux, nao, nao), kept by :class:`DFJK` when memory allows) when it has that
+    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi`` (and
+    cast) into reused arrays small enough to stay in cache until the products read them. A
+    block is valid until the next one is requested."""
+    naux, npair = cderi.shape
+    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
+    if square is not None and square.dtype == dtype:
+        for q0 in range(0, naux, JK_AUX_BLOCK):
+            yield torch.from_numpy(square[q0:q0 + JK_AUX_BLOCK].reshape(-1, nao))
+        return
+    unpacked = np.empty((UNPACK_BLOCK, nao, nao))
+    cast = np.empty((UNPACK_BLOCK, nao, nao), dtype) if dtype != np.float64 else None
+    for q0 in range(0, naux, UNPACK_BLOCK):
+        q1 = min(q0 + UNPACK_BLOCK, naux)
+        block = unpack_pairs(cderi[q0:q1], unpacked[: q1 - q0])  # in this thread only
+        if cast is not None:
+            block = cast[: q1 - q0]
+            block[...] = unpacked[: q1 - q0]
+        yield torch.from_numpy(block.reshape(-1, nao))
+
+
+def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
+    """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``."""
+    naux, npair = cderi.shape
+    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
+    square = zeros((naux, nao, nao), dtype)  # pages touched up front: see dfmp2.buffers
+    for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype)):
+        square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
+    return square
+
+
 def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
-           square: np.ndarray | None = None, block: int = JK_AUX_BLOCK):
+           k_precision: str = "fp64", square: np.ndarray | None = None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from ``cderi``
-    (naux, nao(nao+1)/2); either is None when not asked for. ``square``: the same tensor
-    unpacked, (naux, nao, nao), when memory allowed keeping it (K then skips the unpacking each
-    iteration). Every product is ``la.gemm``; K uses ``Y = C^T B^Q`` (B^Q symmetric) and
-    ``K += Y^T Y`` per block of auxiliary functions."""
+    (naux, nao(nao+1)/2) float64; either is None when not asked for. Every product is
+    ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and ``K += Y^T Y`` per
+    block of auxiliary functions, accumulated in float64; with ``k_precision`` 'fp32' the
+    products run in float32 (for the early iterations of an SCF). ``square``: the tensor
+    unpacked, (naux, nao, nao), in float32 or float64, when memory allowed keeping it; K reads it
+    when it has K's precision and otherwise unpacks ``cderi`` block by block."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
     dms = dms.reshape(-1, nao, nao)
     nset = dms.shape[0]
     vj = vk = None
-    b = torch.from_numpy(cderi)
     if with_j:
+        b = torch.from_numpy(cderi)
         dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
         idx = np.arange(nao)
         dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
@@ -117,21 +157,16 @@ def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: b
         vj_tril = la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
         vj = lib.unpack_tril(vj_tril, 1).reshape(shape)
     if with_k:
-        factors = [_occupied_factors(d, c, n) for d, (c, n) in
-                   zip(dms, _tagged_orbitals(dm, nset))]
+        dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
+        factors = [[(torch.from_numpy(coeff.astype(dtype)), sign)
+                    for coeff, sign in _occupied_factors(d, c, n)]
+                   for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
         vk = np.zeros((nset, nao, nao))
-        buffer = None if square is not None else np.empty((block, nao, nao))
-        for q0 in range(0, cderi.shape[0], block):
-            q1 = min(q0 + block, cderi.shape[0])
-            if square is not None:
-                unpacked = square[q0:q1]
-            else:
-                unpacked = lib.unpack_tril(cderi[q0:q1], out=buffer[: q1 - q0])
-            # (q, mu, nu) as (nu, q*mu): B^Q is symmetric, so C^T times it gives Y (i, q, mu)
-            cols = torch.from_numpy(unpacked.reshape((q1 - q0) * nao, nao))
+        for cols in _k_blocks(cderi, square, dtype):
+            # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T times cols^T is Y (i, q*mu)
             for k, parts in enumerate(factors):
                 for coeff, sign in parts:
-                    y = la.gemm(torch.from_numpy(coeff), cols, trans_a=True, trans_b=True)
+                    y = la.gemm(coeff, cols, trans_a=True, trans_b=True)
                     y_rows = y.reshape(-1, nao)  # ((i, q), mu)
                     vk[k] += sign * la.gemm(y_rows, y_rows, trans_a=True).numpy()
         vk = vk.reshape(shape)
@@ -148,36 +183,60 @@ class DFJK(pyscf_df.DF):
 
     Assign it to a density-fitted SCF object (``mf = scf.RHF(mol).density_fit(); mf.with_df =
     DFJK(mol, auxbasis, la)``); PySCF's driver then calls :meth:`get_jk` every iteration.
-    ``la`` is the run's :class:`Dispatcher`: on the nki backend J and K run on the host in fp64
-    (an fp32 J/K cannot converge an SCF to 1e-11 Eh), recorded per op.
+    ``la`` is the run's :class:`Dispatcher`: on the nki backend J and K run on the host (the
+    SCF's last iterations need float64), recorded per op.
+
+    ``k_precision`` is the precision of K's products for the next calls: 'fp32' for the early
+    iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
+    does so once the orbital gradient is small, and accepts convergence only on float64 K).
+    ``square`` is the tensor unpacked in K's precision, kept while it fits in ``max_memory``
+    next to the packed one (K otherwise unpacks it every iteration). ``k_calls`` counts K
+    builds per precision.
     """
 
-    _keys = {"la", "square"}
+    _keys = {"la", "square", "k_precision", "k_calls"}
 
-    def __init__(self, mol, auxbasis, la: Dispatcher):
+    def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64"):
         super().__init__(mol, auxbasis)
         self.la = la
         self.square = None
+        self.k_precision = k_precision
+        self.k_calls = {"fp32": 0, "fp64": 0}
 
     def _ops(self):
         if self.la.backend == "nki":
-            return self.la.on_host("DF-SCF J/K in fp64 on the host: fp32 J/K cannot converge "
-                                   "the SCF to its tolerance")
+            return self.la.on_host("DF-SCF J/K on the host: the SCF's last iterations need "
+                                   "float64 J and K")
         return self.la
+
+    def _keep_square(self) -> None:
+        """``square`` in K's precision when it fits next to the packed tensor, else None."""
+        self.square = None  # released before its successor is made
+        dtype = {"fp32": np.float32, "fp64": np.float64}[self.k_precision]
+        naux, npair = self._cderi.shape
+        nao = self.mol.nao_nr()
+        if 8 * naux * npair + np.dtype(dtype).itemsize * naux * nao * nao <= \
+                self.max_memory * 2**20:
+            self.square = square_copy(self._cderi, dtype)
 
     def build(self):
         if self._cderi is not None:
             return self
         self.auxmol = make_auxmol(self.mol, self.auxbasis)
         self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops(), self.max_memory)
-        packed, square = jk_bytes(self.mol.nao_nr(), self._cderi.shape[0])
-        if packed + square <= self.max_memory * 2**20:
-            self.square = lib.unpack_tril(self._cderi)
+        self._keep_square()
         log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed%s",
                  self.auxmol.nao_nr(), self._cderi.shape[0], self._cderi.shape[1],
-                 packed / 2**20, f" + {square / 2**20:.0f} MB square" if self.square is not None
-                 else "")
+                 self._cderi.nbytes / 2**20, "" if self.square is None else
+                 f" + {self.square.nbytes / 2**20:.0f} MB square ({self.square.dtype})")
         return self
+
+    def use_fp64(self) -> None:
+        """K in float64 from now on (with a float64 square copy when it fits)."""
+        if self.k_precision != "fp64":
+            self.k_precision = "fp64"
+            if self._cderi is not None:
+                self._keep_square()
 
     def reset(self, mol=None):
         self.square = None
@@ -188,4 +247,7 @@ class DFJK(pyscf_df.DF):
             return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if self._cderi is None:
             self.build()
-        return get_jk(self._cderi, dm, self._ops(), with_j, with_k, square=self.square)
+        if with_k:
+            self.k_calls[self.k_precision] += 1
+        return get_jk(self._cderi, dm, self._ops(), with_j, with_k, self.k_precision,
+                      self.square)

@@ -8,11 +8,13 @@ from dataclasses import MISSING, dataclass, fields
 from ._names import BACKENDS, CPU_BLAS_CHOICES
 from .errors import InputError
 
-__all__ = ["Options", "SCF_TYPES", "REFERENCES", "PRECISIONS", "BACKENDS"]
+__all__ = ["Options", "SCF_TYPES", "SCF_PRECISIONS", "REFERENCES", "PRECISIONS", "BACKENDS"]
 
 SCF_TYPES = ("df", "conv")
 REFERENCES = ("rhf", "uhf", "rohf")
 PRECISIONS = ("fp64", "mixed", "fp32")
+#: Precisions of a DF-SCF's K with dfmp2's J/K: float32 early iterations, or float64 throughout.
+SCF_PRECISIONS = ("mixed", "fp64")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class Options:
     force_outcore : keep B in a temporary HDF5 file even when it fits in memory.
     scratch_dir : directory of that file (default: the system's temporary directory).
     os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
+    scf_precision : 'mixed' (default: a DF-SCF on dfmp2's J/K builds K in float32 until the
+        orbital gradient is below 1e-4, then in float64; only a float64 cycle can converge, so
+        the energy is the float64 SCF's) or 'fp64' (float64 K in every cycle).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error).
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
@@ -53,6 +58,7 @@ class Options:
     auxbasis: str | None = None
     scf_type: str = "df"
     scf_auxbasis: str | None = None
+    scf_precision: str = "mixed"
     charge: int = 0
     spin: int = 0
     ecp: str | None = None
@@ -79,6 +85,7 @@ class Options:
     def __post_init__(self):
         _check_types(self)
         _choice("scf_type", self.scf_type, SCF_TYPES)
+        _choice("scf_precision", self.scf_precision, SCF_PRECISIONS)
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("precision", self.precision, PRECISIONS)

@@ -10,6 +10,7 @@ import numpy as np
 from pyscf import df, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
+from .df import DFJK
 from .errors import ConvergenceError, InputError
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
@@ -52,7 +53,7 @@ def run_scf(mol, options: Options, progress=None, la=None):
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
-        mf.jk = _choose_jk(mf, mol, auxbasis, options, la)
+        mf.jk = _choose_jk(mf, mol, auxbasis, options, la, restart=dm0 is not None)
         try:
             with quiet_pyscf():
                 mf.with_df.build()
@@ -64,7 +65,13 @@ def run_scf(mol, options: Options, progress=None, la=None):
     mf.verbose = 0
     mf.callback = _cycle_reporter(progress, options.max_cycle)
     mf.chkfile = None  # PySCF writes no scratch chkfile of its own, nor --chkfile mid-run
+    jk = getattr(mf, "with_df", None)
+    if isinstance(jk, DFJK) and jk.k_precision == "fp32":
+        mf.check_convergence = _mixed_precision_check(jk)
     mf.kernel(dm0=dm0)
+    if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
+        mf.jk += (f"; K in float32 for the first {jk.k_calls['fp32']} of "
+                  f"{sum(jk.k_calls.values())} builds, then float64")
     if not mf.converged:
         raise ConvergenceError(
             f"the {options.scf_type.upper()}-{reference.upper()} did not converge in "
@@ -76,6 +83,45 @@ def run_scf(mol, options: Options, progress=None, la=None):
                              mf.mo_occ)
         mf.chkfile = options.chkfile
     return mf
+
+
+#: A mixed-precision SCF (``--scf-precision mixed``) builds K in float64 from the cycle after
+#: PySCF's orbital gradient falls below this. Float32 K leaves a gradient noise of about 1e-5 on
+#: (H2O)16 cc-pVDZ (the gradient stalls there); from 1e-4 the float64 cycles to 1e-7 were as
+#: many as in a float64 SCF.
+FP64_SWITCH_GRAD = 1e-4
+#: ... or after this many float32 cycles without a new lowest gradient (a stall above the
+#: threshold) ...
+FP32_STALL_CYCLES = 3
+#: ... or after this many cycles with float32 K, whichever comes first.
+FP32_MAX_CYCLES = 30
+
+
+def _mixed_precision_check(jk):
+    """PySCF's convergence test (its ``check_convergence`` hook) for an SCF whose K starts in
+    float32 (:class:`dfmp2.df.DFJK`): a cycle with float32 K never converges, and the one where
+    the gradient passes :data:`FP64_SWITCH_GRAD` (or stalls, or the cycle count passes its cap)
+    switches K to float64 for the cycles after it. Cycles with float64 K get PySCF's own test
+    (|dE| < conv_tol and |g| < conv_tol_grad; in its extra cycle after convergence, either with
+    its loosened values), so the energy is that of a float64 SCF converged to the same
+    tolerances."""
+    best, stalled = [np.inf], [0]
+
+    def check(envs) -> bool:
+        change = abs(envs["e_tot"] - envs["last_hf_e"])
+        gradient = envs["norm_gorb"]
+        if envs["scf_conv"]:  # PySCF's extra cycle (conv_check), tolerances already loosened
+            return bool(change < envs["conv_tol"] or gradient < envs["conv_tol_grad"])
+        if jk.k_precision == "fp32":
+            stalled[0] = 0 if gradient < best[0] else stalled[0] + 1
+            best[0] = min(best[0], gradient)
+            if (gradient < FP64_SWITCH_GRAD or stalled[0] >= FP32_STALL_CYCLES
+                    or jk.k_calls["fp32"] >= FP32_MAX_CYCLES):
+                jk.use_fp64()
+            return False
+        return bool(change < envs["conv_tol"] and gradient < envs["conv_tol_grad"])
+
+    return check
 
 
 def check_reference_spin(mol, reference: str) -> None:
@@ -92,10 +138,12 @@ def release_integrals(mf) -> None:
         mf.with_df.reset()
 
 
-def _choose_jk(mf, mol, auxbasis, options: Options, la) -> str:
+def _choose_jk(mf, mol, auxbasis, options: Options, la, restart: bool = False) -> str:
     """Give ``mf`` dfmp2's J/K (:class:`dfmp2.df.DFJK`) when ``la`` is given and the fitted
-    tensor fits in ``options.max_memory``; return what runs J and K, and why."""
-    from .df import DFJK, jk_bytes
+    tensor fits in ``options.max_memory``; return what runs J and K, and why. K starts in
+    float32 under ``--scf-precision mixed`` unless the SCF ``restart``s from converged orbitals
+    (a float32 cycle could not converge, and its noise would cost float64 cycles)."""
+    from .df import jk_bytes
     from .integrals import make_auxmol
 
     if la is None:
@@ -106,10 +154,15 @@ def _choose_jk(mf, mol, auxbasis, options: Options, la) -> str:
         return (f"PySCF's DF J/K: the fitted tensor ({packed / 2**20:.0f} MB) exceeds "
                 f"--max-memory {options.max_memory} MB (the MP2 step's budget); PySCF keeps it "
                 f"in memory or on disk under its own max_memory, {mf.max_memory:.0f} MB")
-    mf.with_df = DFJK(mol, auxbasis, la)
+    mixed = options.scf_precision == "mixed" and not restart
+    mf.with_df = DFJK(mol, auxbasis, la, k_precision="fp32" if mixed else "fp64")
     mf.with_df.max_memory = options.max_memory
-    layout = "packed and square" if packed + square <= options.max_memory * 2**20 else "packed"
-    return f"dfmp2 DF J/K ({layout} fitted tensor in memory, naux {naux})"
+    budget = options.max_memory * 2**20
+    kept = [name for name, size, wanted in (("float32", square // 2, mixed),
+                                             ("float64", square, True))
+            if wanted and packed + size <= budget]
+    copies = f"; square copies for K: {' then '.join(kept)}" if kept else ""
+    return f"dfmp2 DF J/K (fitted tensor in memory, packed, naux {naux}{copies})"
 
 
 def _cycle_reporter(progress, max_cycle: int):

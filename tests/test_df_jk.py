@@ -14,7 +14,7 @@ from dfmp2.options import Options
 from dfmp2.scf import run_scf
 
 from conftest import INPUTS
-from tolerances import TOL_MATRIX_ABS, TOL_OUTCORE
+from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
 
 WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
 NH2 = "N; H 1 1.008; H 1 1.008 2 105.0"
@@ -58,6 +58,7 @@ def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_
     mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
     ref = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()
     ours = DFJK(mol, JKFIT, _la(cpu_blas=cpu_blas)).build()
+    assert (ours.square is not None) and ours.square.dtype == np.float64
     if not square:
         ours.square = None
     dm_rohf = ref.make_rdm1()  # (2, nao, nao) tagged with one set of orbitals (2/1/0)
@@ -71,6 +72,83 @@ def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_
         assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
         assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
     assert get_jk(ours._cderi, dm_rohf, _la(), with_k=False)[1] is None
+
+
+@pytest.mark.parametrize("square", [True, False], ids=["square32", "packed"])
+def test_fp32_k_is_fp64_k_to_fp32_precision(square):
+    """K with float32 products (the early iterations of a mixed-precision SCF), from the float32
+    square copy or cast block by block from the packed tensor: float64 K to float32 rounding,
+    never exactly (the products really ran in float32); J stays float64."""
+    mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    ref = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
+    ours = DFJK(mol, JKFIT, _la(), k_precision="fp32").build()
+    assert ours.square.dtype == np.float32
+    if not square:
+        ours.square = None
+    dm = ref.make_rdm1()
+    vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=1)
+    vj, vk = ours.get_jk(dm, hermi=1)
+    assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+    error = np.abs(vk - vk_ref).max() / np.abs(vk_ref).max()
+    assert 0 < error < TOL_FP32_REL and vk.dtype == np.float64
+    ours.use_fp64()
+    assert ours.square is not None and ours.square.dtype == np.float64
+    assert np.abs(ours.get_jk(dm, hermi=1)[1] - vk_ref).max() < TOL_MATRIX_ABS
+    assert ours.k_calls == {"fp32": 1, "fp64": 1}
+
+
+@pytest.mark.parametrize("kind", ["rhf", "uhf", "rohf"])
+def test_mixed_precision_scf_equals_fp64_scf(kind):
+    """--scf-precision mixed (float32 K until the gradient is below 1e-4): the energy of the
+    float64 SCF to 1e-10 Eh, most K builds in float32, the last ones in float64, recorded."""
+    atom, spin, _ = REFERENCES[kind]
+    mol = gto.M(atom=str(INPUTS / "water4.xyz") if kind == "rhf" else atom, basis="cc-pvdz",
+                spin=spin, verbose=0)
+    runs = {p: run_scf(mol, Options(scf_precision=p, reference=kind), la=_la())
+            for p in ("fp64", "mixed")}
+    assert runs["mixed"].e_tot == pytest.approx(runs["fp64"].e_tot, abs=TOL_OUTCORE)
+    calls = runs["mixed"].with_df.k_calls
+    assert calls["fp32"] >= 3 and calls["fp64"] >= 2
+    assert runs["fp64"].with_df.k_calls["fp32"] == 0
+    assert f"K in float32 for the first {calls['fp32']} of" in runs["mixed"].jk
+    assert "float32" not in runs["fp64"].jk
+
+
+def test_a_float32_cycle_never_converges():
+    """The convergence hook of a mixed-precision SCF: a float32 cycle is never converged, however
+    small its gradient and energy change; it switches K to float64 below the gradient threshold
+    or after a stall; float64 cycles and PySCF's extra cycle get PySCF's own tests."""
+    from dfmp2.scf import FP32_STALL_CYCLES, FP64_SWITCH_GRAD, _mixed_precision_check
+
+    mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+
+    def envs(gradient, change=0.0, scf_conv=False):
+        return {"e_tot": -1.0 + change, "last_hf_e": -1.0, "norm_gorb": gradient,
+                "conv_tol": 1e-11, "conv_tol_grad": 1e-7, "scf_conv": scf_conv}
+
+    jk = DFJK(mol, JKFIT, _la(), k_precision="fp32")
+    check = _mixed_precision_check(jk)
+    assert not check(envs(1e-2)) and jk.k_precision == "fp32"
+    assert not check(envs(1e-12)) and jk.k_precision == "fp64"  # below everything: not yet
+    assert not check(envs(1e-6))  # float64 now: PySCF's test, the gradient is too large
+    assert check(envs(1e-8))
+    assert check(envs(1e-5, 1e-12, scf_conv=True))  # the extra cycle: either test
+    assert not check(envs(1e-5, 1e-9, scf_conv=True))
+
+    stalled = DFJK(mol, JKFIT, _la(), k_precision="fp32")
+    check = _mixed_precision_check(stalled)
+    for gradient in [1e-2, 5e-3] + [6e-3] * FP32_STALL_CYCLES:
+        assert gradient > FP64_SWITCH_GRAD and not check(envs(gradient))
+    assert stalled.k_precision == "fp64"
+
+
+def test_a_one_cycle_molecule_still_ends_in_float64():
+    """H2 converges in a couple of cycles: a mixed-precision SCF still converges on float64 K
+    (the energy of the float64 SCF to 1e-10 Eh)."""
+    mol = gto.M(atom="H 0 0 0; H 0 0 0.74", basis="cc-pvdz", verbose=0)
+    runs = {p: run_scf(mol, Options(scf_precision=p), la=_la()) for p in ("fp64", "mixed")}
+    assert runs["mixed"].e_tot == pytest.approx(runs["fp64"].e_tot, abs=TOL_OUTCORE)
+    assert runs["mixed"].with_df.k_calls["fp64"] >= 2
 
 
 def test_dfmp2_run_uses_its_own_jk_and_records_it():
