@@ -291,18 +291,45 @@ def gemm_table(gemm_by_core: dict) -> list[str]:
     return _table(header, lines)
 
 
+def e2e_summary(row: dict) -> dict:
+    """Medians of one end-to-end row (dfmp2 and PySCF runs of one molecule and coretype): wall,
+    SCF and post-SCF seconds per side, their ratios (PySCF / dfmp2), the SCF cycles, and the
+    largest total-energy difference between any two runs."""
+    sides = {side: [r for r in row[side] if "error" not in r] for side in ("dfmp2", "pyscf")}
+    out = {"errors": [r["error"] for side in ("dfmp2", "pyscf") for r in row[side]
+                      if "error" in r], "runs": min(len(v) for v in sides.values())}
+    if not out["runs"]:
+        return out
+    for side, runs in sides.items():
+        for key in ("wall_s", "scf_s", "mp2_s"):
+            out[f"{side}_{key}"] = median([r[key] for r in runs])
+        out[f"{side}_cycles"] = median([r["scf_cycles"] for r in runs])
+    for key in ("wall_s", "scf_s", "mp2_s"):
+        out[f"ratio_{key}"] = out[f"pyscf_{key}"] / out[f"dfmp2_{key}"]
+    energies = [r["e_tot"] for runs in sides.values() for r in runs]
+    out["energy_spread"] = max(energies) - min(energies)
+    return out
+
+
 def e2e_table(e2e: list[dict]) -> list[str]:
-    header = ["molecule", "basis", "OPENBLAS_CORETYPE", "wall s", "SCF s", "DF-MP2 s",
-              "startup/other s", "E(MP2) Eh"]
+    header = ["molecule", "basis", "PySCF's BLAS", "runs", "dfmp2 wall s", "PySCF wall s",
+              "ratio", "dfmp2 SCF s (cycles)", "PySCF SCF s (cycles)", "ratio",
+              "dfmp2 post-SCF s", "PySCF post-SCF s", "ratio", "max |ΔE(MP2)| Eh"]
     lines = []
-    for e in e2e:
-        if "error" in e:
-            lines.append([e["name"], e["basis"], coretype_label(e["coretype"]), "error: "
-                          + e["error"][:60], "", "", "", ""])
+    for row in e2e:
+        if "dfmp2" not in row:  # the former dfmp2-only rows (git history)
             continue
-        lines.append([e["name"], e["basis"], coretype_label(e["coretype"]), _f(e["wall_s"], 2),
-                      _f(e["scf_s"], 2), _f(e["mp2_s"], 2), _f(e["other_s"], 2),
-                      f"{e['e_tot']:.10f}"])
+        m = e2e_summary(row)
+        label = [row["name"], row["basis"], coretype_label(row["coretype"]), str(m["runs"])]
+        if not m["runs"]:
+            lines.append(label + ["error: " + "; ".join(m["errors"])[:80]] + [""] * 9)
+            continue
+        lines.append(label + [
+            _f(m["dfmp2_wall_s"], 2), _f(m["pyscf_wall_s"], 2), _f(m["ratio_wall_s"], 2),
+            f"{_f(m['dfmp2_scf_s'], 2)} ({m['dfmp2_cycles']:g})",
+            f"{_f(m['pyscf_scf_s'], 2)} ({m['pyscf_cycles']:g})", _f(m["ratio_scf_s"], 2),
+            _f(m["dfmp2_mp2_s"], 2), _f(m["pyscf_mp2_s"], 2), _f(m["ratio_mp2_s"], 2),
+            f"{m['energy_spread']:.1e}"])
     return _table(header, lines)
 
 
@@ -364,15 +391,20 @@ def markdown(data: dict) -> str:
             f"{data['machine']['loadavg'][0]:.1f}"), "",
            "## Machine and BLAS", ""] + blas_lines(data["gemm"], data["machine"])
     out += ["", "## GEMM rates (GFLOP/s, 2048^3, median of 5)", ""] + gemm_table(data["gemm"])
-    out += ["", "## DF-MP2: PySCF vs dfmp2 (medians, seconds)", ""] + main_table(rows)
+    if rows:
+        out += ["", "## DF-MP2: PySCF vs dfmp2 (medians, seconds)", ""] + main_table(rows)
     if any(r.get("reference", "rhf") != "rhf" for r in rows):
         out += ["", "## Open shells: reference and energy components vs PySCF DFUMP2", ""]
         out += open_shell_table(rows)
-    out += ["", "## dfmp2 stages (medians, seconds) and pair-energy rate", ""] + stage_table(rows)
-    out += ["", "## PySCF stages (medians, seconds; pair = total − ao2mo stages)", ""]
-    out += pyscf_stage_table(rows)
+    if rows:
+        out += ["", "## dfmp2 stages (medians, seconds) and pair-energy rate", ""]
+        out += stage_table(rows)
+        out += ["", "## PySCF stages (medians, seconds; pair = total − ao2mo stages)", ""]
+        out += pyscf_stage_table(rows)
     if data.get("e2e"):
-        out += ["", "## End to end (`python3 -m dfmp2 run`, fresh process)", ""]
+        out += ["", "## End to end: `python3 -m dfmp2 run` vs PySCF's DF-SCF + DF-MP2 "
+                "(`benchmarks/pyscf_e2e.py`), fresh processes, medians; ratio = PySCF / "
+                "dfmp2", ""]
         out += e2e_table(data["e2e"])
     if fits:
         out += ["", "## Scaling: time ∝ nbasis^k (log-log least squares)", ""]

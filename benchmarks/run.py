@@ -5,6 +5,8 @@
     python3 benchmarks/run.py --molecules water,water4@cc-pvtz --basis cc-pvdz --repeat 3
     python3 benchmarks/run.py --molecule-dir ~/my-xyz --molecules mymol --no-e2e
     python3 benchmarks/run.py --reference uhf --molecules water16+1 --no-e2e --name uhf-r1
+    python3 benchmarks/run.py --no-ladder --e2e water16,C20H42 --coretypes pyscf-Haswell \
+        --name e2e-r1                                   # dfmp2 run vs PySCF, whole jobs
 
 Molecules are xyz stems looked up in every ``--molecule-dir`` given, then in the repository's
 ``inputs/``, then in ``benchmarks/molecules/`` (the larger water clusters and alkanes).
@@ -86,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--conv-tol", type=float, default=1e-10, help="SCF energy tolerance")
     p.add_argument("--e2e", help="molecules for the end-to-end run (default: per ladder)")
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
+    p.add_argument("--no-ladder", action="store_true",
+                   help="skip the post-SCF ladder (GEMM rates and end-to-end runs only)")
     p.add_argument("--budget-min", type=float,
                    help="start no new measurement after this many minutes (the rest is skipped)")
     p.add_argument("--timeout", type=int, default=2400, help="seconds per worker process")
@@ -96,8 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--out-dir (same reference, repeat and precisions), e.g. a coretype "
                         "that an earlier run's --budget-min left out")
     args = p.parse_args(argv)
-    if not args.ladder and not args.molecules:
-        p.error("give --ladder or --molecules")
+    if not args.ladder and not args.molecules and not (args.no_ladder and args.e2e):
+        p.error("give --ladder or --molecules (or --no-ladder with --e2e)")
     if args.spin is not None and (args.spin < 0 or (args.spin and args.reference == "rhf")):
         p.error(f"--spin {args.spin}: 2S must be >= 0, and 0 for --reference rhf")
     if args.append:
@@ -214,9 +218,7 @@ def run_worker(spec: dict, coretype: str, timeout: int) -> dict:
 
 def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
     """``python3 -m dfmp2 run`` on one molecule in a fresh process: wall time, and the SCF and
-    DF-MP2 stage times it reports (SCF includes building the molecule)."""
-    base = {"name": entry["name"], "basis": entry["basis"],
-            "coretype": None if coretype == "unset" else coretype}
+    DF-MP2 stage times it reports (SCF includes building the molecule), its SCF cycles."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "dfmp2", "run", entry["path"], "--basis", entry["basis"],
@@ -224,23 +226,57 @@ def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
         if "reference" in entry:
             cmd += ["--charge", str(entry["charge"]), "--spin", str(entry["spin"]),
                     "--reference", entry["reference"]]
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
-                                  text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return {**base, "error": f"timed out after {timeout} s"}
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            return {**base, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        wall, error = _timed(cmd, coretype, timeout)
+        if error:
+            return {"error": error}
         with open(out) as handle:
             result = json.load(handle)
     timings = result["extras"]["timings"]
     scf = timings.get("scf", 0.0)
     mp2 = sum(v for k, v in timings.items() if k != "scf")
-    return {**base, "wall_s": wall, "scf_s": scf, "mp2_s": mp2, "other_s": wall - scf - mp2,
-            "timings": timings, "e_tot": result["properties"]["mp2_total_energy"],
-            "command": _portable(cmd, out)}
+    props = result["properties"]
+    return {"wall_s": wall, "scf_s": scf, "mp2_s": mp2, "other_s": wall - scf - mp2,
+            "timings": timings, "scf_cycles": props.get("scf_iterations"),
+            "scf_jk": result["extras"]["scf"]["jk"], "e_scf": props["scf_total_energy"],
+            "e_tot": props["mp2_total_energy"], "command": _portable(cmd, out)}
+
+
+def run_pyscf_e2e(entry: dict, coretype: str, timeout: int) -> dict:
+    """PySCF's DF-SCF + DF-MP2 on one molecule in a fresh process (``benchmarks/pyscf_e2e.py``,
+    dfmp2's default SCF tolerances): wall time, stage times, SCF cycles and energies."""
+    from dfmp2.options import Options
+
+    defaults = Options()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"path": entry["path"], "basis": entry["basis"], "auxbasis": entry["auxbasis"],
+                "charge": entry.get("charge", 0), "spin": entry.get("spin", 0),
+                "reference": entry.get("reference", "rhf"), "conv_tol": defaults.conv_tol,
+                "conv_tol_grad": defaults.conv_tol_grad, "out": os.path.join(tmp, "out.json")}
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        wall, error = _timed([sys.executable, os.path.join(HERE, "pyscf_e2e.py"), spec_path],
+                             coretype, timeout)
+        if error:
+            return {"error": error}
+        with open(spec["out"]) as handle:
+            result = json.load(handle)
+    return {"wall_s": wall, **result, "other_s": wall - result["scf_s"] - result["mp2_s"]}
+
+
+def _timed(cmd: list[str], coretype: str, timeout: int) -> tuple[float, str | None]:
+    """(wall seconds, None) of ``cmd`` in a fresh process with ``coretype``'s environment, or
+    (elapsed, the last line of its error output) when it fails or times out."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, f"timed out after {timeout} s"
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        return wall, (proc.stderr.strip().splitlines() or ["failed"])[-1]
+    return wall, None
 
 
 def _portable(cmd: list[str], json_out) -> str:
@@ -321,18 +357,27 @@ def measure_gemm(cores: list[str]) -> dict:
 
 def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
                 skipped: list) -> list[dict]:
-    """End-to-end CLI runs of ``names`` for every coretype, while the budget lasts."""
+    """End-to-end runs of ``names`` for every coretype while the budget lasts: ``dfmp2 run``
+    and PySCF's DF-SCF + DF-MP2 (:func:`run_pyscf_e2e`) alternately, ``args.repeat`` times
+    each, every run a fresh process."""
     out = []
     dirs = molecule_dirs(args.molecule_dir)
     for entry in (entries(names, args.basis, args.auxbasis, dirs, args.reference, args.spin)
                   if names else []):
         for core in cores:
             label = f"end to end {entry['name']}/{entry['basis']} [{core}]"
-            if not budget.ok():
-                skipped.append(f"{label}: budget")
-                continue
-            log(label)
-            out.append(run_e2e(entry, core, args.timeout))
+            row = {"name": entry["name"], "basis": entry["basis"], "nbasis": entry["nbasis"],
+                   "coretype": None if core == "unset" else core,
+                   "reference": entry.get("reference", "rhf"), "dfmp2": [], "pyscf": []}
+            for k in range(args.repeat):
+                if not budget.ok():
+                    skipped.append(f"{label} repetition {k + 1}: budget")
+                    break
+                log(f"{label} {k + 1}/{args.repeat}")
+                row["dfmp2"].append(run_e2e(entry, core, args.timeout))
+                row["pyscf"].append(run_pyscf_e2e(entry, core, args.timeout))
+            if row["dfmp2"]:
+                out.append(row)
     return out
 
 
@@ -379,9 +424,10 @@ def collect(args: argparse.Namespace) -> dict:
     budget = Budget(args.budget_min)
     cores = args.coretypes.split(",")
     precs = precisions(args.precisions)
-    names = args.molecules.split(",") if args.molecules else LADDERS[args.ladder]
-    mols = entries(names, args.basis, args.auxbasis, molecule_dirs(args.molecule_dir),
-                   args.reference, args.spin)
+    names = args.molecules.split(",") if args.molecules else LADDERS.get(args.ladder, [])
+    mols = [] if args.no_ladder else entries(
+        names, args.basis, args.auxbasis, molecule_dirs(args.molecule_dir), args.reference,
+        args.spin)
     info = {**machine.machine_info(), "versions": dfmp2.results.versions(),
             "source_start": source_state()}
     skipped: list[str] = []
