@@ -134,14 +134,15 @@ def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
 
 
 def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
-           k_precision: str = "fp64", square: np.ndarray | None = None):
+           k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from ``cderi``
     (naux, nao(nao+1)/2) float64; either is None when not asked for. Every product is
     ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and ``K += Y^T Y`` per
     block of auxiliary functions, accumulated in float64; with ``k_precision`` 'fp32' the
     products run in float32 (for the early iterations of an SCF). ``square``: the tensor
     unpacked, (naux, nao, nao), in float32 or float64, when memory allowed keeping it; K reads it
-    when it has K's precision and otherwise unpacks ``cderi`` block by block."""
+    when it has K's precision and otherwise unpacks ``cderi`` block by block. ``k_la``: the ops
+    of K's products when they differ from ``la``'s (an NKI run's float32 K)."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
@@ -162,13 +163,14 @@ def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: b
                     for coeff, sign in _occupied_factors(d, c, n)]
                    for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
         vk = np.zeros((nset, nao, nao))
+        k_la = la if k_la is None else k_la
         for cols in _k_blocks(cderi, square, dtype):
             # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T times cols^T is Y (i, q*mu)
             for k, parts in enumerate(factors):
                 for coeff, sign in parts:
-                    y = la.gemm(coeff, cols, trans_a=True, trans_b=True)
+                    y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
                     y_rows = y.reshape(-1, nao)  # ((i, q), mu)
-                    vk[k] += sign * la.gemm(y_rows, y_rows, trans_a=True).numpy()
+                    vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
         vk = vk.reshape(shape)
     return vj, vk
 
@@ -183,8 +185,9 @@ class DFJK(pyscf_df.DF):
 
     Assign it to a density-fitted SCF object (``mf = scf.RHF(mol).density_fit(); mf.with_df =
     DFJK(mol, auxbasis, la)``); PySCF's driver then calls :meth:`get_jk` every iteration.
-    ``la`` is the run's :class:`Dispatcher`: on the nki backend J and K run on the host (the
-    SCF's last iterations need float64), recorded per op.
+    ``la`` is the run's :class:`Dispatcher`: on the nki backend the fit, J and float64 K run on
+    the host (the SCF's last iterations need float64) and float32 K on NKI's gemm, recorded per
+    op.
 
     ``k_precision`` is the precision of K's products for the next calls: 'fp32' for the early
     iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
@@ -203,10 +206,12 @@ class DFJK(pyscf_df.DF):
         self.k_precision = k_precision
         self.k_calls = {"fp32": 0, "fp64": 0}
 
-    def _ops(self):
-        if self.la.backend == "nki":
-            return self.la.on_host("DF-SCF J/K on the host: the SCF's last iterations need "
-                                   "float64 J and K")
+    def _ops(self, k_precision: str = "fp64"):
+        """The ops of the fit, J and float64 K: on the host on the nki backend (NKI computes
+        in float32); with ``k_precision`` 'fp32', the run's own backend (float32 K)."""
+        if self.la.backend == "nki" and k_precision == "fp64":
+            return self.la.on_host("DF-SCF fit, J and float64 K on the host: the SCF's last "
+                                   "iterations need float64")
         return self.la
 
     def _keep_square(self) -> None:
@@ -250,4 +255,4 @@ class DFJK(pyscf_df.DF):
         if with_k:
             self.k_calls[self.k_precision] += 1
         return get_jk(self._cderi, dm, self._ops(), with_j, with_k, self.k_precision,
-                      self.square)
+                      self.square, k_la=self._ops(self.k_precision))

@@ -13,8 +13,8 @@ __all__ = ["Options", "SCF_TYPES", "SCF_PRECISIONS", "REFERENCES", "PRECISIONS",
 SCF_TYPES = ("df", "conv")
 REFERENCES = ("rhf", "uhf", "rohf")
 PRECISIONS = ("fp64", "mixed", "fp32")
-#: Precisions of a DF-SCF's K with dfmp2's J/K: float32 early iterations, or float64 throughout.
-SCF_PRECISIONS = ("mixed", "fp64")
+#: Precisions of a DF-SCF's K with dfmp2's J/K: float64 throughout, or float32 early iterations.
+SCF_PRECISIONS = ("fp64", "mixed")
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,10 @@ class Options:
     force_outcore : keep B in a temporary HDF5 file even when it fits in memory.
     scratch_dir : directory of that file (default: the system's temporary directory).
     os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
-    scf_precision : 'mixed' (default: a DF-SCF on dfmp2's J/K builds K in float32 until the
-        orbital gradient is below 1e-4, then in float64; only a float64 cycle can converge, so
-        the energy is the float64 SCF's) or 'fp64' (float64 K in every cycle).
+    scf_precision : 'fp64' (default: float64 K in every cycle of a DF-SCF on dfmp2's J/K, the
+        iterations of PySCF's own DF-SCF) or 'mixed' (K in float32 until the orbital gradient is
+        below 1e-4, then float64; only a float64 cycle can converge, so the SCF energy is the
+        float64 one, and the orbitals differ from it within the convergence tolerance).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error).
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
@@ -58,7 +59,7 @@ class Options:
     auxbasis: str | None = None
     scf_type: str = "df"
     scf_auxbasis: str | None = None
-    scf_precision: str = "mixed"
+    scf_precision: str = "fp64"
     charge: int = 0
     spin: int = 0
     ecp: str | None = None

@@ -149,6 +149,7 @@ def test_a_one_cycle_molecule_still_ends_in_float64():
     runs = {p: run_scf(mol, Options(scf_precision=p), la=_la()) for p in ("fp64", "mixed")}
     assert runs["mixed"].e_tot == pytest.approx(runs["fp64"].e_tot, abs=TOL_OUTCORE)
     assert runs["mixed"].with_df.k_calls["fp64"] >= 2
+    assert runs["fp64"].with_df.k_calls["fp32"] == 0  # the default is float64 throughout
 
 
 def test_dfmp2_run_uses_its_own_jk_and_records_it():
@@ -169,7 +170,7 @@ def test_a_tensor_beyond_max_memory_leaves_jk_to_pyscf():
     assert big.e_tot == pytest.approx(mf.e_tot, abs=TOL_OUTCORE)
 
 
-def test_nki_runs_jk_on_the_host_in_fp64():
+def test_nki_runs_float64_jk_on_the_host():
     la = Dispatcher(DispatchPolicy("nki", nki_emulator=True))
     mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
     ref = scf.RHF(mol).density_fit(auxbasis=JKFIT).run(conv_tol=1e-11)
@@ -178,7 +179,23 @@ def test_nki_runs_jk_on_the_host_in_fp64():
     mf.run(conv_tol=1e-11)
     assert mf.e_tot == pytest.approx(ref.e_tot, abs=TOL_OUTCORE)
     gemm = la.records["gemm"]
-    assert gemm.host_calls == gemm.calls and "DF-SCF J/K" in gemm.host_reason
+    assert gemm.host_calls == gemm.calls and "DF-SCF fit, J and float64 K" in gemm.host_reason
+
+
+def test_nki_runs_float32_k_on_its_gemm_and_ends_in_float64():
+    """--backend nki with the mixed-precision SCF: the early K builds on NKI's gemm (the
+    emulator here), the fit, J and the float64 cycles on the host; the energy of PySCF's
+    DF-SCF to 1e-10 Eh."""
+    la = Dispatcher(DispatchPolicy("nki", nki_emulator=True))
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    ref = scf.RHF(mol).density_fit(auxbasis=JKFIT).run(conv_tol=1e-11, conv_tol_grad=1e-7)
+    mf = run_scf(mol, Options(scf_auxbasis=JKFIT, scf_precision="mixed"), la=la)
+    assert mf.e_tot == pytest.approx(ref.e_tot, abs=TOL_OUTCORE)
+    calls = mf.with_df.k_calls
+    assert calls["fp32"] >= 2 and calls["fp64"] >= 2
+    gemm = la.records["gemm"]
+    assert gemm.backend == "mixed" and gemm.mode == "host+emulator"
+    assert 2 * calls["fp32"] <= gemm.calls - gemm.host_calls  # two products per K build
 
 
 @pytest.mark.parametrize("kind", ["rhf", "uhf"])
