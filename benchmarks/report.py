@@ -308,13 +308,25 @@ def e2e_summary(row: dict) -> dict:
         out[f"ratio_{key}"] = out[f"pyscf_{key}"] / out[f"dfmp2_{key}"]
     energies = [r["e_tot"] for runs in sides.values() for r in runs]
     out["energy_spread"] = max(energies) - min(energies)
+    jk = [r["scf_jk_stats"] for r in sides["dfmp2"] if r.get("scf_jk_stats")]
+    out["jk_gflops"] = median([s["gflop"] / s["seconds"] for s in jk]) if jk else None
+    out["jk_seconds_per_call"] = median([s["seconds"] / s["calls"] for s in jk]) if jk else None
     return out
 
 
-def e2e_table(e2e: list[dict]) -> list[str]:
+def best_dgemm(gemm_by_core: dict, core) -> float | None:
+    """The faster of numpy's and torch's median 2048^3 DGEMM rate in the run's GEMM worker of
+    ``core`` (the rate dfmp2's J/K is compared with), or None."""
+    rates = (gemm_by_core.get(coretype_label(core)) or {}).get("rates", {})
+    values = [rates[k]["median"] for k in ("numpy_fp64", "torch_fp64") if k in rates]
+    return max(values) if values else None
+
+
+def e2e_table(e2e: list[dict], gemm_by_core: dict | None = None) -> list[str]:
     header = ["molecule", "basis", "PySCF's BLAS", "runs", "dfmp2 wall s", "PySCF wall s",
               "ratio", "dfmp2 SCF s (cycles)", "PySCF SCF s (cycles)", "ratio",
-              "dfmp2 post-SCF s", "PySCF post-SCF s", "ratio", "max |ΔE(MP2)| Eh"]
+              "dfmp2 post-SCF s", "PySCF post-SCF s", "ratio", "max |ΔE(MP2)| Eh",
+              "dfmp2 J/K s per build, GFLOP/s (% DGEMM)"]
     lines = []
     for row in e2e:
         if "dfmp2" not in row:  # the former dfmp2-only rows (git history)
@@ -322,14 +334,18 @@ def e2e_table(e2e: list[dict]) -> list[str]:
         m = e2e_summary(row)
         label = [row["name"], row["basis"], coretype_label(row["coretype"]), str(m["runs"])]
         if not m["runs"]:
-            lines.append(label + ["error: " + "; ".join(m["errors"])[:80]] + [""] * 9)
+            lines.append(label + ["error: " + "; ".join(m["errors"])[:80]] + [""] * 10)
             continue
+        dgemm = best_dgemm(gemm_by_core or {}, row["coretype"])
+        jk = "—" if m["jk_gflops"] is None else (
+            f"{m['jk_seconds_per_call']:.2f}, {m['jk_gflops']:.0f}"
+            + (f" ({100 * m['jk_gflops'] / dgemm:.0f}%)" if dgemm else ""))
         lines.append(label + [
             _f(m["dfmp2_wall_s"], 2), _f(m["pyscf_wall_s"], 2), _f(m["ratio_wall_s"], 2),
             f"{_f(m['dfmp2_scf_s'], 2)} ({m['dfmp2_cycles']:g})",
             f"{_f(m['pyscf_scf_s'], 2)} ({m['pyscf_cycles']:g})", _f(m["ratio_scf_s"], 2),
             _f(m["dfmp2_mp2_s"], 2), _f(m["pyscf_mp2_s"], 2), _f(m["ratio_mp2_s"], 2),
-            f"{m['energy_spread']:.1e}"])
+            f"{m['energy_spread']:.1e}", jk])
     return _table(header, lines)
 
 
@@ -405,7 +421,7 @@ def markdown(data: dict) -> str:
         out += ["", "## End to end: `python3 -m dfmp2 run` vs PySCF's DF-SCF + DF-MP2 "
                 "(`benchmarks/pyscf_e2e.py`), fresh processes, medians; ratio = PySCF / "
                 "dfmp2", ""]
-        out += e2e_table(data["e2e"])
+        out += e2e_table(data["e2e"], data.get("gemm"))
     if fits:
         out += ["", "## Scaling: time ∝ nbasis^k (log-log least squares)", ""]
         out += scaling_table(fits)

@@ -237,7 +237,9 @@ def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
     props = result["properties"]
     return {"wall_s": wall, "scf_s": scf, "mp2_s": mp2, "other_s": wall - scf - mp2,
             "timings": timings, "scf_cycles": props.get("scf_iterations"),
-            "scf_jk": result["extras"]["scf"]["jk"], "e_scf": props["scf_total_energy"],
+            "scf_jk": result["extras"]["scf"]["jk"],
+            "scf_jk_stats": result["extras"]["scf"].get("jk_stats"),
+            "e_scf": props["scf_total_energy"],
             "e_tot": props["mp2_total_energy"], "command": _portable(cmd, out)}
 
 

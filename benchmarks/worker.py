@@ -147,7 +147,8 @@ def measured(fn, *args) -> dict:
 def int3c2e_seconds(mol, auxbasis: str, aux_block: int) -> float:
     """Wall time of dfmp2's int3c2e generation alone (``iter_int3c2e``, same block size), the
     integral part of its 'transform' stage."""
-    from dfmp2.integrals import iter_int3c2e, make_auxmol
+    from dfmp2.df import iter_int3c2e
+    from dfmp2.integrals import make_auxmol
 
     auxmol = make_auxmol(mol, auxbasis)
     start = time.perf_counter()

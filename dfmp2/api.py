@@ -22,9 +22,10 @@ from pyscf import scf as pyscf_scf
 
 from ._files import check_writable_file
 from .blocking import MB, BlockPlan, plan_blocks
+from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
-from .integrals import INT3C_EXPCUTOFF, auxbasis_record, make_auxmol
+from .integrals import auxbasis_record, make_auxmol
 from .linalg import Dispatcher, DispatchPolicy, numpy_ops
 from .molecule import (
     basis_record,
@@ -388,11 +389,23 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
     s2 = spin_contamination(mf)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
                    restart=getattr(mf, "restart", None), jk=_jk_record(mf),
+                   jk_stats=_jk_stats(mf),
                    cycles=int(cycles) if cycles is not None else None,
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None)
+
+
+def _jk_stats(mf) -> dict | None:
+    """Calls, seconds, GFLOP and GFLOP/s of dfmp2's J/K during ``mf``'s SCF (None when PySCF's
+    code or exact integrals built them)."""
+    stats = getattr(getattr(mf, "with_df", None), "stats", None)
+    if not isinstance(stats, dict) or not stats.get("calls"):
+        return None
+    seconds = stats["seconds"]
+    return {"calls": stats["calls"], "seconds": seconds, "gflop": stats["flops"] / 1e9,
+            "gflops": stats["flops"] / 1e9 / seconds if seconds > 0 else None}
 
 
 def _jk_record(mf) -> str:

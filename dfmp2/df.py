@@ -1,10 +1,12 @@
-"""DF-J/K for PySCF's SCF drivers on dfmp2's own integrals, fit and linalg ops.
+"""Density fitting shared by the MP2 step and the DF-SCF: the Coulomb metric and its factor,
+the fit matrix, int3c2e streamed in auxiliary-shell blocks, and the SCF's J/K on them.
 
-PySCF keeps its drivers (DIIS, guess, level shift, convergence checks); a density-fitted SCF
-object asks its ``with_df`` for J and K once per iteration. :class:`DFJK` is such a ``with_df``:
-a ``pyscf.df.DF`` whose three-index tensor is built once by dfmp2 (:func:`fitted_cderi`: the
-metric factored as in the MP2 step, int3c2e streamed in auxiliary-shell blocks, the fit through
-the registry's ``trmm``/``gemm``) and whose J and K are registry ``gemm`` calls:
+The MP2 step (:mod:`dfmp2.pipeline`) factors the metric of its RI basis and streams int3c2e
+through its transform; a density-fitted SCF asks its ``with_df`` for J and K once per
+iteration, and :class:`DFJK` is such a ``with_df``: a ``pyscf.df.DF`` whose three-index tensor
+is built once from the same pieces (:func:`fitted_cderi`: the metric factored as in the MP2
+step, int3c2e streamed, the fit through the registry's ``trmm``/``gemm``) and whose J and K are
+registry ``gemm`` calls:
 
     B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
     J_{mu nu}  = sum_Q B^Q_{mu nu} rho_Q,  rho_Q = sum_{lam sig} B^Q_{lam sig} D_{lam sig}
@@ -19,23 +21,199 @@ orbitals; P, Q auxiliary functions; i occupied orbitals.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from pyscf import df as pyscf_df
-from pyscf import lib
+from pyscf import gto, lib
+from pyscf.gto import moleintor
 
 from .buffers import zeros
-from .errors import ResourceError
-from .integrals import iter_int3c2e, make_auxmol, metric, unpack_pairs
+from .errors import NotPositiveDefiniteError, ResourceError
+from .integrals import make_auxmol
 from .linalg import Dispatcher
-from .pipeline import factor_metric, fit_matrix
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DFJK", "JK_AUX_BLOCK", "UNPACK_BLOCK", "fitted_cderi", "get_jk", "jk_bytes",
-           "square_copy"]
+__all__ = [
+    "DFJK",
+    "INT3C_EXPCUTOFF",
+    "JK_AUX_BLOCK",
+    "LINDEP_THRESHOLD",
+    "METRIC_ON_HOST",
+    "UNPACK_BLOCK",
+    "MetricFactor",
+    "aux_shell_blocks",
+    "cholesky_condition",
+    "factor_metric",
+    "fit_matrix",
+    "fitted_cderi",
+    "get_jk",
+    "host_ops",
+    "iter_int3c2e",
+    "jk_bytes",
+    "metric",
+    "square_copy",
+    "unpack_pairs",
+]
 
+
+# -- the metric, its factor and the fit matrix; int3c2e in auxiliary-shell blocks --------
+#: libcint's primitive screening for int3c2e: primitive pairs whose Gaussian product prefactor
+#: is below exp(-INT3C_EXPCUTOFF) are skipped (libcint's default is 60). Measured on (H2O)20
+#: cc-pVDZ: int3c2e 11% faster at 40, largest change of an integral 4e-19 (2e-14 at 30).
+INT3C_EXPCUTOFF = 40
+
+
+def metric(auxmol) -> np.ndarray:
+    """The Coulomb metric ``J_PQ = (P|Q)``, (naux, naux) float64."""
+    return auxmol.intor("int2c2e", hermi=1)
+
+
+def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, int]]:
+    """Group auxiliary shells into blocks of at most ``max_functions`` functions (a block holds at
+    least one whole shell). Returns (shell0, shell1, p0, p1) per block."""
+    offsets = auxmol.ao_loc_nr()
+    blocks, start = [], 0
+    for shell in range(auxmol.nbas):
+        if shell > start and offsets[shell + 1] - offsets[start] > max_functions:
+            blocks.append((start, shell, offsets[start], offsets[shell]))
+            start = shell
+    blocks.append((start, auxmol.nbas, offsets[start], offsets[auxmol.nbas]))
+    return blocks
+
+
+def iter_int3c2e(mol, auxmol, max_functions: int):
+    """Yield ``(p0, p1, packed)`` for blocks of whole auxiliary shells, where
+    ``packed[P - p0, mu*(mu+1)/2 + nu] = (mu nu|P)`` for ``mu >= nu``: shape
+    (p1 - p0, nao*(nao+1)/2), float64, C-contiguous (:func:`unpack_pairs` gives the square).
+
+    One libcint optimiser serves every block, and every block is written into one reused buffer
+    (fresh arrays of this size cost page faults comparable to the integrals on some hosts): a
+    yielded block is valid until the next one is requested."""
+    pmol = mol + auxmol
+    if not pmol._env[gto.PTR_EXPCUTOFF]:  # unset (0): libcint's default; a user's value stays
+        pmol._env[gto.PTR_EXPCUTOFF] = INT3C_EXPCUTOFF  # pmol is new: mol keeps its own _env
+    intor = pmol._add_suffix("int3c2e")
+    atm, bas, env = pmol._atm, pmol._bas, pmol._env
+    ao_loc = moleintor.make_loc(bas, intor)
+    cintopt = moleintor.make_cintopt(atm, bas, env, intor)
+    nbas, nao = mol.nbas, mol.nao_nr()
+    npair = nao * (nao + 1) // 2
+    blocks = aux_shell_blocks(auxmol, max_functions)
+    packed = np.empty(max(p1 - p0 for _, _, p0, p1 in blocks) * npair)
+    for shell0, shell1, p0, p1 in blocks:
+        shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
+        j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
+                                  out=packed[: (p1 - p0) * npair])  # (npair, P), F-order
+        yield p0, p1, j3c.T
+
+
+def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Square symmetric blocks ``out[P, mu, nu]`` (n, nao, nao) from rows of
+    :func:`iter_int3c2e`'s packed block (n, nao*(nao+1)/2). Runs in the calling thread only:
+    an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers."""
+    with lib.with_omp_threads(1):
+        return lib.unpack_tril(packed, out=out)
+
+
+#: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
+LINDEP_THRESHOLD = 1e-10
+
+
+@dataclass(frozen=True)
+class MetricFactor:
+    """Either the Cholesky factor ``lower`` (J = L L^T) or ``inv_sqrt`` (naux, nkept) = J^{-1/2}
+    restricted to the kept eigenvectors. ``ndropped`` counts dropped eigenvalues.
+
+    condition : condition number of the metric as the fit uses it: LAPACK's estimate of the
+    1-norm condition number (``?pocon``) after a Cholesky factorisation, ``w_max / w_min`` of
+    the kept eigenvalues after eigh; None when not computed. method : 'cholesky' or 'eigh';
+    reason : why that factorisation was used (LAPACK's failing pivot for eigh).
+    """
+
+    lower: torch.Tensor | None
+    inv_sqrt: torch.Tensor | None
+    ndropped: int = 0
+    condition: float | None = None
+    method: str = ""
+    reason: str = ""
+
+    @property
+    def naux_fit(self) -> int:
+        return self.lower.shape[0] if self.lower is not None else self.inv_sqrt.shape[1]
+
+
+#: Why the metric stage of an NKI run is on the host (the reason recorded per op).
+METRIC_ON_HOST = ("metric stage: fp64 on the host by design (LAPACK decides positive "
+                  "definiteness; fp32 factors and inverses of the metric are not accurate enough)")
+
+
+def host_ops(la, reason: str):
+    """``la`` itself on the pytorch backend; on nki, its ops on the host in fp64 (recorded)."""
+    return la.on_host(reason) if la.backend == "nki" else la
+
+
+def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
+    """Cholesky of the metric (n, n) float64; if LAPACK's fp64 ``potrf`` finds it not positive
+    definite, ``J^{-1/2}`` from ``eigh`` with eigenvalues below :data:`LINDEP_THRESHOLD` dropped
+    (logged, never clamped).
+
+    The decision is LAPACK's on every backend: the pytorch ``cholesky`` op is LAPACK's potrf on
+    the CPU, and an NKI run factors the metric on the host in fp64 (``la.on_host``, recorded),
+    because the blocked NKI factorisation's fp32 trailing updates fail on ill-conditioned
+    metrics that fp64 factors exactly (measured: H2O aug-cc-pVDZ with aug_etb, cond 1e9).
+    """
+    host = host_ops(la, METRIC_ON_HOST)
+    try:
+        lower = host.cholesky(j2c)
+    except NotPositiveDefiniteError as exc:
+        w, u = host.eigh(j2c)
+        keep = w > LINDEP_THRESHOLD
+        ndropped = int((~keep).sum())
+        log.warning(
+            "the auxiliary metric is not positive definite (%s); using J^-1/2 from eigh and "
+            "dropping %d of %d eigenvalues below %.0e",
+            exc, ndropped, len(w), LINDEP_THRESHOLD,
+        )
+        kept = w[keep]
+        condition = float(kept[-1] / kept[0]) if kept.numel() else float("inf")
+        reason = (f"{exc}: eigh, {ndropped} of {len(w)} eigenvalues below "
+                  f"{LINDEP_THRESHOLD:.0e} dropped")
+        return MetricFactor(None, u[:, keep] / torch.sqrt(kept), ndropped, condition, "eigh",
+                            reason)
+    return MetricFactor(lower, None, 0, cholesky_condition(j2c, lower), "cholesky",
+                        "LAPACK potrf succeeded in fp64")
+
+
+def cholesky_condition(a_nn: torch.Tensor, l_nn: torch.Tensor) -> float:
+    """LAPACK's estimate (``dpocon``, O(n^2)) of the 1-norm condition number of the symmetric
+    positive definite ``a_nn`` (n, n) from its lower Cholesky factor ``l_nn``; inf if singular."""
+    from scipy.linalg import lapack
+
+    a = a_nn.detach().to("cpu", torch.float64).numpy()
+    if a.shape[0] == 0:
+        return 1.0
+    rcond, _info = lapack.dpocon(l_nn.detach().to("cpu", torch.float64).numpy(),
+                                 float(np.abs(a).sum(axis=0).max()), uplo="L")
+    return float("inf") if rcond == 0.0 else float(1.0 / rcond)
+
+
+def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:
+    """The (naux, naux_fit) matrix the fit multiplies by: ``L^{-T}`` (upper triangular; from one
+    ``la.trsm`` on the identity, on the host in fp64 on nki) or ``J^{-1/2}`` from the eigh
+    fallback."""
+    if factor.lower is None:
+        return factor.inv_sqrt
+    lower = factor.lower
+    # part of the metric stage: on nki, in fp64 on the host (an fp32 L^{-T} measured 2e-4 Eh off
+    # at cond 2.9e9, against 5e-6 with this one)
+    return host_ops(la, METRIC_ON_HOST).trsm(lower, torch.eye(lower.shape[0], dtype=lower.dtype))
+
+
+# -- the DF-SCF's fitted tensor and J/K ----------------------------------------------------
 #: Auxiliary functions per block of K work on the float32 square tensor.
 JK_AUX_BLOCK = 128
 #: Auxiliary functions unpacked at a time from the packed tensor for K (small: the block stays in
@@ -134,7 +312,8 @@ def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
 
 
 def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
-           k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None):
+           k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
+           counts: dict | None = None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from ``cderi``
     (naux, nao(nao+1)/2) float64; either is None when not asked for. Every product is
     ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and ``K += Y^T Y`` per
@@ -149,6 +328,7 @@ def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: b
     dms = dms.reshape(-1, nao, nao)
     nset = dms.shape[0]
     vj = vk = None
+    flops = 0
     if with_j:
         b = torch.from_numpy(cderi)
         dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
@@ -157,11 +337,14 @@ def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: b
         rho = la.gemm(b, torch.from_numpy(dm_tril), trans_b=True)  # (naux, nset)
         vj_tril = la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
         vj = lib.unpack_tril(vj_tril, 1).reshape(shape)
+        flops += 4 * cderi.size * nset
     if with_k:
         dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
         factors = [[(torch.from_numpy(coeff.astype(dtype)), sign)
                     for coeff, sign in _occupied_factors(d, c, n)]
                    for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
+        rank = sum(coeff.shape[1] for parts in factors for coeff, _ in parts)
+        flops += 4 * rank * nao * nao * cderi.shape[0]  # Y = C^T B^Q, then Y^T Y
         vk = np.zeros((nset, nao, nao))
         k_la = la if k_la is None else k_la
         for cols in _k_blocks(cderi, square, dtype):
@@ -172,6 +355,8 @@ def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: b
                     y_rows = y.reshape(-1, nao)  # ((i, q), mu)
                     vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
         vk = vk.reshape(shape)
+    if counts is not None:
+        counts["flops"] = counts.get("flops", 0) + flops
     return vj, vk
 
 
@@ -194,10 +379,10 @@ class DFJK(pyscf_df.DF):
     does so once the orbital gradient is small, and accepts convergence only on float64 K).
     ``square`` is the tensor unpacked in K's precision, kept while it fits in ``max_memory``
     next to the packed one (K otherwise unpacks it every iteration). ``k_calls`` counts K
-    builds per precision.
+    builds per precision; ``stats`` the J/K calls, their seconds and their products' flops.
     """
 
-    _keys = {"la", "square", "k_precision", "k_calls"}
+    _keys = {"la", "square", "k_precision", "k_calls", "stats"}
 
     def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64"):
         super().__init__(mol, auxbasis)
@@ -205,6 +390,7 @@ class DFJK(pyscf_df.DF):
         self.square = None
         self.k_precision = k_precision
         self.k_calls = {"fp32": 0, "fp64": 0}
+        self.stats = {"calls": 0, "seconds": 0.0, "flops": 0}
 
     def _ops(self, k_precision: str = "fp64"):
         """The ops of the fit, J and float64 K: on the host on the nki backend (NKI computes
@@ -254,5 +440,9 @@ class DFJK(pyscf_df.DF):
             self.build()
         if with_k:
             self.k_calls[self.k_precision] += 1
-        return get_jk(self._cderi, dm, self._ops(), with_j, with_k, self.k_precision,
-                      self.square, k_la=self._ops(self.k_precision))
+        start = time.perf_counter()
+        result = get_jk(self._cderi, dm, self._ops(), with_j, with_k, self.k_precision,
+                        self.square, k_la=self._ops(self.k_precision), counts=self.stats)
+        self.stats["calls"] += 1
+        self.stats["seconds"] += time.perf_counter() - start
+        return result

@@ -1,16 +1,13 @@
-"""The PySCF integral boundary: auxiliary basis, metric, int3c2e blocks, orbital partition.
+"""The auxiliary basis: which RI basis a run uses, per element, and its PySCF ``Mole``.
 
-Nothing here holds the whole ``(nao, nao, naux)`` tensor: :func:`iter_int3c2e` yields blocks of
-whole auxiliary shells.
+The metric, its factor and int3c2e streaming are in :mod:`dfmp2.df`.
 """
 
 from __future__ import annotations
 
 import inspect
 
-import numpy as np
-from pyscf import df, gto, lib
-from pyscf.gto import moleintor
+from pyscf import df
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
@@ -25,21 +22,10 @@ from .molecule import (
 )
 
 __all__ = [
-    "INT3C_EXPCUTOFF",
-    "aux_shell_blocks",
     "auxbasis_record",
-    "iter_int3c2e",
     "make_auxmol",
-    "metric",
     "resolve_auxbasis",
-    "unpack_pairs",
 ]
-
-
-#: libcint's primitive screening for int3c2e: primitive pairs whose Gaussian product prefactor
-#: is below exp(-INT3C_EXPCUTOFF) are skipped (libcint's default is 60). Measured on (H2O)20
-#: cc-pVDZ: int3c2e 11% faster at 40, largest change of an integral 4e-19 (2e-14 at 30).
-INT3C_EXPCUTOFF = 40
 
 
 #: Advice when PySCF has no MP2-fit partner for the orbital basis or cannot build the one named.
@@ -134,53 +120,3 @@ def _aux_text(auxbasis, spec) -> str:
     return repr(auxbasis)
 
 
-def metric(auxmol) -> np.ndarray:
-    """The Coulomb metric ``J_PQ = (P|Q)``, (naux, naux) float64."""
-    return auxmol.intor("int2c2e", hermi=1)
-
-
-def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, int]]:
-    """Group auxiliary shells into blocks of at most ``max_functions`` functions (a block holds at
-    least one whole shell). Returns (shell0, shell1, p0, p1) per block."""
-    offsets = auxmol.ao_loc_nr()
-    blocks, start = [], 0
-    for shell in range(auxmol.nbas):
-        if shell > start and offsets[shell + 1] - offsets[start] > max_functions:
-            blocks.append((start, shell, offsets[start], offsets[shell]))
-            start = shell
-    blocks.append((start, auxmol.nbas, offsets[start], offsets[auxmol.nbas]))
-    return blocks
-
-
-def iter_int3c2e(mol, auxmol, max_functions: int):
-    """Yield ``(p0, p1, packed)`` for blocks of whole auxiliary shells, where
-    ``packed[P - p0, mu*(mu+1)/2 + nu] = (mu nu|P)`` for ``mu >= nu``: shape
-    (p1 - p0, nao*(nao+1)/2), float64, C-contiguous (:func:`unpack_pairs` gives the square).
-
-    One libcint optimiser serves every block, and every block is written into one reused buffer
-    (fresh arrays of this size cost page faults comparable to the integrals on some hosts): a
-    yielded block is valid until the next one is requested."""
-    pmol = mol + auxmol
-    if not pmol._env[gto.PTR_EXPCUTOFF]:  # unset (0): libcint's default; a user's value stays
-        pmol._env[gto.PTR_EXPCUTOFF] = INT3C_EXPCUTOFF  # pmol is new: mol keeps its own _env
-    intor = pmol._add_suffix("int3c2e")
-    atm, bas, env = pmol._atm, pmol._bas, pmol._env
-    ao_loc = moleintor.make_loc(bas, intor)
-    cintopt = moleintor.make_cintopt(atm, bas, env, intor)
-    nbas, nao = mol.nbas, mol.nao_nr()
-    npair = nao * (nao + 1) // 2
-    blocks = aux_shell_blocks(auxmol, max_functions)
-    packed = np.empty(max(p1 - p0 for _, _, p0, p1 in blocks) * npair)
-    for shell0, shell1, p0, p1 in blocks:
-        shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
-        j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
-                                  out=packed[: (p1 - p0) * npair])  # (npair, P), F-order
-        yield p0, p1, j3c.T
-
-
-def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Square symmetric blocks ``out[P, mu, nu]`` (n, nao, nao) from rows of
-    :func:`iter_int3c2e`'s packed block (n, nao*(nao+1)/2). Runs in the calling thread only:
-    an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers."""
-    with lib.with_omp_threads(1):
-        return lib.unpack_tril(packed, out=out)

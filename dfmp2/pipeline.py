@@ -16,9 +16,18 @@ import torch
 
 from .blocking import BlockPlan
 from .buffers import Buffers
+from .df import (
+    METRIC_ON_HOST,
+    MetricFactor,
+    factor_metric,
+    fit_matrix,
+    host_ops,
+    iter_int3c2e,
+    metric,
+    unpack_pairs,
+)
 from .energy import CLOSED, OPPOSITE, SAME, SpinBlock, pair_weights
-from .errors import NotPositiveDefiniteError, PrecisionError
-from .integrals import iter_int3c2e, metric, unpack_pairs
+from .errors import PrecisionError
 from .linalg import Dispatcher
 from .reference import OrbitalSpace
 from .storage import H5Store, IncoreStore
@@ -27,112 +36,27 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "FIT_HOST_CONDITION",
-    "LINDEP_THRESHOLD",
     "PRECISION_DTYPES",
     "STAGES",
     "TRANSFORM_HOST_CONDITION",
-    "MetricFactor",
     "PairEnergies",
     "SpinTask",
     "StagePrecision",
     "TensorB",
-    "cholesky_condition",
     "dfmp2_pair_energies",
-    "factor_metric",
     "fit",
-    "fit_matrix",
     "pair_energies",
     "plan_stages",
     "spin_tasks",
     "transform",
 ]
 
-#: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
-LINDEP_THRESHOLD = 1e-10
 
 Progress = Callable[[str, int, int], None]
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
     return None
-
-
-@dataclass(frozen=True)
-class MetricFactor:
-    """Either the Cholesky factor ``lower`` (J = L L^T) or ``inv_sqrt`` (naux, nkept) = J^{-1/2}
-    restricted to the kept eigenvectors. ``ndropped`` counts dropped eigenvalues.
-
-    condition : condition number of the metric as the fit uses it: LAPACK's estimate of the
-    1-norm condition number (``?pocon``) after a Cholesky factorisation, ``w_max / w_min`` of
-    the kept eigenvalues after eigh; None when not computed. method : 'cholesky' or 'eigh';
-    reason : why that factorisation was used (LAPACK's failing pivot for eigh).
-    """
-
-    lower: torch.Tensor | None
-    inv_sqrt: torch.Tensor | None
-    ndropped: int = 0
-    condition: float | None = None
-    method: str = ""
-    reason: str = ""
-
-    @property
-    def naux_fit(self) -> int:
-        return self.lower.shape[0] if self.lower is not None else self.inv_sqrt.shape[1]
-
-
-#: Why the metric stage of an NKI run is on the host (the reason recorded per op).
-METRIC_ON_HOST = ("metric stage: fp64 on the host by design (LAPACK decides positive "
-                  "definiteness; fp32 factors and inverses of the metric are not accurate enough)")
-
-
-def _host(la, reason: str):
-    """``la`` itself on the pytorch backend; on nki, its ops on the host in fp64 (recorded)."""
-    return la.on_host(reason) if la.backend == "nki" else la
-
-
-def factor_metric(j2c: torch.Tensor, la: Dispatcher) -> MetricFactor:
-    """Cholesky of the metric (n, n) float64; if LAPACK's fp64 ``potrf`` finds it not positive
-    definite, ``J^{-1/2}`` from ``eigh`` with eigenvalues below :data:`LINDEP_THRESHOLD` dropped
-    (logged, never clamped).
-
-    The decision is LAPACK's on every backend: the pytorch ``cholesky`` op is LAPACK's potrf on
-    the CPU, and an NKI run factors the metric on the host in fp64 (``la.on_host``, recorded),
-    because the blocked NKI factorisation's fp32 trailing updates fail on ill-conditioned
-    metrics that fp64 factors exactly (measured: H2O aug-cc-pVDZ with aug_etb, cond 1e9).
-    """
-    host = _host(la, METRIC_ON_HOST)
-    try:
-        lower = host.cholesky(j2c)
-    except NotPositiveDefiniteError as exc:
-        w, u = host.eigh(j2c)
-        keep = w > LINDEP_THRESHOLD
-        ndropped = int((~keep).sum())
-        log.warning(
-            "the auxiliary metric is not positive definite (%s); using J^-1/2 from eigh and "
-            "dropping %d of %d eigenvalues below %.0e",
-            exc, ndropped, len(w), LINDEP_THRESHOLD,
-        )
-        kept = w[keep]
-        condition = float(kept[-1] / kept[0]) if kept.numel() else float("inf")
-        reason = (f"{exc}: eigh, {ndropped} of {len(w)} eigenvalues below "
-                  f"{LINDEP_THRESHOLD:.0e} dropped")
-        return MetricFactor(None, u[:, keep] / torch.sqrt(kept), ndropped, condition, "eigh",
-                            reason)
-    return MetricFactor(lower, None, 0, cholesky_condition(j2c, lower), "cholesky",
-                        "LAPACK potrf succeeded in fp64")
-
-
-def cholesky_condition(a_nn: torch.Tensor, l_nn: torch.Tensor) -> float:
-    """LAPACK's estimate (``dpocon``, O(n^2)) of the 1-norm condition number of the symmetric
-    positive definite ``a_nn`` (n, n) from its lower Cholesky factor ``l_nn``; inf if singular."""
-    from scipy.linalg import lapack
-
-    a = a_nn.detach().to("cpu", torch.float64).numpy()
-    if a.shape[0] == 0:
-        return 1.0
-    rcond, _info = lapack.dpocon(l_nn.detach().to("cpu", torch.float64).numpy(),
-                                 float(np.abs(a).sum(axis=0).max()), uplo="L")
-    return float("inf") if rcond == 0.0 else float(1.0 / rcond)
 
 
 # -- where each stage of an NKI run computes -------------------------------------------------
@@ -217,7 +141,7 @@ def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
 
 def _stage_ops(la: Dispatcher, stage: StagePrecision):
     """The dispatcher (or its host view) that runs ``stage``."""
-    return _host(la, stage.reason) if stage.placement == "host fp64" else la
+    return host_ops(la, stage.reason) if stage.placement == "host fp64" else la
 
 
 def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_block: int,
@@ -255,18 +179,6 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
                            out=buffers.get(f"full{s}", (nblk * nocc, nvir)))  # (P*i, a)
             store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
-
-
-def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:
-    """The (naux, naux_fit) matrix the fit multiplies by: ``L^{-T}`` (upper triangular; from one
-    ``la.trsm`` on the identity, on the host in fp64 on nki) or ``J^{-1/2}`` from the eigh
-    fallback."""
-    if factor.lower is None:
-        return factor.inv_sqrt
-    lower = factor.lower
-    # part of the metric stage: on nki, in fp64 on the host (an fp32 L^{-T} measured 2e-4 Eh off
-    # at cond 2.9e9, against 5e-6 with this one)
-    return _host(la, METRIC_ON_HOST).trsm(lower, torch.eye(lower.shape[0], dtype=lower.dtype))
 
 
 def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,

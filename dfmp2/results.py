@@ -39,7 +39,8 @@ class ScfInfo:
     ``orbital_check`` what was verified of the orbitals before MP2, ``s2`` <S^2> of an
     unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones),
     ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one), ``jk`` what
-    built its J and K matrices."""
+    built its J and K matrices, ``jk_stats`` for dfmp2's own J/K: calls, seconds, GFLOP of their
+    products and the rate (None otherwise)."""
 
     kind: str
     xc: str | None
@@ -54,6 +55,7 @@ class ScfInfo:
     s2_deviation: float | None = None
     restart: str | None = None
     jk: str | None = None
+    jk_stats: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,9 @@ class Result:
         m, b = self.method, self.backend
         lines = [
             f"  SCF J/K: {self.scf.jk}",
+            *([f"  SCF J/K time: {st['calls']} builds, {st['seconds']:.2f} s, "
+               f"{st['gflop'] / st['seconds']:.0f} GFLOP/s" if st["seconds"] > 0 else ""]
+              if (st := self.scf.jk_stats) else []),
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
             + f" ({b.resolution})",
             f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "

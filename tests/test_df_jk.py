@@ -156,6 +156,13 @@ def test_dfmp2_run_uses_its_own_jk_and_records_it():
     result = dfmp2.run(str(INPUTS / "water.xyz"))
     assert result.scf.jk.startswith("dfmp2 DF J/K")
     assert "SCF J/K: dfmp2 DF J/K" in result.summary(verbose=True)
+    stats = result.scf.jk_stats  # J/K calls, seconds and the flops of their products
+    nao, naux, nocc = 24, 116, 5  # water cc-pVDZ, cc-pVDZ-JKFIT
+    assert stats["calls"] >= result.scf.cycles + 1 and stats["seconds"] > 0
+    k_per_cycle = 4 * nocc * nao**2 * naux  # Y = C^T B^Q and Y^T Y, tagged orbitals
+    assert stats["gflop"] * 1e9 >= (stats["calls"] - 1) * k_per_cycle
+    assert "SCF J/K time:" in result.summary(verbose=True)
+    assert result.to_dict()["extras"]["scf"]["jk_stats"] == stats
     assert result.scf.cycles > 3 and result.to_dict()["properties"]["scf_iterations"] > 3
 
 

@@ -108,7 +108,7 @@ def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
     """Every auxiliary block, unpacked, equals the slice of PySCF's whole (mu nu|P) tensor."""
     from pyscf import df
 
-    from dfmp2.integrals import iter_int3c2e, unpack_pairs
+    from dfmp2.df import iter_int3c2e, unpack_pairs
     from dfmp2.molecule import build_mole
 
     mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", "cc-pvdz")
@@ -125,7 +125,7 @@ def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
 
 
 def _int3c2e_blocks(mol, aux) -> np.ndarray:
-    from dfmp2.integrals import iter_int3c2e
+    from dfmp2.df import iter_int3c2e
 
     return np.vstack([packed.copy() for _, _, packed in iter_int3c2e(mol, aux, 1000)])
 
@@ -136,18 +136,18 @@ def test_int3c2e_primitive_screening(monkeypatch):
     yields to a cutoff the user set on the molecule."""
     from pyscf import gto
 
-    from dfmp2 import integrals
+    from dfmp2 import df
     from dfmp2.molecule import build_mole
 
     mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; "
                      "O 0 0 4.5; H 0 0.76 5.09; H 0 -0.76 5.09", "cc-pvdz")
     aux = make_auxmol(mol)
-    monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 60)  # libcint's default
+    monkeypatch.setattr(df, "INT3C_EXPCUTOFF", 60)  # libcint's default
     reference = _int3c2e_blocks(mol, aux)
-    monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 40)
+    monkeypatch.setattr(df, "INT3C_EXPCUTOFF", 40)
     assert np.abs(_int3c2e_blocks(mol, aux) - reference).max() < TOL_INT3C_SCREEN
     assert mol._env[gto.PTR_EXPCUTOFF] == 0
-    monkeypatch.setattr(integrals, "INT3C_EXPCUTOFF", 8)
+    monkeypatch.setattr(df, "INT3C_EXPCUTOFF", 8)
     assert np.abs(_int3c2e_blocks(mol, aux) - reference).max() > 1e-12
     mol._env[gto.PTR_EXPCUTOFF] = 60
     np.testing.assert_array_equal(_int3c2e_blocks(mol, aux), reference)

@@ -211,14 +211,14 @@ def test_dispatcher_records_the_backend_that_ran_each_host_op(monkeypatch):
 def test_fit_by_trmm_equals_trsm(column_block, cpu_blas, monkeypatch):
     """The fit multiplies by L^{-T} in place (numpy: one BLAS trmm; torch: column blocks of
     GEMMs); it must equal the solve."""
-    from dfmp2 import pipeline
+    from dfmp2 import df
     from dfmp2.linalg import Dispatcher, DispatchPolicy
 
     monkeypatch.setattr(torch_ops, "TRMM_COLUMN_BLOCK", column_block)
     la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
     l_nn = torch.linalg.cholesky(_spd(10, seed=50))
     rows = _rand(7, 10, seed=51)
-    upper = pipeline.fit_matrix(pipeline.MetricFactor(l_nn, None), la)
+    upper = df.fit_matrix(df.MetricFactor(l_nn, None), la)
     assert torch.allclose(torch.tril(upper, -1), torch.zeros(10, 10, dtype=torch.float64))
     expected = torch_ops.trsm(l_nn, rows)
     work = rows.clone()

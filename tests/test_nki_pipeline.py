@@ -68,7 +68,7 @@ def test_cli_nki_emulator_records_modes_in_json(tmp_path):
     assert modes == {"gemm": "host+emulator", "trmm": "host+emulator",
                      "mp2_pair_sums": "emulator"}
     for op in ("gemm", "trmm"):
-        assert "DF-SCF J/K in fp64" in backend["ops"][op]["host_reason"]
+        assert "DF-SCF fit, J and float64 K on the host" in backend["ops"][op]["host_reason"]
 
 
 def test_cli_env_var_opts_into_the_emulator():

@@ -13,14 +13,13 @@ from pyscf import df, gto, scf
 
 from dfmp2 import pipeline
 from dfmp2.blocking import plan_blocks
+from dfmp2.df import factor_metric, metric
 from dfmp2.errors import NotPositiveDefiniteError, PrecisionError
-from dfmp2.integrals import metric
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.pipeline import (
     FIT_HOST_CONDITION,
     TRANSFORM_HOST_CONDITION,
     dfmp2_pair_energies,
-    factor_metric,
     plan_stages,
 )
 from dfmp2.reference import frozen_mask, orbital_space

@@ -59,3 +59,30 @@ def test_every_test_tolerance_is_named_in_tolerances_py():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_end_to_end_report_takes_medians_and_ratios():
+    """The end-to-end table of the benchmark report (both programs' whole jobs): medians of the
+    repetitions, ratios PySCF / dfmp2, the energy spread over all runs; a failed run is left out
+    and named."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def run(wall, scf, mp2, energy, cycles=10):
+        return {"wall_s": wall, "scf_s": scf, "mp2_s": mp2, "e_tot": energy,
+                "scf_cycles": cycles}
+
+    row = {"name": "water16", "basis": "cc-pvdz", "coretype": "pyscf-Haswell",
+           "dfmp2": [run(30, 20, 8, -1.0), run(32, 21, 9, -1.0), run(90, 80, 9, -1.0)],
+           "pyscf": [run(45, 30, 12, -1.0 + 3e-10, 11), {"error": "timed out after 9 s"},
+                     run(47, 31, 14, -1.0, 11)]}
+    summary = report.e2e_summary(row)
+    assert summary["runs"] == 2 and summary["errors"] == ["timed out after 9 s"]
+    assert summary["dfmp2_wall_s"] == 32 and summary["pyscf_wall_s"] == 46
+    assert summary["ratio_scf_s"] == 30.5 / 21 and summary["ratio_mp2_s"] == 13 / 9
+    assert abs(summary["energy_spread"] - 3e-10) < 1e-15
+    table = "\n".join(report.e2e_table([row]))
+    assert "| water16 | cc-pvdz | pyscf-Haswell | 2 | 32.00 | 46.00 | 1.44 |" in table

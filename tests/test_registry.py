@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+from dfmp2.df import factor_metric
 from dfmp2.errors import (
     BackendUnavailableError,
     InputError,
@@ -17,7 +18,6 @@ from dfmp2.errors import (
 )
 from dfmp2.linalg import OPS, REGISTRY, Dispatcher, DispatchPolicy, torch_ops
 from dfmp2.linalg.registry import IMPL_BACKENDS
-from dfmp2.pipeline import factor_metric
 
 from tolerances import TOL_EIGH_ORTHO, TOL_MATRIX_REL
 
@@ -202,7 +202,8 @@ def test_cholesky_or_eigh_is_lapacks_decision():
 
 def test_cholesky_and_eigh_fits_agree():
     """(ia|jb) from the triangular fit equals (ia|jb) from the J^-1/2 fit."""
-    from dfmp2.pipeline import MetricFactor, fit
+    from dfmp2.df import MetricFactor
+    from dfmp2.pipeline import fit
     from dfmp2.storage import IncoreStore
 
     def fitted(factor):

@@ -211,7 +211,7 @@ def test_summary_starts_with_the_molecule_and_keeps_machinery_for_verbose():
                                      "E(HF)", "E(MP2) total")]
     assert order == sorted(order)
     assert "backend" not in text and "calls" not in text
-    from dfmp2.integrals import INT3C_EXPCUTOFF
+    from dfmp2.df import INT3C_EXPCUTOFF
 
     assert result.method.int3c2e_expcutoff == INT3C_EXPCUTOFF  # libcint screening, recorded
     assert result.timings["orbital_check"] >= 0 and result.environment is None  # Python API
