@@ -84,8 +84,11 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     check_chkfile(opts.chkfile)
     la = _dispatcher(opts)
     mf = run_scf(mol, opts, progress=progress, la=la)
-    return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
-                   auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
+    try:
+        return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
+                       auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
+    finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
+        release_integrals(mf)
 
 
 def _dispatcher(opts: Options) -> Dispatcher:

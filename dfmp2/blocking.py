@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "plan_blocks", "pair_block_bytes", "transform_bytes_per_aux",
+__all__ = ["BlockPlan", "JKPlan", "plan_blocks", "plan_jk", "pair_block_bytes", "transform_bytes_per_aux",
            "usable_bytes", "MB", "RESERVE"]
 
 MB = 1024 * 1024
@@ -147,3 +147,53 @@ def _largest_occ_block(free: float, nocc: int, nvir: int, naux: int, b_itemsize:
         if pair_block_bytes(b, nvir, naux, b_itemsize) <= free:
             block = b
     return block
+
+
+@dataclass(frozen=True)
+class JKPlan:
+    """Where a DF-SCF's fitted tensor B (naux, n(n+1)/2) lives while dfmp2 builds J and K.
+
+    outcore : in a temporary file (:class:`dfmp2.storage.MatrixFile`) rather than in memory;
+    fit_pairs : AO pairs per block of the out-of-core fit (int3c2e for all auxiliary functions
+    of those pairs, fitted, written); read_block : auxiliary functions read from the file at a
+    time in each J/K build; tensor_bytes : the packed tensor's size (in memory or on disk);
+    resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors).
+    Square copies for K are :class:`dfmp2.df.DFJK`'s choice within the same budget."""
+
+    outcore: bool
+    fit_pairs: int
+    read_block: int
+    tensor_bytes: int
+    resident_bytes: int
+
+
+def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
+            unpack_block: int = 8, force_outcore: bool = False) -> JKPlan:
+    """In core or out of core for a DF-SCF's fitted tensor under ``max_memory_mb``, and the
+    out-of-core block sizes.
+
+    In core: the metric's factors (``3 * 8 X^2``), the packed tensor (``8 X n(n+1)/2``) and
+    K's work arrays (``3 * 8 u n^2``: ``unpack_block`` unpacked matrices, their float32 copy
+    and the products) fit in the usable budget. Out of core, the metric's factors stay and a
+    fit block of ``f`` AO pairs takes ``2 * 8 f X`` (the integrals and their fitted copy), a
+    read block of ``r`` auxiliary functions ``8 r n(n+1)/2`` plus K's work arrays; ``f`` must
+    hold the pairs of the largest AO shell row (``max_shell_pairs``). Raises
+    :class:`ResourceError` when even those do not fit."""
+    budget = usable_bytes(max_memory_mb)
+    npair = nao * (nao + 1) // 2
+    tensor = _F64 * naux * npair
+    metric = 3 * naux * naux * _F64
+    work = 3 * unpack_block * nao * nao * _F64
+    if not force_outcore and metric + tensor + work <= budget:
+        return JKPlan(False, npair, naux, tensor, metric + tensor)
+    free = budget - metric
+    per_pair, per_row = 2 * _F64 * naux, _F64 * npair
+    if free < max(per_pair * max_shell_pairs, per_row + work):
+        need = (metric + max(per_pair * max_shell_pairs, per_row + work)) / MB
+        raise ResourceError(
+            f"max_memory {max_memory_mb:.0f} MB is too small for the DF-SCF: with its fitted "
+            f"integrals (naux {naux} x {npair} AO pairs) on disk, the metric factors and the "
+            f"smallest blocks still need {need:.1f} MB; give at least {need + 1:.0f} MB")
+    fit_pairs = int(min(npair, free // per_pair))
+    read_block = int(max(1, min(naux, 128, (free - work) // per_row)))
+    return JKPlan(True, fit_pairs, read_block, tensor, metric)

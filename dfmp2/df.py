@@ -21,6 +21,8 @@ orbitals; P, Q auxiliary functions; i occupied orbitals.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -30,10 +32,12 @@ from pyscf import df as pyscf_df
 from pyscf import gto, lib
 from pyscf.gto import moleintor
 
+from .blocking import JKPlan, plan_jk
 from .buffers import zeros
 from .errors import NotPositiveDefiniteError, ResourceError
 from .integrals import make_auxmol
 from .linalg import Dispatcher
+from .storage import MatrixFile
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +112,46 @@ def iter_int3c2e(mol, auxmol, max_functions: int):
         shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
         j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
                                   out=packed[: (p1 - p0) * npair])  # (npair, P), F-order
+        yield p0, p1, j3c.T
+
+
+def shell_row_pairs(mol) -> list[tuple[int, int, int, int]]:
+    """Per AO shell of ``mol``: (shell, shell + 1, p0, p1), the range of packed AO pairs
+    (mu >= nu, ``mu(mu+1)/2 + nu``) whose row mu belongs to that shell."""
+    ao_loc = mol.ao_loc_nr()
+    return [(k, k + 1, int(ao_loc[k] * (ao_loc[k] + 1) // 2),
+             int(ao_loc[k + 1] * (ao_loc[k + 1] + 1) // 2)) for k in range(mol.nbas)]
+
+
+def iter_int3c2e_pairs(mol, auxmol, max_pairs: int):
+    """Yield ``(p0, p1, block)`` for ranges of whole AO shell rows: ``block[P, p - p0] =
+    (mu nu|P)`` for the packed pairs p0:p1 and every auxiliary function, shape (naux, p1 - p0),
+    C-contiguous (the out-of-core fit's order: all P of some pairs). A range holds at most
+    ``max_pairs`` pairs unless one shell row alone has more. One reused buffer: a block is
+    valid until the next one is requested."""
+    pmol = mol + auxmol
+    if not pmol._env[gto.PTR_EXPCUTOFF]:
+        pmol._env[gto.PTR_EXPCUTOFF] = INT3C_EXPCUTOFF
+    intor = pmol._add_suffix("int3c2e")
+    atm, bas, env = pmol._atm, pmol._bas, pmol._env
+    ao_loc = moleintor.make_loc(bas, intor)
+    cintopt = moleintor.make_cintopt(atm, bas, env, intor)
+    nbas, naux = mol.nbas, auxmol.nao_nr()
+    ranges, start = [], None
+    for shell0, shell1, p0, p1 in shell_row_pairs(mol):
+        if start is None:
+            start = (shell0, p0)
+        elif p1 - start[1] > max_pairs:
+            ranges.append((start[0], shell0, start[1], p0))
+            start = (shell0, p0)
+        end = (shell1, p1)
+    if start is not None:
+        ranges.append((start[0], end[0], start[1], end[1]))
+    buffer = np.empty(max(p1 - p0 for _, _, p0, p1 in ranges) * naux) if ranges else None
+    for shell0, shell1, p0, p1 in ranges:
+        shls_slice = (shell0, shell1, 0, shell1, nbas, nbas + auxmol.nbas)
+        j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
+                                  out=buffer[: (p1 - p0) * naux])  # (pairs, P), F-order
         yield p0, p1, j3c.T
 
 
@@ -249,6 +293,52 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarra
     return j3c
 
 
+def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan, directory: str | None = None,
+                      register=None) -> MatrixFile:
+    """The fitted tensor of :func:`fitted_cderi` in a temporary file (:class:`MatrixFile`, rows
+    the fitted auxiliary functions), for a tensor that does not fit in memory: int3c2e for
+    every auxiliary function of ``plan.fit_pairs`` AO pairs at a time, fitted in memory (one
+    trmm with ``L^{-T}``, or ``J^{-1/2}``), written as columns. The file is removed when
+    building fails; ``register`` as in :class:`MatrixFile`."""
+    directory = directory or tempfile.gettempdir()
+    free = shutil.disk_usage(directory).free
+    if plan.tensor_bytes > free:
+        raise ResourceError(
+            f"the DF-SCF's fitted integrals need {plan.tensor_bytes / 2**20:.0f} MB on disk and "
+            f"{directory!r} has {free / 2**20:.0f} MB free; free space, choose another "
+            "--scratch-dir or raise --max-memory")
+    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    nao = mol.nao_nr()
+    store = MatrixFile(factor.naux_fit, nao * (nao + 1) // 2, directory, register)
+    try:
+        upper = fit_matrix(factor, la) if factor.lower is not None else None
+        for p0, _p1, block in iter_int3c2e_pairs(mol, auxmol, plan.fit_pairs):
+            if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
+                fitted = la.gemm(factor.inv_sqrt, torch.from_numpy(block), trans_a=True).numpy()
+            else:  # B^T = (P|pairs)^T L^{-T} in place on the (pairs, naux) view
+                la.trmm(upper, torch.from_numpy(block).T)
+                fitted = block
+            store.write_columns(p0, fitted)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _row_blocks(cderi, read_block: int):
+    """``(q0, q1, rows)`` over the fitted tensor: the whole array once when it is in memory,
+    else blocks of ``read_block`` auxiliary functions read from its :class:`MatrixFile` into one
+    reused array."""
+    if isinstance(cderi, np.ndarray):
+        yield 0, cderi.shape[0], cderi
+        return
+    naux, npair = cderi.shape
+    rows = np.empty((min(read_block, naux), npair))
+    for q0 in range(0, naux, read_block):
+        q1 = min(q0 + read_block, naux)
+        yield q0, q1, cderi.read_rows(q0, q1, rows)
+
+
 def _occupied_factors(dm: np.ndarray, mo_coeff, mo_occ) -> list[tuple[np.ndarray, float]]:
     """``[(C, sign), ...]`` with ``dm = sum sign C C^T``: ``C_occ sqrt(n)`` from the orbitals a
     PySCF density carries, else from ``eigh(dm)`` (positive and negative parts)."""
@@ -311,50 +401,59 @@ def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
     return square
 
 
-def get_jk(cderi: np.ndarray, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
+def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
            k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
-           counts: dict | None = None):
-    """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from ``cderi``
-    (naux, nao(nao+1)/2) float64; either is None when not asked for. Every product is
-    ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and ``K += Y^T Y`` per
-    block of auxiliary functions, accumulated in float64; with ``k_precision`` 'fp32' the
-    products run in float32 (for the early iterations of an SCF). ``square``: the tensor
-    unpacked, (naux, nao, nao), in float32 or float64, when memory allowed keeping it; K reads it
-    when it has K's precision and otherwise unpacks ``cderi`` block by block. ``k_la``: the ops
-    of K's products when they differ from ``la``'s (an NKI run's float32 K)."""
+           counts: dict | None = None, read_block: int = JK_AUX_BLOCK):
+    """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
+    tensor ``cderi`` (naux, nao(nao+1)/2) float64, an array or a :class:`MatrixFile` read
+    ``read_block`` auxiliary functions at a time; either result is None when not asked for.
+    Every product is ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and
+    ``K += Y^T Y`` per block of auxiliary functions, accumulated in float64; with
+    ``k_precision`` 'fp32' the products run in float32 (for the early iterations of an SCF).
+    ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
+    allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
+    block by block. ``k_la``: the ops of K's products when they differ from ``la``'s (an NKI
+    run's float32 K). ``counts``, when given, gets the floating-point operations of the
+    products added to its ``'flops'``."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
     dms = dms.reshape(-1, nao, nao)
     nset = dms.shape[0]
-    vj = vk = None
+    naux, npair = cderi.shape
     flops = 0
     if with_j:
-        b = torch.from_numpy(cderi)
         dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
         idx = np.arange(nao)
         dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
-        rho = la.gemm(b, torch.from_numpy(dm_tril), trans_b=True)  # (naux, nset)
-        vj_tril = la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
-        vj = lib.unpack_tril(vj_tril, 1).reshape(shape)
-        flops += 4 * cderi.size * nset
+        dm_tril = torch.from_numpy(dm_tril)
+        vj_tril = np.zeros((nset, npair))
+        flops += 4 * naux * npair * nset
     if with_k:
         dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
         factors = [[(torch.from_numpy(coeff.astype(dtype)), sign)
                     for coeff, sign in _occupied_factors(d, c, n)]
                    for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
         rank = sum(coeff.shape[1] for parts in factors for coeff, _ in parts)
-        flops += 4 * rank * nao * nao * cderi.shape[0]  # Y = C^T B^Q, then Y^T Y
+        flops += 4 * rank * nao * nao * naux  # Y = C^T B^Q, then Y^T Y
         vk = np.zeros((nset, nao, nao))
         k_la = la if k_la is None else k_la
-        for cols in _k_blocks(cderi, square, dtype):
+    for q0, q1, rows in _row_blocks(cderi, read_block):
+        if with_j:
+            b = torch.from_numpy(rows)
+            rho = la.gemm(b, dm_tril, trans_b=True)  # (q, nset)
+            vj_tril += la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
+        if not with_k:
+            continue
+        for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype):
             # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T times cols^T is Y (i, q*mu)
             for k, parts in enumerate(factors):
                 for coeff, sign in parts:
                     y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
                     y_rows = y.reshape(-1, nao)  # ((i, q), mu)
                     vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
-        vk = vk.reshape(shape)
+    vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
+    vk = vk.reshape(shape) if with_k else None
     if counts is not None:
         counts["flops"] = counts.get("flops", 0) + flops
     return vj, vk
@@ -377,20 +476,30 @@ class DFJK(pyscf_df.DF):
     ``k_precision`` is the precision of K's products for the next calls: 'fp32' for the early
     iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
     does so once the orbital gradient is small, and accepts convergence only on float64 K).
-    ``square`` is the tensor unpacked in K's precision, kept while it fits in ``max_memory``
-    next to the packed one (K otherwise unpacks it every iteration). ``k_calls`` counts K
-    builds per precision; ``stats`` the J/K calls, their seconds and their products' flops.
+    ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
+    the packed tensor in memory (``_cderi``, PySCF's layout) or in a temporary file in
+    ``scratch_dir`` (``file``, a :class:`MatrixFile` read block by block each iteration and
+    removed by :meth:`reset`). ``square`` is the tensor unpacked in K's precision, kept while it
+    fits in ``max_memory`` next to the packed one in memory (K otherwise unpacks it every
+    iteration). ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their
+    seconds and their products' flops.
     """
 
-    _keys = {"la", "square", "k_precision", "k_calls", "stats"}
+    _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
+             "force_outcore"}
 
-    def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64"):
+    def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64",
+                 scratch_dir: str | None = None, force_outcore: bool = False):
         super().__init__(mol, auxbasis)
         self.la = la
         self.square = None
         self.k_precision = k_precision
         self.k_calls = {"fp32": 0, "fp64": 0}
         self.stats = {"calls": 0, "seconds": 0.0, "flops": 0}
+        self.plan = None
+        self.file = None
+        self.scratch_dir = scratch_dir
+        self.force_outcore = force_outcore
 
     def _ops(self, k_precision: str = "fp64"):
         """The ops of the fit, J and float64 K: on the host on the nki backend (NKI computes
@@ -401,8 +510,11 @@ class DFJK(pyscf_df.DF):
         return self.la
 
     def _keep_square(self) -> None:
-        """``square`` in K's precision when it fits next to the packed tensor, else None."""
+        """``square`` in K's precision when it fits next to the packed tensor in memory, else
+        None."""
         self.square = None  # released before its successor is made
+        if self._cderi is None:
+            return
         dtype = {"fp32": np.float32, "fp64": np.float64}[self.k_precision]
         naux, npair = self._cderi.shape
         nao = self.mol.nao_nr()
@@ -411,38 +523,70 @@ class DFJK(pyscf_df.DF):
             self.square = square_copy(self._cderi, dtype)
 
     def build(self):
-        if self._cderi is not None:
+        if self._cderi is not None or self.file is not None:
             return self
         self.auxmol = make_auxmol(self.mol, self.auxbasis)
-        self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops(), self.max_memory)
+        self.plan = plan_jk(self.mol.nao_nr(), self.auxmol.nao_nr(), self.max_memory,
+                            max(p1 - p0 for *_, p0, p1 in shell_row_pairs(self.mol)),
+                            UNPACK_BLOCK, self.force_outcore)
+        if self.plan.outcore:
+            self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
+                                          self.scratch_dir)
+        else:
+            self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops(), self.max_memory)
         self._keep_square()
-        log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed%s",
-                 self.auxmol.nao_nr(), self._cderi.shape[0], self._cderi.shape[1],
-                 self._cderi.nbytes / 2**20, "" if self.square is None else
+        log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed %s%s",
+                 self.auxmol.nao_nr(), self.tensor.shape[0], self.tensor.shape[1],
+                 self.plan.tensor_bytes / 2**20, "on disk" if self.file else "in memory",
+                 "" if self.square is None else
                  f" + {self.square.nbytes / 2**20:.0f} MB square ({self.square.dtype})")
         return self
+
+    @property
+    def tensor(self):
+        """The fitted tensor: the in-memory array, or the :class:`MatrixFile` (None before
+        :meth:`build`)."""
+        return self.file if self.file is not None else self._cderi
+
+    def get_naoaux(self):
+        if self.file is not None:
+            return self.file.shape[0]
+        return super().get_naoaux()
+
+    def loop(self, blksize=None):
+        """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor, from the file
+        when it is on disk."""
+        if self.file is None:
+            yield from super().loop(blksize)
+            return
+        for _, _, rows in _row_blocks(self.file, blksize or self.plan.read_block):
+            yield rows
 
     def use_fp64(self) -> None:
         """K in float64 from now on (with a float64 square copy when it fits)."""
         if self.k_precision != "fp64":
             self.k_precision = "fp64"
-            if self._cderi is not None:
-                self._keep_square()
+            self._keep_square()
 
     def reset(self, mol=None):
+        """Release the tensor: the square copy, the array, the file (removed)."""
         self.square = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
         return super().reset(mol)
 
     def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
         if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
             return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
-        if self._cderi is None:
+        if self.tensor is None:
             self.build()
         if with_k:
             self.k_calls[self.k_precision] += 1
         start = time.perf_counter()
-        result = get_jk(self._cderi, dm, self._ops(), with_j, with_k, self.k_precision,
-                        self.square, k_la=self._ops(self.k_precision), counts=self.stats)
+        result = get_jk(self.tensor, dm, self._ops(), with_j, with_k, self.k_precision,
+                        self.square, k_la=self._ops(self.k_precision), counts=self.stats,
+                        read_block=self.plan.read_block)
         self.stats["calls"] += 1
         self.stats["seconds"] += time.perf_counter() - start
         return result

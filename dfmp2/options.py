@@ -38,7 +38,7 @@ class Options:
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs, else torch's), 'torch' (MKL in the CPU
         wheel) or 'numpy': whose BLAS runs the pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
-    max_memory : working-set budget of the MP2 step in MB.
+    max_memory : working-set budget in MB of the DF-SCF's J/K and of the MP2 step (in turn).
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
         (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
     force_outcore : keep B in a temporary HDF5 file even when it fits in memory.

@@ -10,7 +10,7 @@ import numpy as np
 from pyscf import df, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
-from .df import DFJK
+from .df import DFJK, jk_bytes
 from .errors import ConvergenceError, InputError
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
@@ -41,9 +41,10 @@ def run_scf(mol, options: Options, progress=None, la=None):
     object's ``restart`` attribute says which.
 
     A density-fitted SCF builds J and K with dfmp2's own integrals, fit and ``la`` ops
-    (:class:`dfmp2.df.DFJK`) when ``la`` is given and the fitted tensor fits in
-    ``options.max_memory``; otherwise with PySCF's DF object (which can go out of core). The
-    object's ``jk`` attribute says which ran and why.
+    (:class:`dfmp2.df.DFJK`) when ``la`` is given, its fitted tensor in memory or, beyond
+    ``options.max_memory``, in a temporary file in ``options.scratch_dir`` (removed when the
+    tensor is released, and on any error); without ``la``, with PySCF's DF object. The object's
+    ``jk`` attribute says which ran and where the tensor was.
     """
     reference = options.resolved_reference
     check_reference_spin(mol, reference)
@@ -54,11 +55,25 @@ def run_scf(mol, options: Options, progress=None, la=None):
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
         mf.jk = _choose_jk(mf, mol, auxbasis, options, la, restart=dm0 is not None)
+    try:  # from here on a built tensor (a temporary file when out of core) is released on error
+        _converge(mf, options, progress, dm0, reference)
+    except BaseException:
+        release_integrals(mf)
+        raise
+    return mf
+
+
+def _converge(mf, options: Options, progress, dm0, reference: str) -> None:
+    """Build ``mf``'s DF tensor, run its SCF and write the chkfile (see :func:`run_scf`)."""
+    if options.scf_type == "df":
         try:
             with quiet_pyscf():
                 mf.with_df.build()
         except BasisNotFoundError as exc:
-            raise InputError(f"SCF fitting basis {auxbasis!r}: {first_line(exc)}") from None
+            raise InputError(f"SCF fitting basis {mf.with_df.auxbasis!r}: {first_line(exc)}"
+                             ) from None
+        if isinstance(mf.with_df, DFJK):
+            mf.jk += _jk_layout(mf.with_df, mf.with_df.k_precision == "fp32")
     mf.conv_tol = options.conv_tol
     mf.conv_tol_grad = options.conv_tol_grad
     mf.max_cycle = options.max_cycle
@@ -79,10 +94,9 @@ def run_scf(mol, options: Options, progress=None, la=None):
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None:  # written once, converged
-        scf.chkfile.dump_scf(mol, options.chkfile, mf.e_tot, mf.mo_energy, mf.mo_coeff,
+        scf.chkfile.dump_scf(mf.mol, options.chkfile, mf.e_tot, mf.mo_energy, mf.mo_coeff,
                              mf.mo_occ)
         mf.chkfile = options.chkfile
-    return mf
 
 
 #: A mixed-precision SCF (``--scf-precision mixed``) builds K in float64 from the cycle after
@@ -139,30 +153,33 @@ def release_integrals(mf) -> None:
 
 
 def _choose_jk(mf, mol, auxbasis, options: Options, la, restart: bool = False) -> str:
-    """Give ``mf`` dfmp2's J/K (:class:`dfmp2.df.DFJK`) when ``la`` is given and the fitted
-    tensor fits in ``options.max_memory``; return what runs J and K, and why. K starts in
-    float32 under ``--scf-precision mixed`` unless the SCF ``restart``s from converged orbitals
-    (a float32 cycle could not converge, and its noise would cost float64 cycles)."""
-    from .df import jk_bytes
-    from .integrals import make_auxmol
-
+    """Give ``mf`` dfmp2's J/K (:class:`dfmp2.df.DFJK`) when ``la`` is given; return what runs
+    J and K (completed by :func:`_jk_layout` once the tensor is built). The fitted tensor is in
+    memory or in a temporary file under ``--max-memory`` (:func:`dfmp2.blocking.plan_jk`). K
+    starts in float32 under ``--scf-precision mixed`` unless the SCF ``restart``s from converged
+    orbitals (a float32 cycle could not converge, and its noise would cost float64 cycles)."""
     if la is None:
         return "PySCF's DF J/K (no dispatcher given)"
-    naux = make_auxmol(mol, auxbasis).nao_nr()
-    packed, square = jk_bytes(mol.nao_nr(), naux)
-    if packed > options.max_memory * 2**20:
-        return (f"PySCF's DF J/K: the fitted tensor ({packed / 2**20:.0f} MB) exceeds "
-                f"--max-memory {options.max_memory} MB (the MP2 step's budget); PySCF keeps it "
-                f"in memory or on disk under its own max_memory, {mf.max_memory:.0f} MB")
     mixed = options.scf_precision == "mixed" and not restart
-    mf.with_df = DFJK(mol, auxbasis, la, k_precision="fp32" if mixed else "fp64")
+    mf.with_df = DFJK(mol, auxbasis, la, k_precision="fp32" if mixed else "fp64",
+                      scratch_dir=options.scratch_dir)
     mf.with_df.max_memory = options.max_memory
-    budget = options.max_memory * 2**20
+    return "dfmp2 DF J/K"
+
+
+def _jk_layout(jk: DFJK, mixed: bool) -> str:
+    """Where a built :class:`DFJK` keeps its tensor, for the record."""
+    plan, (naux, _npair) = jk.plan, jk.tensor.shape
+    if plan.outcore:
+        return (f" (fitted tensor on disk: {plan.tensor_bytes / 2**20:.0f} MB, more than "
+                f"--max-memory {jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary "
+                f"functions at a time; naux {naux})")
+    packed, square = jk_bytes(jk.mol.nao_nr(), naux)
     kept = [name for name, size, wanted in (("float32", square // 2, mixed),
                                              ("float64", square, True))
-            if wanted and packed + size <= budget]
+            if wanted and packed + size <= jk.max_memory * 2**20]
     copies = f"; square copies for K: {' then '.join(kept)}" if kept else ""
-    return f"dfmp2 DF J/K (fitted tensor in memory, packed, naux {naux}{copies})"
+    return f" (fitted tensor in memory, packed, naux {naux}{copies})"
 
 
 def _cycle_reporter(progress, max_cycle: int):

@@ -4,6 +4,7 @@ Two tensors pass through storage: ``Pia`` (naux, nocc*nvir), the transformed int
 transform produces them (one auxiliary block of rows at a time, written sequentially), and ``B``
 (nocc, nvir, naux_fit), the fitted integrals the pair-energy step reads in occupied blocks.
 The out-of-core store keeps both in one temporary HDF5 file that is deleted on ``close()``.
+A DF-SCF's fitted AO tensor that does not fit in memory lives in a :class:`MatrixFile`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from .buffers import zeros
 
-__all__ = ["IncoreStore", "H5Store"]
+__all__ = ["IncoreStore", "H5Store", "MatrixFile"]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -122,3 +123,60 @@ class H5Store:
             self._file = None
         if os.path.exists(self.path):
             os.remove(self.path)
+
+
+class MatrixFile:
+    """A float64 matrix (nrow, ncol) in a temporary binary file under ``directory`` (default:
+    the system's temporary directory): the DF-SCF's fitted tensor when it does not fit in
+    memory. Written in column slabs (the fit makes all rows of a range of AO pairs), read in row
+    blocks (J and K take all pairs of a range of auxiliary functions), by ``pwrite``/``pread``:
+    the file's pages stay in the OS cache, not in the process. :meth:`close` removes the file;
+    ``register`` as in :class:`H5Store`."""
+
+    kind = "file"
+
+    def __init__(self, nrow: int, ncol: int, directory: str | None = None, register=None):
+        self.shape = (nrow, ncol)
+        name = f"dfmp2-scf-{os.getpid()}-{secrets.token_hex(6)}.bin"
+        self.path = os.path.join(directory or tempfile.gettempdir(), name)
+        self._fd = None
+        if register is not None:
+            register(self)
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(self._fd, nrow * ncol * 8)
+        except BaseException:
+            self.close()
+            raise
+
+    def write_columns(self, c0: int, block: np.ndarray) -> None:
+        """Columns c0:c0 + block.shape[1] of every row from ``block`` (nrow, nc)."""
+        nrow, ncol = self.shape
+        rows = np.ascontiguousarray(block, dtype=np.float64)
+        for r in range(nrow):
+            _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * ncol + c0) * 8)
+
+    def read_rows(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
+        """Rows r0:r1 into ``out[: r1 - r0]`` (C-contiguous float64, ncol columns); returns it."""
+        target = out[: r1 - r0]
+        view = memoryview(target.reshape(-1)).cast("B")
+        offset, done = r0 * self.shape[1] * 8, 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise OSError(f"short read of {self.path}")
+            done += got
+        return target
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)

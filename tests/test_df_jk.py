@@ -3,6 +3,8 @@ and SCF energies as PySCF's DF-SCF with the same JK-fit basis, on every referenc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pyscf import dft, gto, lib, scf
@@ -11,7 +13,7 @@ import dfmp2
 from dfmp2.df import DFJK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.options import Options
-from dfmp2.scf import run_scf
+from dfmp2.scf import release_integrals, run_scf
 
 from conftest import INPUTS
 from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
@@ -166,15 +168,103 @@ def test_dfmp2_run_uses_its_own_jk_and_records_it():
     assert result.scf.cycles > 3 and result.to_dict()["properties"]["scf_iterations"] > 3
 
 
-def test_a_tensor_beyond_max_memory_leaves_jk_to_pyscf():
-    """(H2O)4: the packed tensor is 17 MB; under a 10 MB budget PySCF's DF J/K runs (it can go
-    out of core) and says so; the energies agree."""
+def _scratch_files(directory) -> list[str]:
+    return sorted(p.name for p in Path(directory).glob("dfmp2-scf-*"))
+
+
+def test_a_tensor_beyond_max_memory_goes_to_a_file_and_is_removed(tmp_path):
+    """(H2O)4: the packed tensor is 17 MB; under a 10 MB budget the planner puts it in a
+    temporary file in the scratch directory, read block by block each iteration; the SCF energy
+    is the in-memory one to 1e-10 Eh, the record says where the tensor was, and the file is
+    gone once the tensor is released."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
-    mf = run_scf(mol, Options(max_memory=10), la=_la())
-    assert "exceeds --max-memory 10 MB" in mf.jk and not isinstance(mf.with_df, DFJK)
+    small = run_scf(mol, Options(max_memory=10, scratch_dir=str(tmp_path)), la=_la())
+    assert isinstance(small.with_df, DFJK) and small.with_df.plan.outcore
+    assert "fitted tensor on disk" in small.jk and "--max-memory 10 MB" in small.jk
+    assert small.with_df.plan.read_block < small.with_df.file.shape[0]  # several blocks
+    assert _scratch_files(tmp_path) == [Path(small.with_df.file.path).name]
     big = run_scf(mol, Options(), la=_la())
-    assert isinstance(big.with_df, DFJK)
-    assert big.e_tot == pytest.approx(mf.e_tot, abs=TOL_OUTCORE)
+    assert not big.with_df.plan.outcore and "fitted tensor in memory" in big.jk
+    assert small.e_tot == pytest.approx(big.e_tot, abs=TOL_OUTCORE)
+    assert small.cycles == big.cycles
+    release_integrals(small)
+    assert _scratch_files(tmp_path) == [] and small.with_df.file is None
+
+
+def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch):
+    """The out-of-core build (int3c2e and the fit by ranges of AO shell rows, written as columns)
+    and the blockwise J/K (rows read a few auxiliary functions at a time) give the in-core J
+    and K, for ROHF's tagged densities and an untagged indefinite one."""
+    from dfmp2 import df as dfmod
+    from dfmp2.blocking import JKPlan
+
+    mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    ref = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()
+    incore = DFJK(mol, JKFIT, _la()).build()
+    npair = mol.nao_nr() * (mol.nao_nr() + 1) // 2
+    monkeypatch.setattr(dfmod, "plan_jk", lambda *a, **k: JKPlan(True, 40, 7, 0, 0))
+    ours = DFJK(mol, JKFIT, _la()).build()
+    assert ours.file is not None and ours._cderi is None and ours.square is None
+    rows = np.empty(ours.file.shape)
+    assert np.abs(ours.file.read_rows(0, rows.shape[0], rows) - incore._cderi).max() \
+        < TOL_MATRIX_ABS
+    assert npair > 40  # the fit really ran in several column ranges
+    x = np.random.default_rng(1).standard_normal((mol.nao_nr(), mol.nao_nr()))
+    for dm in (ref.make_rdm1(), np.stack([x + x.T, x @ x.T])):
+        for a, b in zip(ours.get_jk(dm, hermi=1), incore.get_jk(dm, hermi=1)):
+            assert np.abs(a - b).max() < TOL_MATRIX_ABS
+        vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=0)  # PySCF's general code reads loop()
+        vj, vk = ours.get_jk(dm, hermi=0)
+        assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+        assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+    path = ours.file.path
+    ours.reset()
+    assert not Path(path).exists()
+
+
+def test_an_scf_that_fails_leaves_no_file(tmp_path):
+    """Out of core, an SCF that does not converge, or is interrupted in a cycle, removes its
+    temporary file before the error reaches the caller."""
+    from dfmp2.errors import ConvergenceError
+
+    mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
+    options = Options(max_memory=10, scratch_dir=str(tmp_path), max_cycle=2)
+    with pytest.raises(ConvergenceError):
+        run_scf(mol, options, la=_la())
+    assert _scratch_files(tmp_path) == []
+
+    def interrupt(stage, done, total):
+        assert _scratch_files(tmp_path)  # the file exists while the SCF runs
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_scf(mol, Options(max_memory=10, scratch_dir=str(tmp_path)), progress=interrupt,
+                la=_la())
+    assert _scratch_files(tmp_path) == []
+
+
+def test_a_whole_run_with_the_scf_tensor_on_disk_leaves_no_file(tmp_path):
+    """dfmp2.run with the SCF's tensor out of core: the energy of the in-memory run to 1e-10
+    Eh, and nothing left in the scratch directory."""
+    water4 = str(INPUTS / "water4.xyz")
+    small = dfmp2.run(water4, max_memory=12, scratch_dir=str(tmp_path))
+    assert "fitted tensor on disk" in small.scf.jk
+    assert small.e_tot == pytest.approx(dfmp2.run(water4).e_tot, abs=TOL_OUTCORE)
+    assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_too_little_disk_for_the_scf_tensor_is_refused(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from dfmp2 import df as dfmod
+    from dfmp2.errors import ResourceError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(dfmod.shutil, "disk_usage", lambda path: usage(10**6, 10**6, 1000))
+    mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
+    with pytest.raises(ResourceError, match=r"need 16 MB on disk and .* has 0 MB free"):
+        run_scf(mol, Options(max_memory=10, scratch_dir=str(tmp_path)), la=_la())
+    assert _scratch_files(tmp_path) == []
 
 
 def test_nki_runs_float64_jk_on_the_host():
@@ -255,7 +345,23 @@ def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
     assert seen["mf"].with_df._cderi is None and seen["mf"].with_df.square is None
 
 
-def test_pyscf_fallback_says_whose_memory_budget_holds_the_tensor():
-    mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
-    mf = run_scf(mol, Options(max_memory=10), la=_la())
-    assert f"under its own max_memory, {mf.max_memory:.0f} MB" in mf.jk
+def test_the_planner_puts_the_scf_tensor_in_memory_or_on_disk():
+    """plan_jk: in memory when the metric's factors, the packed tensor and K's work arrays fit
+    in the usable budget; else on disk with fit and read blocks inside it; a budget too small
+    even for those is one clear error."""
+    from dfmp2.blocking import plan_jk, usable_bytes
+    from dfmp2.errors import ResourceError
+
+    nao, naux = 384, 1856  # (H2O)16 cc-pVDZ with cc-pVDZ-JKFIT
+    tensor = 8 * naux * nao * (nao + 1) // 2
+    incore = plan_jk(nao, naux, 4000, max_shell_pairs=2000)
+    assert not incore.outcore and incore.tensor_bytes == tensor
+    assert incore.resident_bytes == tensor + 3 * 8 * naux**2
+    disk = plan_jk(nao, naux, 500, max_shell_pairs=2000)
+    assert disk.outcore and disk.resident_bytes == 3 * 8 * naux**2
+    free = usable_bytes(500) - disk.resident_bytes
+    assert 2 * 8 * naux * disk.fit_pairs <= free and disk.fit_pairs >= 2000
+    assert 8 * disk.read_block * nao * (nao + 1) // 2 <= free and disk.read_block >= 1
+    assert plan_jk(nao, naux, 4000, 2000, force_outcore=True).outcore
+    with pytest.raises(ResourceError, match=r"too small for the DF-SCF.*give at least \d+ MB"):
+        plan_jk(nao, naux, 90, max_shell_pairs=2000)  # the metric's factors alone: 83 MB
