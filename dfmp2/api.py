@@ -26,6 +26,7 @@ from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
 from .integrals import auxbasis_record, make_auxmol
+from .jk import DFJK
 from .linalg import Dispatcher, DispatchPolicy, numpy_ops
 from .molecule import (
     basis_record,
@@ -197,6 +198,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     run); environment : stored in the result; la : the run's dispatcher (made here when None).
     """
     kind, xc = check_scf_object(mf)
+    check_float64_k(mf)
     mol = mf.mol
     check_every_atom_has_functions(mol, "the SCF's basis",
                                    "build the Mole with a basis for every element")
@@ -360,12 +362,12 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
     """The Fock matrix of ``mf``'s own density (per spin for UHF), for the orbital check.
 
     A plain density-fitted HF object (PySCF's own ``get_veff`` and ``get_fock``) whose fitted
-    tensor is in memory gets J and K from :func:`dfmp2.df.get_jk` on that tensor with ``la``'s
+    tensor is in memory gets J and K from :func:`dfmp2.jk.get_jk` on that tensor with ``la``'s
     ops (dfmp2's BLAS); anything else (exact integrals, Kohn-Sham, solvent or other added
     potentials, a tensor on disk) asks the object's ``get_fock``."""
     from pyscf import dft
 
-    from .df import get_jk
+    from .jk import get_jk
 
     with_df = getattr(mf, "with_df", None)
     cderi = getattr(with_df, "_cderi", None)
@@ -398,6 +400,18 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None)
+
+
+def check_float64_k(mf) -> None:
+    """Refuse an SCF object whose dfmp2 J/K still built K in float32 when it converged (a
+    :class:`dfmp2.jk.DFJK` with ``k_precision='fp32'`` run without :func:`dfmp2.scf.run_scf`'s
+    convergence test): its orbitals are converged only to float32 noise (2e-6 Eh measured)."""
+    with_df = getattr(mf, "with_df", None)
+    if isinstance(with_df, DFJK) and with_df.k_precision != "fp64":
+        raise InputError(
+            f"the SCF object's K was still {with_df.k_precision} when it converged, so its "
+            "orbitals are not converged in float64; rerun its SCF with DFJK(k_precision='fp64'), "
+            "or let dfmp2.run (scf_precision='mixed') switch K to float64 before convergence")
 
 
 def _jk_stats(mf) -> dict | None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "plan_blocks", "plan_jk", "pair_block_bytes", "transform_bytes_per_aux",
-           "usable_bytes", "MB", "RESERVE"]
+__all__ = ["BlockPlan", "JKPlan", "plan_blocks", "plan_jk", "pair_block_bytes",
+           "transform_bytes_per_aux", "usable_bytes", "MB", "RESERVE"]
 
 MB = 1024 * 1024
 _F64 = 8
@@ -48,6 +48,10 @@ _UNPACK_BYTES = 8 * MB
 #: Fraction of ``max_memory`` the block formulas may not use. Measured on (H2O)16 cc-pVDZ with
 #: B out of core under 150 MB: the working set exceeded the formulas' total by 17 MB (11%).
 RESERVE = 0.15
+#: Rows of AO pairs in the DF-SCF build's int3c2e block (dfmp2.jk.JK_AUX_BLOCK) and columns of
+#: torch's trmm work array (dfmp2.linalg.torch_ops.TRMM_COLUMN_BLOCK), for :func:`plan_jk`.
+_JK_INT3C_ROWS = 128
+_TRMM_COLUMNS = 256
 #: Largest occupied block: bigger ones stop paying off in GEMM efficiency.
 _MAX_OCC_BLOCK = 64
 
@@ -158,7 +162,7 @@ class JKPlan:
     of those pairs, fitted, written); read_block : auxiliary functions read from the file at a
     time in each J/K build; tensor_bytes : the packed tensor's size (in memory or on disk);
     resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors).
-    Square copies for K are :class:`dfmp2.df.DFJK`'s choice within the same budget."""
+    Square copies for K are :class:`dfmp2.jk.DFJK`'s choice within the same budget."""
 
     outcore: bool
     fit_pairs: int
@@ -173,18 +177,22 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
     out-of-core block sizes.
 
     In core: the metric's factors (``3 * 8 X^2``), the packed tensor (``8 X n(n+1)/2``) and
-    K's work arrays (``3 * 8 u n^2``: ``unpack_block`` unpacked matrices, their float32 copy
-    and the products) fit in the usable budget. Out of core, the metric's factors stay and a
-    fit block of ``f`` AO pairs takes ``2 * 8 f X`` (the integrals and their fitted copy), a
-    read block of ``r`` auxiliary functions ``8 r n(n+1)/2`` plus K's work arrays; ``f`` must
-    hold the pairs of the largest AO shell row (``max_shell_pairs``). Raises
+    the larger of K's work arrays (``3 * 8 u n^2``: ``unpack_block`` unpacked matrices, their
+    float32 copy and the products) and the build's (an int3c2e block and a trmm work array,
+    ``8 n(n+1)/2 (128 + min(X, 256))``) fit in the usable budget. Out of core, the metric's
+    factors stay and a fit block of ``f`` AO pairs takes ``2 * 8 f X`` (the integrals and their
+    fitted copy), a read block of ``r`` auxiliary functions ``8 r n(n+1)/2`` plus K's work
+    arrays; ``f`` must hold the pairs of the largest AO shell row (``max_shell_pairs``). Raises
     :class:`ResourceError` when even those do not fit."""
     budget = usable_bytes(max_memory_mb)
     npair = nao * (nao + 1) // 2
     tensor = _F64 * naux * npair
     metric = 3 * naux * naux * _F64
     work = 3 * unpack_block * nao * nao * _F64
-    if not force_outcore and metric + tensor + work <= budget:
+    # while the tensor is built: the int3c2e block (dfmp2.jk.JK_AUX_BLOCK rows of pairs) and
+    # torch's trmm work array (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)
+    build = _F64 * npair * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
+    if not force_outcore and metric + tensor + max(work, build) <= budget:
         return JKPlan(False, npair, naux, tensor, metric + tensor)
     free = budget - metric
     per_pair, per_row = 2 * _F64 * naux, _F64 * npair

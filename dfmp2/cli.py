@@ -108,7 +108,8 @@ _D = Options.default
 @click.option("--require-nki", is_flag=True, envvar="DFMP2_REQUIRE_NKI",
               help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
 @click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
-              show_default=True, help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")
+              show_default=True,
+              help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=_D("precision"),
               show_default=True,
               help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")

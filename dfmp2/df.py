@@ -1,70 +1,44 @@
 """Density fitting shared by the MP2 step and the DF-SCF: the Coulomb metric and its factor,
-the fit matrix, int3c2e streamed in auxiliary-shell blocks, and the SCF's J/K on them.
+the fit matrix, and int3c2e streamed in blocks of auxiliary shells or of AO shell rows.
 
 The MP2 step (:mod:`dfmp2.pipeline`) factors the metric of its RI basis and streams int3c2e
-through its transform; a density-fitted SCF asks its ``with_df`` for J and K once per
-iteration, and :class:`DFJK` is such a ``with_df``: a ``pyscf.df.DF`` whose three-index tensor
-is built once from the same pieces (:func:`fitted_cderi`: the metric factored as in the MP2
-step, int3c2e streamed, the fit through the registry's ``trmm``/``gemm``) and whose J and K are
-registry ``gemm`` calls:
-
-    B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
-    J_{mu nu}  = sum_Q B^Q_{mu nu} rho_Q,  rho_Q = sum_{lam sig} B^Q_{lam sig} D_{lam sig}
-    K          = sum_Q (B^Q C)(B^Q C)^T  with D = C C^T (C = C_occ sqrt(n_occ), or from eigh
-                                          of D with the negative part subtracted)
-
-B is stored as PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2), so PySCF's own tools that read a DF
-object (``loop``, ``get_naoaux``, ``ao2mo``) keep working. Indices: mu, nu, lam, sig atomic
-orbitals; P, Q auxiliary functions; i occupied orbitals.
+through its transform; the DF-SCF's J/K (:mod:`dfmp2.jk`) builds its fitted tensor from the
+same pieces. Indices: mu, nu atomic orbitals; P, Q auxiliary functions.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pyscf import df as pyscf_df
 from pyscf import gto, lib
 from pyscf.gto import moleintor
 
-from .blocking import JKPlan, plan_jk
-from .buffers import zeros
-from .errors import NotPositiveDefiniteError, ResourceError
-from .integrals import make_auxmol
+from .errors import NotPositiveDefiniteError
 from .linalg import Dispatcher
-from .storage import MatrixFile
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DFJK",
     "INT3C_EXPCUTOFF",
-    "JK_AUX_BLOCK",
     "LINDEP_THRESHOLD",
     "METRIC_ON_HOST",
-    "UNPACK_BLOCK",
     "MetricFactor",
     "aux_shell_blocks",
     "cholesky_condition",
     "factor_metric",
     "fit_matrix",
-    "fitted_cderi",
-    "get_jk",
     "host_ops",
     "iter_int3c2e",
-    "jk_bytes",
+    "iter_int3c2e_pairs",
     "metric",
-    "square_copy",
+    "shell_row_pairs",
     "unpack_pairs",
 ]
 
 
-# -- the metric, its factor and the fit matrix; int3c2e in auxiliary-shell blocks --------
 #: libcint's primitive screening for int3c2e: primitive pairs whose Gaussian product prefactor
 #: is below exp(-INT3C_EXPCUTOFF) are skipped (libcint's default is 60). Measured on (H2O)20
 #: cc-pVDZ: int3c2e 11% faster at 40, largest change of an integral 4e-19 (2e-14 at 30).
@@ -255,338 +229,3 @@ def fit_matrix(factor: MetricFactor, la: Dispatcher) -> torch.Tensor:
     # part of the metric stage: on nki, in fp64 on the host (an fp32 L^{-T} measured 2e-4 Eh off
     # at cond 2.9e9, against 5e-6 with this one)
     return host_ops(la, METRIC_ON_HOST).trsm(lower, torch.eye(lower.shape[0], dtype=lower.dtype))
-
-
-# -- the DF-SCF's fitted tensor and J/K ----------------------------------------------------
-#: Auxiliary functions per block of K work on the float32 square tensor.
-JK_AUX_BLOCK = 128
-#: Auxiliary functions unpacked at a time from the packed tensor for K (small: the block stays in
-#: cache between the unpacking and the products; 8 was fastest for (H2O)16 on AMD EPYC Zen 4).
-UNPACK_BLOCK = 8
-#: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
-#: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
-_DM_EIG_CUTOFF = 1e-14
-
-
-def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarray:
-    """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
-    PySCF's packed ``_cderi`` layout. The metric is factored as in the MP2 step (Cholesky, or
-    ``J^{-1/2}`` with dropped eigenvalues); raises :class:`ResourceError` when the tensor does not
-    fit in ``max_memory_mb`` (the SCF keeps it in memory)."""
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    npair = nao * (nao + 1) // 2
-    need = 8 * naux * npair
-    if need > max_memory_mb * 1024 * 1024:
-        raise ResourceError(
-            f"the DF-SCF's fitted integrals need {need / 2**20:.0f} MB (naux {naux} x "
-            f"{npair} AO pairs) and --max-memory is {max_memory_mb:.0f} MB; raise --max-memory "
-            "or use --scf-type conv")
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    j3c = zeros((naux, npair))  # pages touched up front: see dfmp2.buffers
-    for p0, p1, packed in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
-        j3c[p0:p1] = packed
-    if factor.lower is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
-        inv_sqrt = factor.inv_sqrt  # (naux, nkept)
-        return la.gemm(inv_sqrt, torch.from_numpy(j3c), trans_a=True).numpy()
-    # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
-    la.trmm(fit_matrix(factor, la), torch.from_numpy(j3c).T)
-    return j3c
-
-
-def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan, directory: str | None = None,
-                      register=None) -> MatrixFile:
-    """The fitted tensor of :func:`fitted_cderi` in a temporary file (:class:`MatrixFile`, rows
-    the fitted auxiliary functions), for a tensor that does not fit in memory: int3c2e for
-    every auxiliary function of ``plan.fit_pairs`` AO pairs at a time, fitted in memory (one
-    trmm with ``L^{-T}``, or ``J^{-1/2}``), written as columns. The file is removed when
-    building fails; ``register`` as in :class:`MatrixFile`."""
-    directory = directory or tempfile.gettempdir()
-    free = shutil.disk_usage(directory).free
-    if plan.tensor_bytes > free:
-        raise ResourceError(
-            f"the DF-SCF's fitted integrals need {plan.tensor_bytes / 2**20:.0f} MB on disk and "
-            f"{directory!r} has {free / 2**20:.0f} MB free; free space, choose another "
-            "--scratch-dir or raise --max-memory")
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    nao = mol.nao_nr()
-    store = MatrixFile(factor.naux_fit, nao * (nao + 1) // 2, directory, register)
-    try:
-        upper = fit_matrix(factor, la) if factor.lower is not None else None
-        for p0, _p1, block in iter_int3c2e_pairs(mol, auxmol, plan.fit_pairs):
-            if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
-                fitted = la.gemm(factor.inv_sqrt, torch.from_numpy(block), trans_a=True).numpy()
-            else:  # B^T = (P|pairs)^T L^{-T} in place on the (pairs, naux) view
-                la.trmm(upper, torch.from_numpy(block).T)
-                fitted = block
-            store.write_columns(p0, fitted)
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
-def _row_blocks(cderi, read_block: int):
-    """``(q0, q1, rows)`` over the fitted tensor: the whole array once when it is in memory,
-    else blocks of ``read_block`` auxiliary functions read from its :class:`MatrixFile` into one
-    reused array."""
-    if isinstance(cderi, np.ndarray):
-        yield 0, cderi.shape[0], cderi
-        return
-    naux, npair = cderi.shape
-    rows = np.empty((min(read_block, naux), npair))
-    for q0 in range(0, naux, read_block):
-        q1 = min(q0 + read_block, naux)
-        yield q0, q1, cderi.read_rows(q0, q1, rows)
-
-
-def _occupied_factors(dm: np.ndarray, mo_coeff, mo_occ) -> list[tuple[np.ndarray, float]]:
-    """``[(C, sign), ...]`` with ``dm = sum sign C C^T``: ``C_occ sqrt(n)`` from the orbitals a
-    PySCF density carries, else from ``eigh(dm)`` (positive and negative parts)."""
-    if mo_coeff is not None:
-        occupied = mo_occ > 0
-        return [(np.ascontiguousarray(mo_coeff[:, occupied] * np.sqrt(mo_occ[occupied])), 1.0)]
-    w, v = np.linalg.eigh((dm + dm.T) / 2)
-    cut = _DM_EIG_CUTOFF * max(1.0, float(np.abs(w).max(initial=0.0)))
-    factors = []
-    for sign, keep in ((1.0, w > cut), (-1.0, w < -cut)):
-        if keep.any():
-            factors.append((np.ascontiguousarray(v[:, keep] * np.sqrt(np.abs(w[keep]))), sign))
-    return factors
-
-
-def _tagged_orbitals(dm, nset: int):
-    """Per density of ``dm`` (nset, nao, nao): (mo_coeff, mo_occ) when PySCF tagged them, else
-    (None, None). ROHF tags one set of orbitals with occupations 2/1/0 for two densities."""
-    mo_coeff, mo_occ = getattr(dm, "mo_coeff", None), getattr(dm, "mo_occ", None)
-    if mo_coeff is None or mo_occ is None:
-        return [(None, None)] * nset
-    mo_coeff, mo_occ = np.asarray(mo_coeff), np.asarray(mo_occ)
-    if mo_coeff.ndim == 2 and nset == 2 and mo_occ.ndim == 1:  # ROHF: alpha and beta parts
-        return [(mo_coeff, (mo_occ > 0).astype(float)), (mo_coeff, (mo_occ == 2).astype(float))]
-    mo_coeff = mo_coeff.reshape(nset, *mo_coeff.shape[-2:])
-    mo_occ = mo_occ.reshape(nset, -1)
-    return list(zip(mo_coeff, mo_occ))
-
-
-def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
-    """Yield ``(q*nao, nao)`` row blocks of the unpacked tensor for K in ``dtype``: slices of
-    ``square`` ((naux, nao, nao), kept by :class:`DFJK` when memory allows) when it has that
-    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi`` (and
-    cast) into reused arrays small enough to stay in cache until the products read them. A
-    block is valid until the next one is requested."""
-    naux, npair = cderi.shape
-    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
-    if square is not None and square.dtype == dtype:
-        for q0 in range(0, naux, JK_AUX_BLOCK):
-            yield torch.from_numpy(square[q0:q0 + JK_AUX_BLOCK].reshape(-1, nao))
-        return
-    unpacked = np.empty((UNPACK_BLOCK, nao, nao))
-    cast = np.empty((UNPACK_BLOCK, nao, nao), dtype) if dtype != np.float64 else None
-    for q0 in range(0, naux, UNPACK_BLOCK):
-        q1 = min(q0 + UNPACK_BLOCK, naux)
-        block = unpack_pairs(cderi[q0:q1], unpacked[: q1 - q0])  # in this thread only
-        if cast is not None:
-            block = cast[: q1 - q0]
-            block[...] = unpacked[: q1 - q0]
-        yield torch.from_numpy(block.reshape(-1, nao))
-
-
-def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
-    """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``."""
-    naux, npair = cderi.shape
-    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
-    square = zeros((naux, nao, nao), dtype)  # pages touched up front: see dfmp2.buffers
-    for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype)):
-        square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
-    return square
-
-
-def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
-           k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
-           counts: dict | None = None, read_block: int = JK_AUX_BLOCK):
-    """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
-    tensor ``cderi`` (naux, nao(nao+1)/2) float64, an array or a :class:`MatrixFile` read
-    ``read_block`` auxiliary functions at a time; either result is None when not asked for.
-    Every product is ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric) and
-    ``K += Y^T Y`` per block of auxiliary functions, accumulated in float64; with
-    ``k_precision`` 'fp32' the products run in float32 (for the early iterations of an SCF).
-    ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
-    allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
-    block by block. ``k_la``: the ops of K's products when they differ from ``la``'s (an NKI
-    run's float32 K). ``counts``, when given, gets the floating-point operations of the
-    products added to its ``'flops'``."""
-    dms = np.asarray(dm)
-    shape = dms.shape
-    nao = shape[-1]
-    dms = dms.reshape(-1, nao, nao)
-    nset = dms.shape[0]
-    naux, npair = cderi.shape
-    flops = 0
-    if with_j:
-        dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
-        idx = np.arange(nao)
-        dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
-        dm_tril = torch.from_numpy(dm_tril)
-        vj_tril = np.zeros((nset, npair))
-        flops += 4 * naux * npair * nset
-    if with_k:
-        dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
-        factors = [[(torch.from_numpy(coeff.astype(dtype)), sign)
-                    for coeff, sign in _occupied_factors(d, c, n)]
-                   for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
-        rank = sum(coeff.shape[1] for parts in factors for coeff, _ in parts)
-        flops += 4 * rank * nao * nao * naux  # Y = C^T B^Q, then Y^T Y
-        vk = np.zeros((nset, nao, nao))
-        k_la = la if k_la is None else k_la
-    for q0, q1, rows in _row_blocks(cderi, read_block):
-        if with_j:
-            b = torch.from_numpy(rows)
-            rho = la.gemm(b, dm_tril, trans_b=True)  # (q, nset)
-            vj_tril += la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
-        if not with_k:
-            continue
-        for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype):
-            # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T times cols^T is Y (i, q*mu)
-            for k, parts in enumerate(factors):
-                for coeff, sign in parts:
-                    y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
-                    y_rows = y.reshape(-1, nao)  # ((i, q), mu)
-                    vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
-    vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
-    vk = vk.reshape(shape) if with_k else None
-    if counts is not None:
-        counts["flops"] = counts.get("flops", 0) + flops
-    return vj, vk
-
-
-def jk_bytes(nao: int, naux: int) -> tuple[int, int]:
-    """(packed, square) bytes of a DF-SCF's fitted tensor: ``8 X n(n+1)/2`` and ``8 X n^2``."""
-    return 8 * naux * (nao * (nao + 1) // 2), 8 * naux * nao * nao
-
-
-class DFJK(pyscf_df.DF):
-    """A ``pyscf.df.DF`` whose integrals and J/K are dfmp2's (see the module docstring).
-
-    Assign it to a density-fitted SCF object (``mf = scf.RHF(mol).density_fit(); mf.with_df =
-    DFJK(mol, auxbasis, la)``); PySCF's driver then calls :meth:`get_jk` every iteration.
-    ``la`` is the run's :class:`Dispatcher`: on the nki backend the fit, J and float64 K run on
-    the host (the SCF's last iterations need float64) and float32 K on NKI's gemm, recorded per
-    op.
-
-    ``k_precision`` is the precision of K's products for the next calls: 'fp32' for the early
-    iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
-    does so once the orbital gradient is small, and accepts convergence only on float64 K).
-    ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
-    the packed tensor in memory (``_cderi``, PySCF's layout) or in a temporary file in
-    ``scratch_dir`` (``file``, a :class:`MatrixFile` read block by block each iteration and
-    removed by :meth:`reset`). ``square`` is the tensor unpacked in K's precision, kept while it
-    fits in ``max_memory`` next to the packed one in memory (K otherwise unpacks it every
-    iteration). ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their
-    seconds and their products' flops.
-    """
-
-    _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
-             "force_outcore"}
-
-    def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64",
-                 scratch_dir: str | None = None, force_outcore: bool = False):
-        super().__init__(mol, auxbasis)
-        self.la = la
-        self.square = None
-        self.k_precision = k_precision
-        self.k_calls = {"fp32": 0, "fp64": 0}
-        self.stats = {"calls": 0, "seconds": 0.0, "flops": 0}
-        self.plan = None
-        self.file = None
-        self.scratch_dir = scratch_dir
-        self.force_outcore = force_outcore
-
-    def _ops(self, k_precision: str = "fp64"):
-        """The ops of the fit, J and float64 K: on the host on the nki backend (NKI computes
-        in float32); with ``k_precision`` 'fp32', the run's own backend (float32 K)."""
-        if self.la.backend == "nki" and k_precision == "fp64":
-            return self.la.on_host("DF-SCF fit, J and float64 K on the host: the SCF's last "
-                                   "iterations need float64")
-        return self.la
-
-    def _keep_square(self) -> None:
-        """``square`` in K's precision when it fits next to the packed tensor in memory, else
-        None."""
-        self.square = None  # released before its successor is made
-        if self._cderi is None:
-            return
-        dtype = {"fp32": np.float32, "fp64": np.float64}[self.k_precision]
-        naux, npair = self._cderi.shape
-        nao = self.mol.nao_nr()
-        if 8 * naux * npair + np.dtype(dtype).itemsize * naux * nao * nao <= \
-                self.max_memory * 2**20:
-            self.square = square_copy(self._cderi, dtype)
-
-    def build(self):
-        if self._cderi is not None or self.file is not None:
-            return self
-        self.auxmol = make_auxmol(self.mol, self.auxbasis)
-        self.plan = plan_jk(self.mol.nao_nr(), self.auxmol.nao_nr(), self.max_memory,
-                            max(p1 - p0 for *_, p0, p1 in shell_row_pairs(self.mol)),
-                            UNPACK_BLOCK, self.force_outcore)
-        if self.plan.outcore:
-            self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
-                                          self.scratch_dir)
-        else:
-            self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops(), self.max_memory)
-        self._keep_square()
-        log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed %s%s",
-                 self.auxmol.nao_nr(), self.tensor.shape[0], self.tensor.shape[1],
-                 self.plan.tensor_bytes / 2**20, "on disk" if self.file else "in memory",
-                 "" if self.square is None else
-                 f" + {self.square.nbytes / 2**20:.0f} MB square ({self.square.dtype})")
-        return self
-
-    @property
-    def tensor(self):
-        """The fitted tensor: the in-memory array, or the :class:`MatrixFile` (None before
-        :meth:`build`)."""
-        return self.file if self.file is not None else self._cderi
-
-    def get_naoaux(self):
-        if self.file is not None:
-            return self.file.shape[0]
-        return super().get_naoaux()
-
-    def loop(self, blksize=None):
-        """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor, from the file
-        when it is on disk."""
-        if self.file is None:
-            yield from super().loop(blksize)
-            return
-        for _, _, rows in _row_blocks(self.file, blksize or self.plan.read_block):
-            yield rows
-
-    def use_fp64(self) -> None:
-        """K in float64 from now on (with a float64 square copy when it fits)."""
-        if self.k_precision != "fp64":
-            self.k_precision = "fp64"
-            self._keep_square()
-
-    def reset(self, mol=None):
-        """Release the tensor: the square copy, the array, the file (removed)."""
-        self.square = None
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-        return super().reset(mol)
-
-    def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
-        if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
-            return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
-        if self.tensor is None:
-            self.build()
-        if with_k:
-            self.k_calls[self.k_precision] += 1
-        start = time.perf_counter()
-        result = get_jk(self.tensor, dm, self._ops(), with_j, with_k, self.k_precision,
-                        self.square, k_la=self._ops(self.k_precision), counts=self.stats,
-                        read_block=self.plan.read_block)
-        self.stats["calls"] += 1
-        self.stats["seconds"] += time.perf_counter() - start
-        return result

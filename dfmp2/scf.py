@@ -10,8 +10,8 @@ import numpy as np
 from pyscf import df, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
-from .df import DFJK, jk_bytes
 from .errors import ConvergenceError, InputError
+from .jk import DFJK, jk_bytes
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
 
@@ -41,7 +41,7 @@ def run_scf(mol, options: Options, progress=None, la=None):
     object's ``restart`` attribute says which.
 
     A density-fitted SCF builds J and K with dfmp2's own integrals, fit and ``la`` ops
-    (:class:`dfmp2.df.DFJK`) when ``la`` is given, its fitted tensor in memory or, beyond
+    (:class:`dfmp2.jk.DFJK`) when ``la`` is given, its fitted tensor in memory or, beyond
     ``options.max_memory``, in a temporary file in ``options.scratch_dir`` (removed when the
     tensor is released, and on any error); without ``la``, with PySCF's DF object. The object's
     ``jk`` attribute says which ran and where the tensor was.
@@ -90,7 +90,8 @@ def _converge(mf, options: Options, progress, dm0, reference: str) -> None:
     if not mf.converged:
         raise ConvergenceError(
             f"the {options.scf_type.upper()}-{reference.upper()} did not converge in "
-            f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or check the geometry"
+            f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
+            "check the geometry"
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None:  # written once, converged
@@ -113,7 +114,7 @@ FP32_MAX_CYCLES = 30
 
 def _mixed_precision_check(jk):
     """PySCF's convergence test (its ``check_convergence`` hook) for an SCF whose K starts in
-    float32 (:class:`dfmp2.df.DFJK`): a cycle with float32 K never converges, and the one where
+    float32 (:class:`dfmp2.jk.DFJK`): a cycle with float32 K never converges, and the one where
     the gradient passes :data:`FP64_SWITCH_GRAD` (or stalls, or the cycle count passes its cap)
     switches K to float64 for the cycles after it. Cycles with float64 K get PySCF's own test
     (|dE| < conv_tol and |g| < conv_tol_grad; in its extra cycle after convergence, either with
@@ -153,7 +154,7 @@ def release_integrals(mf) -> None:
 
 
 def _choose_jk(mf, mol, auxbasis, options: Options, la, restart: bool = False) -> str:
-    """Give ``mf`` dfmp2's J/K (:class:`dfmp2.df.DFJK`) when ``la`` is given; return what runs
+    """Give ``mf`` dfmp2's J/K (:class:`dfmp2.jk.DFJK`) when ``la`` is given; return what runs
     J and K (completed by :func:`_jk_layout` once the tensor is built). The fitted tensor is in
     memory or in a temporary file under ``--max-memory`` (:func:`dfmp2.blocking.plan_jk`). K
     starts in float32 under ``--scf-precision mixed`` unless the SCF ``restart``s from converged

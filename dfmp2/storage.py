@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import weakref
 
 import numpy as np
 import torch
@@ -129,38 +130,54 @@ class MatrixFile:
     """A float64 matrix (nrow, ncol) in a temporary binary file under ``directory`` (default:
     the system's temporary directory): the DF-SCF's fitted tensor when it does not fit in
     memory. Written in column slabs (the fit makes all rows of a range of AO pairs), read in row
-    blocks (J and K take all pairs of a range of auxiliary functions), by ``pwrite``/``pread``:
-    the file's pages stay in the OS cache, not in the process. :meth:`close` removes the file;
-    ``register`` as in :class:`H5Store`."""
+    blocks (J and K take all pairs of a range of auxiliary functions), by ``pwrite``/``preadv``:
+    the file's pages stay in the OS cache, not in the process.
+
+    The file is unlinked as soon as it is open, so nothing is left in ``directory`` whatever
+    ends the process (an exception, a signal, SIGKILL); its space is freed when the descriptor
+    is closed (:meth:`close`, or when the object is collected). Where the OS refuses to unlink an
+    open file, :meth:`close` removes it."""
 
     kind = "file"
 
-    def __init__(self, nrow: int, ncol: int, directory: str | None = None, register=None):
+    def __init__(self, nrow: int, ncol: int, directory: str | None = None):
         self.shape = (nrow, ncol)
         name = f"dfmp2-scf-{os.getpid()}-{secrets.token_hex(6)}.bin"
         self.path = os.path.join(directory or tempfile.gettempdir(), name)
-        self._fd = None
-        if register is not None:
-            register(self)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._finalizer = weakref.finalize(self, _close_fd, self._fd)
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(self.path)
+            self.linked = False
+        except OSError:
+            self.linked = True
+        try:
             os.ftruncate(self._fd, nrow * ncol * 8)
         except BaseException:
             self.close()
             raise
 
     def write_columns(self, c0: int, block: np.ndarray) -> None:
-        """Columns c0:c0 + block.shape[1] of every row from ``block`` (nrow, nc)."""
+        """Columns c0:c0 + nc of every row from ``block`` (nrow, nc), float64."""
         nrow, ncol = self.shape
+        if block.ndim != 2 or block.shape[0] != nrow or not 0 <= c0 <= c0 + block.shape[1] <= ncol:
+            raise ValueError(f"write_columns: a block of shape {block.shape} at column {c0} does "
+                             f"not fit a ({nrow}, {ncol}) matrix")
         rows = np.ascontiguousarray(block, dtype=np.float64)
         for r in range(nrow):
             _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * ncol + c0) * 8)
 
     def read_rows(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """Rows r0:r1 into ``out[: r1 - r0]`` (C-contiguous float64, ncol columns); returns it."""
+        nrow, ncol = self.shape
+        if not (0 <= r0 <= r1 <= nrow and out.dtype == np.float64 and out.flags.c_contiguous
+                and out.ndim == 2 and out.shape[1] == ncol and out.shape[0] >= r1 - r0):
+            raise ValueError(f"read_rows: rows {r0}:{r1} of a ({nrow}, {ncol}) matrix do not fit "
+                             f"an array of shape {out.shape}, {out.dtype}, "
+                             f"{'C' if out.flags.c_contiguous else 'not C'}-contiguous")
         target = out[: r1 - r0]
         view = memoryview(target.reshape(-1)).cast("B")
-        offset, done = r0 * self.shape[1] * 8, 0
+        offset, done = r0 * ncol * 8, 0
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:
@@ -169,11 +186,14 @@ class MatrixFile:
         return target
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if os.path.exists(self.path):
+        self._finalizer()
+        if self.linked and os.path.exists(self.path):
             os.remove(self.path)
+            self.linked = False
+
+
+def _close_fd(fd: int) -> None:
+    os.close(fd)
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:

@@ -1,16 +1,18 @@
-"""DF-J/K on dfmp2's own integrals and ops inside PySCF's SCF drivers (dfmp2.df): the same J, K
+"""DF-J/K on dfmp2's own integrals and ops inside PySCF's SCF drivers (dfmp2.jk): the same J, K
 and SCF energies as PySCF's DF-SCF with the same JK-fit basis, on every reference type."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from pyscf import dft, gto, lib, scf
 
 import dfmp2
-from dfmp2.df import DFJK, get_jk
+from dfmp2.jk import DFJK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.options import Options
 from dfmp2.scf import release_integrals, run_scf
@@ -172,6 +174,20 @@ def _scratch_files(directory) -> list[str]:
     return sorted(p.name for p in Path(directory).glob("dfmp2-scf-*"))
 
 
+def _open_scratch_files() -> list[str]:
+    """The DF-SCF tensor files this process holds open (unlinked: '... (deleted)')."""
+    fds = Path("/proc/self/fd")
+    names = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if "dfmp2-scf-" in target:
+            names.append(target)
+    return names
+
+
 def test_a_tensor_beyond_max_memory_goes_to_a_file_and_is_removed(tmp_path):
     """(H2O)4: the packed tensor is 17 MB; under a 10 MB budget the planner puts it in a
     temporary file in the scratch directory, read block by block each iteration; the SCF energy
@@ -182,20 +198,21 @@ def test_a_tensor_beyond_max_memory_goes_to_a_file_and_is_removed(tmp_path):
     assert isinstance(small.with_df, DFJK) and small.with_df.plan.outcore
     assert "fitted tensor on disk" in small.jk and "--max-memory 10 MB" in small.jk
     assert small.with_df.plan.read_block < small.with_df.file.shape[0]  # several blocks
-    assert _scratch_files(tmp_path) == [Path(small.with_df.file.path).name]
+    held = _open_scratch_files()  # open, already unlinked: nothing to leave behind
+    assert len(held) == 1 and held[0].endswith("(deleted)") and _scratch_files(tmp_path) == []
     big = run_scf(mol, Options(), la=_la())
     assert not big.with_df.plan.outcore and "fitted tensor in memory" in big.jk
     assert small.e_tot == pytest.approx(big.e_tot, abs=TOL_OUTCORE)
     assert small.cycles == big.cycles
     release_integrals(small)
-    assert _scratch_files(tmp_path) == [] and small.with_df.file is None
+    assert _open_scratch_files() == [] and small.with_df.file is None
 
 
 def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch):
     """The out-of-core build (int3c2e and the fit by ranges of AO shell rows, written as columns)
     and the blockwise J/K (rows read a few auxiliary functions at a time) give the in-core J
     and K, for ROHF's tagged densities and an untagged indefinite one."""
-    from dfmp2 import df as dfmod
+    from dfmp2 import jk as dfmod
     from dfmp2.blocking import JKPlan
 
     mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
@@ -217,9 +234,8 @@ def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch)
         vj, vk = ours.get_jk(dm, hermi=0)
         assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
         assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
-    path = ours.file.path
     ours.reset()
-    assert not Path(path).exists()
+    assert _open_scratch_files() == []
 
 
 def test_an_scf_that_fails_leaves_no_file(tmp_path):
@@ -231,16 +247,16 @@ def test_an_scf_that_fails_leaves_no_file(tmp_path):
     options = Options(max_memory=10, scratch_dir=str(tmp_path), max_cycle=2)
     with pytest.raises(ConvergenceError):
         run_scf(mol, options, la=_la())
-    assert _scratch_files(tmp_path) == []
+    assert _open_scratch_files() == [] and _scratch_files(tmp_path) == []
 
     def interrupt(stage, done, total):
-        assert _scratch_files(tmp_path)  # the file exists while the SCF runs
+        assert len(_open_scratch_files()) == 1  # the file is held while the SCF runs
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         run_scf(mol, Options(max_memory=10, scratch_dir=str(tmp_path)), progress=interrupt,
                 la=_la())
-    assert _scratch_files(tmp_path) == []
+    assert _open_scratch_files() == [] and _scratch_files(tmp_path) == []
 
 
 def test_a_whole_run_with_the_scf_tensor_on_disk_leaves_no_file(tmp_path):
@@ -250,13 +266,13 @@ def test_a_whole_run_with_the_scf_tensor_on_disk_leaves_no_file(tmp_path):
     small = dfmp2.run(water4, max_memory=12, scratch_dir=str(tmp_path))
     assert "fitted tensor on disk" in small.scf.jk
     assert small.e_tot == pytest.approx(dfmp2.run(water4).e_tot, abs=TOL_OUTCORE)
-    assert list(Path(tmp_path).iterdir()) == []
+    assert list(Path(tmp_path).iterdir()) == [] and _open_scratch_files() == []
 
 
 def test_too_little_disk_for_the_scf_tensor_is_refused(tmp_path, monkeypatch):
     from collections import namedtuple
 
-    from dfmp2 import df as dfmod
+    from dfmp2 import jk as dfmod
     from dfmp2.errors import ResourceError
 
     usage = namedtuple("usage", "total used free")
@@ -327,7 +343,7 @@ def test_non_symmetric_densities_go_to_pyscfs_general_code():
 
 
 def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
-    from dfmp2 import df as dfmp2_df
+    from dfmp2 import jk as dfmp2_df
 
     calls = []
     real = dfmp2_df.fitted_cderi
@@ -365,3 +381,88 @@ def test_the_planner_puts_the_scf_tensor_in_memory_or_on_disk():
     assert plan_jk(nao, naux, 4000, 2000, force_outcore=True).outcore
     with pytest.raises(ResourceError, match=r"too small for the DF-SCF.*give at least \d+ MB"):
         plan_jk(nao, naux, 90, max_shell_pairs=2000)  # the metric's factors alone: 83 MB
+
+
+def test_the_planners_build_constants_follow_the_code():
+    from dfmp2 import blocking, jk
+    from dfmp2.linalg import torch_ops
+
+    assert blocking._JK_INT3C_ROWS == jk.JK_AUX_BLOCK
+    assert blocking._TRMM_COLUMNS == torch_ops.TRMM_COLUMN_BLOCK
+
+
+@pytest.mark.parametrize("outcore", [False, True], ids=["in-memory", "on-disk"])
+def test_the_eigh_fit_gives_the_cholesky_j_and_k(outcore, monkeypatch):
+    """When LAPACK refuses the metric, B = V^T (P|..) with J^{-1/2} from eigh (fitted by AO pair
+    blocks, in memory or on disk): B differs from the Cholesky fit by a rotation of the
+    auxiliary index, so J and K must be the same."""
+    from dfmp2 import jk as dfmod
+    from dfmp2.blocking import JKPlan
+    from dfmp2.df import MetricFactor
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    cholesky = DFJK(mol, JKFIT, _la()).build()
+
+    def by_eigh(j2c, la):
+        w, u = torch.linalg.eigh(j2c)
+        return MetricFactor(None, u / torch.sqrt(w), 0, float(w[-1] / w[0]), "eigh", "test")
+
+    monkeypatch.setattr(dfmod, "factor_metric", by_eigh)
+    if outcore:
+        monkeypatch.setattr(dfmod, "plan_jk", lambda *a, **k: JKPlan(True, 50, 9, 0, 0))
+    ours = DFJK(mol, JKFIT, _la()).build()
+    assert (ours.file is not None) is outcore
+    dm = scf.RHF(mol).density_fit(auxbasis=JKFIT).run().make_rdm1()
+    for a, b in zip(ours.get_jk(dm), cholesky.get_jk(dm)):
+        assert np.abs(a - b).max() < TOL_MATRIX_ABS
+    ours.reset()
+
+
+def test_a_range_separated_functional_on_disk_keeps_its_tensor():
+    """wB97X asks PySCF's DF for long-range integrals through a copy of the DF object, which it
+    resets: the copy shares no tensor, so the SCF's own file stays usable, and the energy on
+    disk is the in-memory one to 1e-10 Eh."""
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    energies = []
+    for outcore in (False, True):
+        mf = dft.RKS(mol, xc="wb97x").density_fit(auxbasis=JKFIT)
+        mf.with_df = DFJK(mol, JKFIT, _la(), force_outcore=outcore)
+        mf.run(conv_tol=1e-11)
+        assert mf.converged and (mf.with_df.file is not None) is outcore
+        energies.append(mf.e_tot)
+        copy = mf.with_df.copy()
+        assert copy.file is None and copy._cderi is None and copy.stats is not mf.with_df.stats
+        mf.with_df.reset()
+    assert energies[1] == pytest.approx(energies[0], abs=TOL_OUTCORE)
+    assert _open_scratch_files() == []
+
+
+def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
+    """MatrixFile refuses blocks and output arrays that do not fit it (never a silent wrong
+    read or write); DFJK refuses an unknown K precision; the MP2 step refuses an SCF object
+    whose K was still float32 when it converged."""
+    from dfmp2.errors import InputError
+    from dfmp2.storage import MatrixFile
+
+    store = MatrixFile(3, 5, str(tmp_path))
+    with pytest.raises(ValueError, match="does not fit"):
+        store.write_columns(3, np.ones((3, 3)))
+    with pytest.raises(ValueError, match="does not fit"):
+        store.write_columns(0, np.ones((2, 2)))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        store.read_rows(0, 3, np.empty((3, 5), order="F"))
+    with pytest.raises(ValueError, match="do not fit"):
+        store.read_rows(0, 3, np.empty((3, 4)))
+    store.write_columns(1, np.arange(6.0).reshape(3, 2))
+    assert store.read_rows(0, 3, np.empty((3, 5)))[:, 1:3].tolist() == [[0, 1], [2, 3], [4, 5]]
+    store.close()
+    assert list(Path(tmp_path).iterdir()) == []
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    with pytest.raises(InputError, match="k_precision 'fp16'; choose one of fp64, fp32"):
+        DFJK(mol, JKFIT, _la(), k_precision="fp16")
+    mf = scf.RHF(mol).density_fit(auxbasis=JKFIT)
+    mf.with_df = DFJK(mol, JKFIT, _la(), k_precision="fp32")  # no run_scf: float32 to the end
+    mf.run(conv_tol=1e-8)
+    with pytest.raises(InputError, match="was still fp32 when it converged"):
+        dfmp2.DFMP2(mf).run()

@@ -55,7 +55,7 @@ def test_unwritable_chkfile_is_refused_before_the_scf(tmp_path):
 
 def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(tmp_path,
                                                                               monkeypatch):
-    from dfmp2 import df as dfmp2_df
+    from dfmp2 import jk as dfmp2_df
     from dfmp2.errors import ConvergenceError
 
     chk = tmp_path / "water.chk"
