@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "plan_blocks", "plan_jk", "pair_block_bytes",
+__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "plan_blocks", "plan_jk", "pair_block_bytes",
            "transform_bytes_per_aux", "usable_bytes", "MB", "RESERVE"]
 
 MB = 1024 * 1024
@@ -127,6 +127,22 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     return BlockPlan(aux_block, unpack_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
 
 
+def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
+                   unpack_block: int = 8) -> bool:
+    """Whether K may keep a DF-SCF's in-memory tensor unpacked too, (naux, n, n) in
+    ``itemsize``-byte floats: the packed tensor, that copy and K's work arrays within the usable
+    budget (the metric's factors are gone once the tensor is built)."""
+    packed = _F64 * naux * (nao * (nao + 1) // 2)
+    return (packed + itemsize * naux * nao * nao + _jk_work_bytes(nao, unpack_block)
+            <= usable_bytes(max_memory_mb))
+
+
+def _jk_work_bytes(nao: int, unpack_block: int) -> int:
+    """K's work arrays per build: ``unpack_block`` unpacked matrices, their float32 copy and the
+    products, ``3 * 8 u n^2``."""
+    return 3 * unpack_block * nao * nao * _F64
+
+
 def transform_bytes_per_aux(nao: int, nocc: int, nvir: int) -> int:
     """Transform buffers per auxiliary function of a block: the packed integrals, the half
     transformed (i, nu) and the fully transformed (i, a) matrices."""
@@ -188,7 +204,7 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
     npair = nao * (nao + 1) // 2
     tensor = _F64 * naux * npair
     metric = 3 * naux * naux * _F64
-    work = 3 * unpack_block * nao * nao * _F64
+    work = _jk_work_bytes(nao, unpack_block)
     # while the tensor is built: the int3c2e block (dfmp2.jk.JK_AUX_BLOCK rows of pairs) and
     # torch's trmm work array (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)
     build = _F64 * npair * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))

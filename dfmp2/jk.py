@@ -29,9 +29,10 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, plan_jk, usable_bytes
+from .blocking import JKPlan, jk_square_fits, plan_jk
 from .buffers import zeros
 from .df import (
+    MetricFactor,
     factor_metric,
     fit_matrix,
     iter_int3c2e,
@@ -55,7 +56,6 @@ __all__ = [
     "fitted_cderi",
     "fitted_cderi_file",
     "get_jk",
-    "jk_bytes",
     "square_copy",
 ]
 
@@ -74,27 +74,21 @@ UNPACK_BLOCK = 8
 _DM_EIG_CUTOFF = 1e-14
 
 
-def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarray:
+def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
-    PySCF's packed ``_cderi`` layout. The metric is factored as in the MP2 step (Cholesky, or
-    ``J^{-1/2}`` with dropped eigenvalues); raises :class:`ResourceError` when the tensor does not
-    fit in ``max_memory_mb`` (the SCF keeps it in memory)."""
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
+    fits). The metric is factored as in the MP2 step: after a Cholesky factorisation one trmm
+    on the whole tensor; with ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one
+    tensor is in memory."""
+    nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
-    need = 8 * naux * npair
-    if need > max_memory_mb * 1024 * 1024:
-        raise ResourceError(
-            f"the DF-SCF's fitted integrals need {need / 2**20:.0f} MB (naux {naux} x "
-            f"{npair} AO pairs) and --max-memory is {max_memory_mb:.0f} MB; raise --max-memory "
-            "or use --scf-type conv")
     factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    if factor.lower is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..),
-        inv_sqrt = factor.inv_sqrt  # (naux, nkept); by AO pair blocks: one tensor in memory
-        fitted = zeros((inv_sqrt.shape[1], npair))
-        for p0, p1, block in iter_int3c2e_pairs(mol, auxmol, max(1, npair // 16)):
-            fitted[:, p0:p1] = la.gemm(inv_sqrt, torch.from_numpy(block), trans_a=True).numpy()
+    if factor.lower is None:
+        fitted = zeros((factor.naux_fit, npair))
+        for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, max(1, npair // 16)):
+            fitted[:, p0:p1] = block
         return fitted
-    j3c = zeros((naux, npair))  # pages touched up front: see dfmp2.buffers
+    j3c = zeros((auxmol.nao_nr(), npair))  # pages touched up front: see dfmp2.buffers
     for p0, p1, packed in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
         j3c[p0:p1] = packed
     # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
@@ -105,10 +99,9 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, max_memory_mb: float) -> np.ndarra
 def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
                       directory: str | None = None) -> MatrixFile:
     """The fitted tensor of :func:`fitted_cderi` in a temporary file (:class:`MatrixFile`, rows
-    the fitted auxiliary functions), for a tensor that does not fit in memory: int3c2e for
-    every auxiliary function of ``plan.fit_pairs`` AO pairs at a time, fitted in memory (one
-    trmm with ``L^{-T}``, or ``J^{-1/2}``), written as columns. The file is closed when
-    building fails (it is unlinked from the start: see :class:`MatrixFile`)."""
+    the fitted auxiliary functions), for a tensor that does not fit in memory: fitted by blocks
+    of ``plan.fit_pairs`` AO pairs (:func:`_fitted_pair_blocks`), written as columns. The file
+    is closed when building fails (it is unlinked from the start: see :class:`MatrixFile`)."""
     directory = directory or tempfile.gettempdir()
     free = shutil.disk_usage(directory).free
     if plan.tensor_bytes > free:
@@ -120,18 +113,27 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     nao = mol.nao_nr()
     store = MatrixFile(factor.naux_fit, nao * (nao + 1) // 2, directory)
     try:
-        upper = fit_matrix(factor, la) if factor.lower is not None else None
-        for p0, _p1, block in iter_int3c2e_pairs(mol, auxmol, plan.fit_pairs):
-            if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
-                fitted = la.gemm(factor.inv_sqrt, torch.from_numpy(block), trans_a=True).numpy()
-            else:  # B^T = (P|pairs)^T L^{-T} in place on the (pairs, naux) view
-                la.trmm(upper, torch.from_numpy(block).T)
-                fitted = block
-            store.write_columns(p0, fitted)
+        for p0, _p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, plan.fit_pairs):
+            store.write_columns(p0, block)
     except BaseException:
         store.close()
         raise
     return store
+
+
+def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_pairs: int):
+    """Yield ``(p0, p1, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0), for
+    ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
+    auxiliary function of those pairs, then ``L^{-T}`` by one in-place trmm on the (pairs,
+    naux) view, or ``J^{-1/2}`` by one gemm. A block is valid until the next one."""
+    upper = fit_matrix(factor, la) if factor.lower is not None else None
+    for p0, p1, block in iter_int3c2e_pairs(mol, auxmol, max_pairs):
+        if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
+            yield p0, p1, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
+                                  trans_a=True).numpy()
+        else:
+            la.trmm(upper, torch.from_numpy(block).T)
+            yield p0, p1, block
 
 
 def _row_blocks(cderi, read_block: int):
@@ -184,7 +186,7 @@ def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
     cast) into reused arrays small enough to stay in cache until the products read them. A
     block is valid until the next one is requested."""
     naux, npair = cderi.shape
-    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
+    nao = _nao_of_pairs(npair)
     if square is not None and square.dtype == dtype:
         for q0 in range(0, naux, JK_AUX_BLOCK):
             yield torch.from_numpy(square[q0:q0 + JK_AUX_BLOCK].reshape(-1, nao))
@@ -200,10 +202,15 @@ def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
         yield torch.from_numpy(block.reshape(-1, nao))
 
 
+def _nao_of_pairs(npair: int) -> int:
+    """n from the packed pair count n(n+1)/2."""
+    return int(round((np.sqrt(8 * npair + 1) - 1) / 2))
+
+
 def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
     """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``."""
     naux, npair = cderi.shape
-    nao = int(round((np.sqrt(8 * npair + 1) - 1) / 2))
+    nao = _nao_of_pairs(npair)
     square = zeros((naux, nao, nao), dtype)  # pages touched up front: see dfmp2.buffers
     for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype)):
         square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
@@ -268,11 +275,6 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     return vj, vk
 
 
-def jk_bytes(nao: int, naux: int) -> tuple[int, int]:
-    """(packed, square) bytes of a DF-SCF's fitted tensor: ``8 X n(n+1)/2`` and ``8 X n^2``."""
-    return 8 * naux * (nao * (nao + 1) // 2), 8 * naux * nao * nao
-
-
 class DFJK(pyscf_df.DF):
     """A ``pyscf.df.DF`` whose integrals and J/K are dfmp2's (see the module docstring).
 
@@ -288,10 +290,11 @@ class DFJK(pyscf_df.DF):
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the packed tensor in memory (``_cderi``, PySCF's layout) or in a temporary file in
     ``scratch_dir`` (``file``, a :class:`MatrixFile` read block by block each iteration and
-    removed by :meth:`reset`). ``square`` is the tensor unpacked in K's precision, kept while it
-    fits in ``max_memory`` next to the packed one in memory (K otherwise unpacks it every
-    iteration). ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their
-    seconds and their products' flops.
+    closed by :meth:`reset`). ``square`` is the tensor unpacked in K's precision, kept while it
+    fits in ``max_memory`` next to the packed one in memory
+    (:func:`dfmp2.blocking.jk_square_fits`; K otherwise unpacks it every iteration).
+    ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their seconds and
+    their products' flops.
     """
 
     _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
@@ -327,12 +330,9 @@ class DFJK(pyscf_df.DF):
         self.square = None  # released before its successor is made
         if self._cderi is None:
             return
-        dtype = {"fp32": np.float32, "fp64": np.float64}[self.k_precision]
-        naux, npair = self._cderi.shape
-        nao = self.mol.nao_nr()
-        work = 3 * UNPACK_BLOCK * nao * nao * 8  # as plan_jk counts K's work arrays
-        if 8 * naux * npair + np.dtype(dtype).itemsize * naux * nao * nao + work <= \
-                usable_bytes(self.max_memory):
+        dtype = np.dtype({"fp32": np.float32, "fp64": np.float64}[self.k_precision])
+        if jk_square_fits(self.mol.nao_nr(), self._cderi.shape[0], dtype.itemsize,
+                          self.max_memory, UNPACK_BLOCK):
             self.square = square_copy(self._cderi, dtype)
 
     def build(self):
@@ -346,7 +346,7 @@ class DFJK(pyscf_df.DF):
             self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
                                           self.scratch_dir)
         else:
-            self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops(), self.max_memory)
+            self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops())
         self._keep_square()
         log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed %s%s",
                  self.auxmol.nao_nr(), self.tensor.shape[0], self.tensor.shape[1],

@@ -10,8 +10,9 @@ import numpy as np
 from pyscf import df, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
+from .blocking import jk_square_fits
 from .errors import ConvergenceError, InputError
-from .jk import DFJK, jk_bytes
+from .jk import DFJK, UNPACK_BLOCK
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
 
@@ -42,8 +43,8 @@ def run_scf(mol, options: Options, progress=None, la=None):
 
     A density-fitted SCF builds J and K with dfmp2's own integrals, fit and ``la`` ops
     (:class:`dfmp2.jk.DFJK`) when ``la`` is given, its fitted tensor in memory or, beyond
-    ``options.max_memory``, in a temporary file in ``options.scratch_dir`` (removed when the
-    tensor is released, and on any error); without ``la``, with PySCF's DF object. The object's
+    ``options.max_memory``, in a temporary file in ``options.scratch_dir`` (unlinked as soon
+    as it is open; released on any error); without ``la``, with PySCF's DF object. The object's
     ``jk`` attribute says which ran and where the tensor was.
     """
     reference = options.resolved_reference
@@ -120,17 +121,18 @@ def _mixed_precision_check(jk):
     (|dE| < conv_tol and |g| < conv_tol_grad; in its extra cycle after convergence, either with
     its loosened values), so the energy is that of a float64 SCF converged to the same
     tolerances."""
-    best, stalled = [np.inf], [0]
+    best, stalled = np.inf, 0
 
     def check(envs) -> bool:
+        nonlocal best, stalled
         change = abs(envs["e_tot"] - envs["last_hf_e"])
         gradient = envs["norm_gorb"]
         if envs["scf_conv"]:  # PySCF's extra cycle (conv_check), tolerances already loosened
             return bool(change < envs["conv_tol"] or gradient < envs["conv_tol_grad"])
         if jk.k_precision == "fp32":
-            stalled[0] = 0 if gradient < best[0] else stalled[0] + 1
-            best[0] = min(best[0], gradient)
-            if (gradient < FP64_SWITCH_GRAD or stalled[0] >= FP32_STALL_CYCLES
+            stalled = 0 if gradient < best else stalled + 1
+            best = min(best, gradient)
+            if (gradient < FP64_SWITCH_GRAD or stalled >= FP32_STALL_CYCLES
                     or jk.k_calls["fp32"] >= FP32_MAX_CYCLES):
                 jk.use_fp64()
             return False
@@ -175,10 +177,9 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
         return (f" (fitted tensor on disk: {plan.tensor_bytes / 2**20:.0f} MB, more than "
                 f"--max-memory {jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary "
                 f"functions at a time; naux {naux})")
-    packed, square = jk_bytes(jk.mol.nao_nr(), naux)
-    kept = [name for name, size, wanted in (("float32", square // 2, mixed),
-                                             ("float64", square, True))
-            if wanted and packed + size <= jk.max_memory * 2**20]
+    kept = [name for name, itemsize, wanted in (("float32", 4, mixed), ("float64", 8, True))
+            if wanted and jk_square_fits(jk.mol.nao_nr(), naux, itemsize, jk.max_memory,
+                                         UNPACK_BLOCK)]
     copies = f"; square copies for K: {' then '.join(kept)}" if kept else ""
     return f" (fitted tensor in memory, packed, naux {naux}{copies})"
 
