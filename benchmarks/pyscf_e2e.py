@@ -3,7 +3,8 @@
     python3 benchmarks/pyscf_e2e.py SPEC.json
 
 SPEC (written by ``benchmarks/run.py``): path, basis, auxbasis (the RI basis of the MP2 step),
-charge, spin, reference ('rhf' or 'uhf'), conv_tol, conv_tol_grad, out. The script builds the
+charge, spin, reference ('rhf' or 'uhf'), conv_tol, conv_tol_grad, pyscf_haswell (load PySCF's
+OpenBLAS with Haswell kernels first, the 'pyscf-Haswell' setting), out. The script builds the
 molecule, runs PySCF's density-fitted SCF (``density_fit()``: PySCF's JK-fit partner of the
 basis, as dfmp2's SCF uses) to the same tolerances as ``dfmp2 run``, then ``DFMP2``/``DFUMP2``
 with ``with_df = df.DF(mol, auxbasis=RI)`` and ``kernel(with_t2=False)`` (energy only), and
@@ -16,21 +17,18 @@ the first stage starts.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-
-PYSCF_ONLY_FLAG = "DFMP2_BENCH_PYSCF_HASWELL"  # the same flag as worker.py
 
 
 def main(spec_path: str) -> int:
     start = time.perf_counter()
-    if os.environ.get(PYSCF_ONLY_FLAG):
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    if spec.get("pyscf_haswell"):
         from dfmp2.blas_env import tune_pyscf_openblas
 
         tune_pyscf_openblas()
-    with open(spec_path) as handle:
-        spec = json.load(handle)
     from pyscf import df, gto, scf
     from pyscf.mp import dfmp2, dfump2
 

@@ -199,21 +199,26 @@ def worker_env(coretype: str) -> dict:
 
 def run_worker(spec: dict, coretype: str, timeout: int) -> dict:
     """Run ``worker.py`` on ``spec`` in a fresh process; its JSON result, or {'error': ...}."""
+    return _run_script("worker.py", spec, coretype, timeout)[1]
+
+
+def _run_script(script: str, spec: dict, coretype: str, timeout: int) -> tuple[float, dict]:
+    """(wall seconds, result) of ``benchmarks/<script> SPEC.json`` in a fresh process with
+    ``coretype``'s environment: the JSON the script wrote to ``spec['out']`` (added here), or
+    {'error': the last line of its error output}."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = {**spec, "out": os.path.join(tmp, "out.json")}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
-        cmd = [sys.executable, os.path.join(HERE, "worker.py"), spec_path]
-        try:
-            proc = subprocess.run(cmd, env=worker_env(coretype), cwd=ROOT, capture_output=True,
-                                  text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout} s"}
-        if proc.returncode != 0 or not os.path.exists(spec["out"]):
-            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+        wall, error = _timed([sys.executable, os.path.join(HERE, script), spec_path], coretype,
+                             timeout)
+        if error is None and not os.path.exists(spec["out"]):
+            error = "no output"
+        if error is not None:
+            return wall, {"error": error}
         with open(spec["out"]) as handle:
-            return json.load(handle)
+            return wall, json.load(handle)
 
 
 def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
@@ -249,20 +254,14 @@ def run_pyscf_e2e(entry: dict, coretype: str, timeout: int) -> dict:
     from dfmp2.options import Options
 
     defaults = Options()
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = {"path": entry["path"], "basis": entry["basis"], "auxbasis": entry["auxbasis"],
-                "charge": entry.get("charge", 0), "spin": entry.get("spin", 0),
-                "reference": entry.get("reference", "rhf"), "conv_tol": defaults.conv_tol,
-                "conv_tol_grad": defaults.conv_tol_grad, "out": os.path.join(tmp, "out.json")}
-        spec_path = os.path.join(tmp, "spec.json")
-        with open(spec_path, "w") as handle:
-            json.dump(spec, handle)
-        wall, error = _timed([sys.executable, os.path.join(HERE, "pyscf_e2e.py"), spec_path],
-                             coretype, timeout)
-        if error:
-            return {"error": error}
-        with open(spec["out"]) as handle:
-            result = json.load(handle)
+    spec = {"path": entry["path"], "basis": entry["basis"], "auxbasis": entry["auxbasis"],
+            "charge": entry.get("charge", 0), "spin": entry.get("spin", 0),
+            "reference": entry.get("reference", "rhf"), "conv_tol": defaults.conv_tol,
+            "conv_tol_grad": defaults.conv_tol_grad,
+            "pyscf_haswell": coretype == worker.PYSCF_ONLY_LABEL}
+    wall, result = _run_script("pyscf_e2e.py", spec, coretype, timeout)
+    if "error" in result:
+        return result
     return {"wall_s": wall, **result, "other_s": wall - result["scf_s"] - result["mp2_s"]}
 
 

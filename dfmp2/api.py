@@ -415,14 +415,12 @@ def check_float64_k(mf) -> None:
 
 
 def _jk_stats(mf) -> dict | None:
-    """Calls, seconds, GFLOP and GFLOP/s of dfmp2's J/K during ``mf``'s SCF (None when PySCF's
-    code or exact integrals built them)."""
+    """Calls, seconds and GFLOP of dfmp2's J/K during ``mf``'s SCF (None when PySCF's code or
+    exact integrals built them)."""
     stats = getattr(getattr(mf, "with_df", None), "stats", None)
     if not isinstance(stats, dict) or not stats.get("calls"):
         return None
-    seconds = stats["seconds"]
-    return {"calls": stats["calls"], "seconds": seconds, "gflop": stats["flops"] / 1e9,
-            "gflops": stats["flops"] / 1e9 / seconds if seconds > 0 else None}
+    return {"calls": stats["calls"], "seconds": stats["seconds"], "gflop": stats["flops"] / 1e9}
 
 
 def _jk_record(mf) -> str:

@@ -178,7 +178,7 @@ class JKPlan:
     of those pairs, fitted, written); read_block : auxiliary functions read from the file at a
     time in each J/K build; tensor_bytes : the packed tensor's size (in memory or on disk);
     resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors).
-    Square copies for K are :class:`dfmp2.jk.DFJK`'s choice within the same budget."""
+    Whether K also keeps the tensor unpacked is :func:`jk_square_fits`."""
 
     outcore: bool
     fit_pairs: int

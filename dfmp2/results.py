@@ -39,8 +39,8 @@ class ScfInfo:
     ``orbital_check`` what was verified of the orbitals before MP2, ``s2`` <S^2> of an
     unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones),
     ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one), ``jk`` what
-    built its J and K matrices, ``jk_stats`` for dfmp2's own J/K: calls, seconds, GFLOP of their
-    products and the rate (None otherwise)."""
+    built its J and K matrices, ``jk_stats`` for dfmp2's own J/K: calls, seconds and GFLOP of
+    their products (None otherwise)."""
 
     kind: str
     xc: str | None

@@ -138,8 +138,6 @@ class MatrixFile:
     is closed (:meth:`close`, or when the object is collected). Where the OS refuses to unlink an
     open file, :meth:`close` removes it."""
 
-    kind = "file"
-
     def __init__(self, nrow: int, ncol: int, directory: str | None = None):
         self.shape = (nrow, ncol)
         name = f"dfmp2-scf-{os.getpid()}-{secrets.token_hex(6)}.bin"
