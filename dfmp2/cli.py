@@ -189,8 +189,9 @@ def _check_json_path(path) -> None:
 
 class _PendingSignal:
     """The last signal the handler saw. Python ignores an exception raised while it runs a
-    ``__del__`` method or a weakref callback, so the CLI asks again at every progress report
-    and once the run has returned."""
+    ``__del__`` method or a weakref callback (and prints it through ``sys.unraisablehook``), so
+    the CLI asks again at every progress report and once the run has returned, and its hook
+    keeps such an ignored :class:`Interrupted` off the terminal."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -216,10 +217,22 @@ def _raise_on_signals():
             previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not the main thread (e.g. inside a test runner's worker thread)
             pass
+    previous_hook = sys.unraisablehook
+
+    def quiet_hook(unraisable):
+        # an Interrupted raised inside a __del__ or weakref callback is lost here and raised
+        # again by pending.check(); every other unraisable exception is reported as before
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous_hook(unraisable)
+
+    if previous:
+        sys.unraisablehook = quiet_hook
 
     def restore():
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if previous:
+            sys.unraisablehook = previous_hook
 
     return restore, pending
 
