@@ -25,15 +25,18 @@ __all__ = [
     "load_block",
     "load_tile",
     "load_strip",
+    "load_strip_chunk",
     "matmul_tile",
-    "matmul_strips",
+    "accumulate_strips",
     "matmul_strip_by_hbm",
     "subtract_psum",
     "store_psum",
     "row_dot",
     "load_pair_denominators",
-    "pair_t_rows",
+    "reciprocal_denominators",
+    "weighted_row_sums",
     "direct_row",
+    "mirror_tile",
 ]
 
 
@@ -72,18 +75,30 @@ def load_tile(src_hbm, r0, c0, rsz, csz):
 def load_strip(src_hbm, c0, csz, stride):
     """DMA columns ``c0:c0+csz`` of HBM ``src_hbm`` (K, ...) into a new SBUF strip, one
     ``dma_copy`` per 128-row K tile: K tile ``kt`` (rows ``kt*128 : kt*128 + ksz``) lands on
-    partitions ``0:ksz`` at free offset ``kt * stride``.
+    partitions ``0:ksz`` at free offset ``kt * stride`` (:func:`load_strip_chunk` of all K tiles).
 
     Preconditions: K = ``src_hbm.shape[0]`` >= 1 (ragged last tile allowed), ``1 <= csz <=
     stride``. Returns the SBUF strip (128, ceil(K/128) * stride), ``ceil(K/128) * stride * 4``
     bytes per partition.
     """
+    n_kt = (src_hbm.shape[0] + TILE_K - 1) // TILE_K
+    return load_strip_chunk(src_hbm, 0, n_kt, c0, csz, stride)
+
+
+def load_strip_chunk(src_hbm, kt0, nkt, c0, csz, stride):
+    """DMA K tiles ``kt0 : kt0+nkt`` of columns ``c0:c0+csz`` of HBM ``src_hbm`` (K, ...) into a
+    new SBUF strip (:func:`load_strip` restricted to a chunk of K tiles): K tile ``kt0 + t``
+    (rows ``(kt0+t)*128 : ... + ksz``) lands on partitions ``0:ksz`` at free offset ``t * stride``.
+
+    Preconditions: ``0 <= kt0 < kt0 + nkt <= ceil(K/128)`` (the last tile may be ragged),
+    ``1 <= csz <= stride``. Returns the SBUF strip (128, nkt * stride), ``nkt * stride * 4``
+    bytes per partition; ``nkt`` ``dma_copy``.
+    """
     k_total = src_hbm.shape[0]
-    n_kt = (k_total + TILE_K - 1) // TILE_K
-    strip_sb = nl.ndarray((TILE_K, n_kt * stride), dtype=nl.float32, buffer=nl.sbuf)
-    for kt in nl.static_range(n_kt):
-        k0, ksz = tile_span(kt, TILE_K, k_total)
-        f0 = kt * stride
+    strip_sb = nl.ndarray((TILE_K, nkt * stride), dtype=nl.float32, buffer=nl.sbuf)
+    for t in nl.static_range(nkt):
+        k0, ksz = tile_span(kt0 + t, TILE_K, k_total)
+        f0 = t * stride
         nisa.dma_copy(dst=strip_sb[0:ksz, f0:f0 + csz], src=src_hbm[k0:k0 + ksz, c0:c0 + csz])
     return strip_sb
 
@@ -102,26 +117,25 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def matmul_strips(stat_sb, s0, ssz, s_stride, mov_sb, n0, nsz, m_stride, k_total):
-    """Product of two SBUF strips accumulated over their K tiles into a new PSUM tile (128, 512):
-    ``dst[0:ssz, 0:nsz] = sum_kt stat_sb[kt][:, s0:s0+ssz].T @ mov_sb[kt][:, n0:n0+nsz]``.
+def accumulate_strips(dst_ps, psz, fsz, stat_sb, s_stride, mov_sb, m_stride, kt0, nkt,
+                      k_total):
+    """Add the products of a chunk of K tiles to a PSUM tile:
+    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[t][:, 0:psz].T @ mov_sb[t][:, 0:fsz]`` over the
+    tiles ``t < nkt`` of two SBUF strip chunks (:func:`load_strip_chunk`) that hold the global K
+    tiles ``kt0 : kt0+nkt`` of a K = ``k_total`` contraction (tile t at free offsets
+    ``t * s_stride`` and ``t * m_stride``).
 
-    Operands: ``stat_sb`` (K tile kt at free offset ``kt * s_stride``) and ``mov_sb`` (at
-    ``kt * m_stride``) are SBUF strips (see :func:`load_strip`) of K = ``k_total`` rows.
-    Preconditions: ``s0 + ssz <= s_stride``, ``n0 + nsz <= m_stride``, ``1 <= ssz <= 128``,
-    ``1 <= nsz <= 512``. One ``nc_matmul`` per K tile, ``accumulate=False`` for the first and
-    ``True`` after; returns the PSUM tile.
+    Preconditions: ``1 <= psz <= min(128, s_stride)``, ``1 <= fsz <= min(512, m_stride)``,
+    ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in one bank. One ``nc_matmul``
+    per tile: ``accumulate=False`` for global K tile 0 (the first product overwrites), ``True``
+    for every later one, so successive chunks of one contraction add up in PSUM.
     """
-    n_kt = (k_total + TILE_K - 1) // TILE_K
-    dst_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-    for kt in nl.static_range(n_kt):
-        _k0, ksz = tile_span(kt, TILE_K, k_total)
-        fs = kt * s_stride
-        fm = kt * m_stride
-        nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz],
-                       stationary=stat_sb[0:ksz, fs + s0:fs + s0 + ssz],
-                       moving=mov_sb[0:ksz, fm + n0:fm + n0 + nsz], accumulate=kt > 0)
-    return dst_ps
+    for t in nl.static_range(nkt):
+        _k0, ksz = tile_span(kt0 + t, TILE_K, k_total)
+        fs = t * s_stride
+        fm = t * m_stride
+        nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:ksz, fs:fs + psz],
+                       moving=mov_sb[0:ksz, fm:fm + fsz], accumulate=kt0 + t > 0)
 
 
 def matmul_strip_by_hbm(stat_sb, ssz, stride, mov_hbm, n0, nsz):
@@ -211,43 +225,64 @@ def load_pair_denominators(d_col, neg_eps_row):
     return negv_sb, dcol_sb
 
 
-def pair_t_rows(t_sb, f0, bi_sb, a0, asz, nva, bj_sb, nvb, naux):
-    """Rows ``a0:a0+asz`` of one pair's ``T = B_i^T B_j``, ``T[a, b] = sum_P B_i[P, a] B_j[P, b]``,
-    into SBUF ``t_sb[0:asz, f0:f0+nvb]``.
+def reciprocal_denominators(negv_sb, b0, dcol_sb, asz, bsz):
+    """``R[p, f] = 1 / (dcol_sb[p, 0] - e_{b0+f})`` of one (a tile, b columns) block of a pair.
 
-    Operands: SBUF strips ``bi_sb`` (stride ``nva``) and ``bj_sb`` (stride ``nvb``) of the
-    ``naux`` auxiliary rows (see :func:`load_strip`); ``t_sb`` an SBUF tile with at least
-    ``f0 + nvb`` columns. Per b chunk of <= 512 columns: :func:`matmul_strips` into a PSUM tile
-    (T stays on chip), then ``tensor_copy`` PSUM -> SBUF. Preconditions: ``1 <= asz <= 128``,
-    ``a0 + asz <= nva``, ``nvb, naux >= 1``. ``ceil(nvb/512) * (ceil(naux/128) + 1)``
-    instructions.
+    Operands: ``negv_sb`` SBUF (128, >= b0+bsz) holding ``-e_b`` (see
+    :func:`load_pair_denominators`); ``dcol_sb`` (asz, 1) SBUF view of ``e_i + e_j - e_a``.
+    Preconditions: ``1 <= asz <= 128``, ``bsz >= 1``, every denominator nonzero. ``D`` by
+    ``tensor_scalar(add)`` with the (P, 1) operand (SBUF ``d_sb``), ``R`` by VectorE
+    ``reciprocal`` (no ScalarE approximation); returns SBUF ``r_sb`` (128, bsz), rows ``0:asz``
+    written; 2 instructions.
     """
-    n_bc = (nvb + TILE_N - 1) // TILE_N
-    for bc in nl.static_range(n_bc):
-        b0, bsz = tile_span(bc, TILE_N, nvb)
-        t_ps = matmul_strips(bi_sb, a0, asz, nva, bj_sb, b0, bsz, nvb, naux)
-        nisa.tensor_copy(dst=t_sb[0:asz, f0 + b0:f0 + b0 + bsz], src=t_ps[0:asz, 0:bsz])
-
-
-def direct_row(dst_sb, t_row, negv_sb, dcol_sb, asz, nvb):
-    """Direct MP2 row sums ``dst_sb[p, 0] = sum_b T[p, b]^2 / D[p, b]`` of one a tile of a pair,
-    with ``D[p, b] = dcol_sb[p, 0] - e_b``; returns the weighted amplitudes ``W = T / D``.
-
-    Operands: ``t_row`` (asz, nvb) SBUF view of T rows; ``negv_sb`` SBUF (128, >= nvb) holding
-    ``-e_b`` (see :func:`load_pair_denominators`); ``dcol_sb`` (asz, 1) SBUF view of
-    ``e_i + e_j - e_a``; ``dst_sb`` (asz, 1) SBUF view (overwritten). Steps: ``D`` by
-    ``tensor_scalar(add)`` with the (P, 1) operand, ``R = 1/D`` by VectorE ``reciprocal``,
-    ``W = T * R`` by ``tensor_tensor``, then :func:`row_dot` of W and T. Preconditions:
-    ``1 <= asz <= 128``, ``nvb >= 1``, D nonzero. Returns SBUF ``w_sb`` (128, nvb), rows
-    ``0:asz`` written; 5 instructions.
-    """
-    d_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=d_sb[0:asz, 0:nvb], data=negv_sb[0:asz, 0:nvb], op0=nl.add,
+    d_sb = nl.ndarray((TILE_M, bsz), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=d_sb[0:asz, 0:bsz], data=negv_sb[0:asz, b0:b0 + bsz], op0=nl.add,
                        operand0=dcol_sb)
-    r_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=r_sb[0:asz, 0:nvb], data=d_sb[0:asz, 0:nvb])
-    w_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=w_sb[0:asz, 0:nvb], data1=t_row, data2=r_sb[0:asz, 0:nvb],
+    r_sb = nl.ndarray((TILE_M, bsz), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=r_sb[0:asz, 0:bsz], data=d_sb[0:asz, 0:bsz])
+    return r_sb
+
+
+def weighted_row_sums(dst_sb, t_blk, r_sb, asz, bsz):
+    """``W = T * R`` and the row sums ``dst_sb[p, 0] = sum_f W[p, f] * T[p, f]``.
+
+    Operands: ``t_blk`` (asz, bsz) view of T in SBUF or PSUM; ``r_sb`` SBUF (128, >= bsz) from
+    :func:`reciprocal_denominators`; ``dst_sb`` (asz, 1) SBUF view (overwritten). Preconditions:
+    ``1 <= asz <= 128``, ``bsz >= 1``. Returns SBUF ``w_sb`` (128, bsz), rows ``0:asz``
+    written; 3 instructions (``tensor_tensor`` and :func:`row_dot`).
+    """
+    w_sb = nl.ndarray((TILE_M, bsz), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=w_sb[0:asz, 0:bsz], data1=t_blk, data2=r_sb[0:asz, 0:bsz],
                        op=nl.multiply)
-    row_dot(dst_sb, w_sb[0:asz, 0:nvb], t_row, asz, nvb)
+    row_dot(dst_sb, w_sb[0:asz, 0:bsz], t_blk, asz, bsz)
     return w_sb
+
+
+def direct_row(dst_sb, t_blk, negv_sb, b0, dcol_sb, asz, bsz):
+    """Direct MP2 row sums ``dst_sb[p, 0] = sum_f T[p, f]^2 / D[p, f]`` of one (a tile, b
+    columns ``b0:b0+bsz``) block of a pair, ``D[p, f] = dcol_sb[p, 0] - e_{b0+f}``; returns
+    the weighted amplitudes ``W = T / D``.
+
+    Operands: ``t_blk`` (asz, bsz) view of T in SBUF or PSUM; ``negv_sb``, ``dcol_sb`` as in
+    :func:`reciprocal_denominators`; ``dst_sb`` (asz, 1) SBUF view (overwritten).
+    Preconditions: ``1 <= asz <= 128``, ``bsz >= 1``, D nonzero. Returns SBUF ``w_sb``
+    (128, bsz); 5 instructions.
+    """
+    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb, asz, bsz)
+    return weighted_row_sums(dst_sb, t_blk, r_sb, asz, bsz)
+
+
+def mirror_tile(t_ps, psz, fsz):
+    """The transpose of the PSUM tile corner ``t_ps[0:psz, 0:fsz]`` into a new PSUM tile
+    (128, 128), corner ``[0:fsz, 0:psz]``: ``tensor_copy`` PSUM -> SBUF (the TensorE transposes
+    SBUF data only), then ``nc_transpose`` on the TensorE.
+
+    Preconditions: ``1 <= psz, fsz <= 128``. Returns ``(t_sb, tt_ps)``: the SBUF copy (128,
+    128) and the transposed PSUM tile; 2 instructions.
+    """
+    t_sb = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t_sb[0:psz, 0:fsz], src=t_ps[0:psz, 0:fsz])
+    tt_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=tt_ps[0:fsz, 0:psz], data=t_sb[0:psz, 0:fsz],
+                      engine=nisa.engine.tensor)
+    return t_sb, tt_ps

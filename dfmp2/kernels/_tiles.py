@@ -16,6 +16,8 @@ __all__ = [
     "BLOCK",
     "FP32_BYTES",
     "SBUF_RESIDENT_BUDGET",
+    "ENERGY_K_TILES_EXCHANGE",
+    "ENERGY_K_TILES_DIRECT",
     "ceil_div",
 ]
 
@@ -33,6 +35,16 @@ FP32_BYTES = 4
 #: across a loop) occupy. The smallest SBUF partition is 192 KiB (trn1); the rest is left to the
 #: short-lived tiles of the loop bodies and to the compiler.
 SBUF_RESIDENT_BUDGET = 128 * 1024
+
+#: K tiles (128 auxiliary rows each) of one chunk of the operand strips the fused pair kernels
+#: hold in SBUF. The exchange kernel holds four 128-column strip chunks (both sides of a tile
+#: pair), the direct kernel a 128-column and a 512-column one; each may be allocated again
+#: before the last is released, so the peaks are 8*24*128 and 2*16*(128+512) fp32 words per
+#: partition (96 KiB and 80 KiB), leaving room for the epilogue tiles and the accumulator.
+#: naux <= 3072 (exchange) or 2048 (direct) is one chunk; larger naux streams the chunks and
+#: accumulates them in PSUM.
+ENERGY_K_TILES_EXCHANGE = 24
+ENERGY_K_TILES_DIRECT = 16
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -1,4 +1,4 @@
-"""NKI 0.3.0 kernels: fused DF-MP2 pair sums of a block of occupied pairs.
+"""NKI 0.3.0 kernels: fused DF-MP2 pair sums of a block of occupied pairs, at any size.
 
 For every pair (i, j) of the block the kernels form ``T_ab = (ia|jb) = sum_P B_i[P, a] B_j[P, b]``
 on the TensorE (fp32 PSUM accumulation over the auxiliary tiles), keep T on chip and reduce
@@ -11,11 +11,17 @@ fp64 and applies the pair weights (``nki_ops.mp2_pair_sums``). Two kernels, one 
 (NKI specialises on shapes, and the host passes only float32 arrays, so the variant is a kernel,
 not a flag):
 
-- :func:`mp2_pair_energy_kernel`: direct and exchange sums of square blocks (nva == nvb); the
-  exchange partner ``T_ba`` comes from TensorE transposes of T tiles (no second GEMM).
+- :func:`mp2_pair_energy_kernel`: direct and exchange sums of one virtual space (nva == nvb,
+  the same orbital energies), by 128 x 128 tile pairs (ta <= tb) of T: each tile pair needs both
+  ``T[ta, tb]`` and ``T[tb, ta]`` for its direct sums, and the exchange partner of one is the
+  TensorE transpose of the other, so nothing is computed twice and no T row is held whole.
 - :func:`mp2_pair_direct_kernel`: the direct sum only, of rectangular blocks (nva != nvb
-  allowed; the αβ blocks of an open shell): no transposes, no exchange reduction, one T row tile
-  on chip at a time.
+  allowed; the αβ blocks of an open shell), by (128-row, 512-column) tiles of T.
+
+No operand is held whole: the B strips are loaded in chunks of at most
+``ENERGY_K_TILES_EXCHANGE`` / ``ENERGY_K_TILES_DIRECT`` auxiliary tiles (a larger naux streams
+the chunks and keeps accumulating in PSUM), and the host launches a window of a-tile rows at a
+time, so SBUF use is bounded for any nvir and naux (``nki_ops._energy_sbuf_words``).
 """
 
 import nki
@@ -23,21 +29,28 @@ import nki.isa as nisa
 import nki.language as nl
 
 from ._blocks import (
+    accumulate_strips,
     direct_row,
     load_pair_denominators,
-    load_strip,
-    pair_t_rows,
+    load_strip_chunk,
+    mirror_tile,
+    reciprocal_denominators,
     row_dot,
     tile_span,
+    weighted_row_sums,
 )
-from ._tiles import TILE_M
+from ._tiles import ENERGY_K_TILES_DIRECT, ENERGY_K_TILES_EXCHANGE, TILE_K, TILE_M, TILE_N
 
 __all__ = ["mp2_pair_energy_kernel", "mp2_pair_direct_kernel"]
 
 
 @nki.jit
 def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
-    """Direct and exchange partial sums of the ni x nj pairs of one square block (nva = nvb).
+    """Direct and exchange partial sums of the ni x nj pairs of one virtual space, for the rows
+    of a window of a tiles.
+
+    The host passes the virtual space from the window's first row on (``nv`` columns per
+    orbital: the window and every later column); the window is the first ``nrows`` of them.
 
     Parameters
     ----------
@@ -45,167 +58,68 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
         ``B[P, i*nv + a]`` for the occupied orbitals i of the block (naux on partitions).
     b_j : HBM float32 (naux, nj * nv)
         The same for the orbitals j.
-    d_col : HBM float32 (nv, ni * nj)
-        ``d_col[a, i*nj + j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
+    d_col : HBM float32 (nrows, ni * nj)
+        ``d_col[a, i*nj + j] = e_i + e_j - e_a`` for the window's rows (host fp64, rounded once).
     neg_eps_row : HBM float32 (128, nv)
-        ``-e_b`` replicated on all 128 partitions (the host-supplied broadcast row).
+        ``-e_b`` of all nv virtuals replicated on the 128 partitions (the host's broadcast row).
 
     Returns
     -------
-    partials : shared HBM float32 (128, 2 * ni * nj * n_at), n_at = ceil(nv / 128).
-        Column ``(i*nj + j) * n_at + ta`` holds, on partition ``p``, the direct sum of row
-        ``a = ta*128 + p`` of pair (i, j); the same column plus ``ni*nj*n_at`` holds the
-        exchange sum. Partitions beyond the last row of a ragged a tile hold 0.
+    partials : shared HBM float32 (128, 3 * ni * nj * n_wt * n_at)
+        n_wt = ceil(nrows/128) window tiles, n_at = ceil(nv/128) tiles. Columns
+        ``3 * ((pair * n_wt + w) * n_at + tb) + (0, 1, 2)`` hold, on partition p (row
+        ``w*128 + p`` of the window), for tb >= w: the direct sum of row p of ``T[w, tb]``; the
+        direct sum of column p of ``T[tb, w]`` (0 when tb == w); the exchange sum
+        ``sum_b T_ab T_ba / D_ab`` over b in tile tb (the host doubles it for tb > w, which
+        stands for the mirrored tile pair too). Columns with tb < w and partitions beyond a
+        ragged tile hold 0.
 
-    Preconditions: nv = ``neg_eps_row.shape[1]`` = ``d_col.shape[0]`` >= 1 with
-    ``b_i.shape[1] = ni * nv`` and ``b_j.shape[1] = nj * nv``; naux >= 1; ragged nv and naux
-    allowed (edge tiles sliced); all ``D_ab`` nonzero (negative for a valid reference). SBUF per
-    partition, in fp32 words: ``2*ceil(naux/128)*nv`` (the B strips of i and j) +
-    ``ceil(nv/128)*nv`` (the T rows) + ``6*nv`` (epilogue tiles) + small terms; the host checks
-    a double-buffered version of this bound (``nki_ops.SUPPORTS``) and bounds ni*nj per call.
+    Preconditions: nv = ``neg_eps_row.shape[1]`` >= 1, ``b_i.shape[1] = ni * nv``,
+    ``b_j.shape[1] = nj * nv``; ``nrows = d_col.shape[0]`` with ``1 <= nrows <= nv`` and nrows a
+    multiple of 128 unless nrows == nv; the i and j sides share one virtual space (the same
+    orbital energies, so ``D_ab = D_ba``); naux >= 1; every ``D_ab`` nonzero (negative for a
+    valid reference). SBUF per partition (fp32 words): nv (``-e_b``) + the accumulator and
+    denominators + at most ``8 * 24 * 128`` (strip chunks) + epilogue tiles
+    (``nki_ops._energy_sbuf_words``); PSUM: three one-bank tiles per tile pair.
 
     Steps
     -----
-    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (a tile ta at
-       free offset ta*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
-       ``acc_sb`` (128, 2*ni*nj*n_at) to 0.
-    2. For each i: DMA the strip ``b_i[:, i]`` -> SBUF ``bi_sb`` (``load_strip``, K tile kt at
-       free offset kt*nv). For each j: DMA ``b_j[:, j]`` -> SBUF ``bj_sb`` the same way.
-    3. T rows (``pair_t_rows``): for each a tile ta (<=128 rows) and b chunk (<=512 columns),
-       accumulate ``nc_matmul(dst=t_ps, stationary=bi_sb[k-tile, a-tile],
-       moving=bj_sb[k-tile, b-chunk])`` over the K tiles in PSUM ``t_ps`` (accumulate=False
-       first, True after), then ``tensor_copy`` PSUM -> SBUF ``t_sb`` (row tile ta at free
-       offset ta*nv). T never leaves the chip.
-    4. Per a tile (``direct_row``): ``D = -e_b + d_col[a]`` by ``tensor_scalar(add)`` with a
-       (P, 1) operand (SBUF ``d_sb``), ``R = 1/D`` by VectorE ``reciprocal`` (SBUF ``r_sb``),
-       ``W = T*R`` (``tensor_tensor``, SBUF ``w_sb``), ``W*T`` then ``tensor_reduce(add)`` over
-       the free axis into the direct column of ``acc_sb`` (``row_dot``).
-    5. Exchange: for each b tile tb (<=128), ``nc_transpose`` (TensorE) of the SBUF block
-       ``t_sb[b-tile rows, a-tile columns of row tile tb]`` -> PSUM ``tt_ps`` (a, b) =
-       ``T_ba``; ``tensor_copy`` PSUM -> SBUF row ``tt_sb``. Then ``W*T^T`` and
-       ``tensor_reduce(add)`` into the exchange column of ``acc_sb`` (``row_dot``).
+    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (window tile w
+       at free offset w*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
+       ``acc_sb`` to 0.
+    2. For each pair and window tile w: when naux is one chunk (<= 24 K tiles), DMA the
+       128-column strips ``B_i[:, w]`` and ``B_j[:, w]`` -> SBUF ``bia_sb``, ``bja_sb`` once
+       (``load_strip_chunk``); otherwise per chunk inside step 3.
+    3. For each tb >= w, over the K chunks: DMA ``B_i[:, tb]``, ``B_j[:, tb]`` -> SBUF
+       ``bib_sb``, ``bjb_sb`` (tb > w only) and accumulate in PSUM (``accumulate_strips``)
+       ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
+       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. T never leaves the chip.
+    4. ``mirror_tile``: ``tensor_copy`` PSUM -> SBUF and TensorE ``nc_transpose`` -> PSUM
+       ``tt_ps`` = ``T[tb, w]^T`` (of t1 itself when tb == w): the exchange partner T_ba of
+       every element of ``T[w, tb]``, in its (a, b) layout.
+    5. ``R = 1 / (-e_b + d_col[a])`` by ``tensor_scalar(add)`` and VectorE ``reciprocal``
+       (``reciprocal_denominators``); ``W = T[w, tb] * R`` and its direct row sums
+       (``weighted_row_sums``); the exchange row sums of ``W * tt`` (``row_dot``); for tb > w
+       the direct sums of the mirrored tile, ``tt * R * tt`` (D is symmetric in a and b).
     6. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
 
-    Per pair: ceil(nv/128) * ceil(nv/512) * ceil(naux/128) matmuls and ceil(nv/128)^2
-    transposes; in all ``ceil(naux/128)`` (B_j strip) + ``n_at*ceil(nv/512)*(ceil(naux/128)+1)``
-    (T) + ``n_at*(7 + 2*n_at)`` (epilogue) instructions, plus ``ceil(naux/128)`` per i and
-    ``3 + n_at`` per launch.
+    Per pair, with n_kt = ceil(naux/128) and tile pairs ``n_wt * n_at - n_wt*(n_wt-1)/2``:
+    ``n_kt`` matmuls per diagonal and ``2*n_kt`` per off-diagonal tile pair (``n_at^2 * n_kt``
+    for a whole pair: one GEMM's worth) and one transpose per tile pair; the instruction count is
+    ``nki_ops._energy_instructions``.
     """
     naux = b_i.shape[0]
     nv = neg_eps_row.shape[1]
+    nrows = d_col.shape[0]
+    npairs = d_col.shape[1]
     ni = b_i.shape[1] // nv
     nj = b_j.shape[1] // nv
-    npairs = ni * nj
     n_at = (nv + TILE_M - 1) // TILE_M
-    ncol = npairs * n_at
-    partials = nl.ndarray((TILE_M, 2 * ncol), dtype=nl.float32, buffer=nl.shared_hbm)
-
-    # Step 1: denominators' parts and the accumulator (SBUF).
-    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row)
-    acc_sb = nl.ndarray((TILE_M, 2 * ncol), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=acc_sb[0:TILE_M, 0:2 * ncol], value=0.0)
-
-    for i in nl.static_range(ni):
-        # Step 2: the B strip of orbital i stays in SBUF for all j.
-        bi_sb = load_strip(b_i, i * nv, nv, nv)
-        for j in nl.static_range(nj):
-            pair = i * nj + j
-            bj_sb = load_strip(b_j, j * nv, nv, nv)
-
-            # Step 3: all row tiles of T = B_i^T B_j, PSUM-accumulated, kept in SBUF t_sb.
-            t_sb = nl.ndarray((TILE_M, n_at * nv), dtype=nl.float32, buffer=nl.sbuf)
-            for ta in nl.static_range(n_at):
-                a0, asz = tile_span(ta, TILE_M, nv)
-                pair_t_rows(t_sb, ta * nv, bi_sb, a0, asz, nv, bj_sb, nv, naux)
-
-            for ta in nl.static_range(n_at):
-                a0, asz = tile_span(ta, TILE_M, nv)
-                t_row = t_sb[0:asz, ta * nv:(ta + 1) * nv]
-                c_dir = pair * n_at + ta
-                c_ex = ncol + c_dir
-                c_d = ta * npairs + pair
-                # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); W = T R; direct row sums.
-                w_sb = direct_row(acc_sb[0:asz, c_dir:c_dir + 1], t_row, negv_sb,
-                                  dcol_sb[0:asz, c_d:c_d + 1], asz, nv)
-
-                # Step 5: T^T row tile from TensorE transposes of T blocks (b-tile, a-tile).
-                tt_sb = nl.ndarray((TILE_M, nv), dtype=nl.float32, buffer=nl.sbuf)
-                for tb in nl.static_range(n_at):
-                    b0, bsz = tile_span(tb, TILE_M, nv)
-                    tt_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                    nisa.nc_transpose(dst=tt_ps[0:asz, 0:bsz],
-                                      data=t_sb[0:bsz, tb * nv + a0:tb * nv + a0 + asz],
-                                      engine=nisa.engine.tensor)
-                    nisa.tensor_copy(dst=tt_sb[0:asz, b0:b0 + bsz], src=tt_ps[0:asz, 0:bsz])
-                row_dot(acc_sb[0:asz, c_ex:c_ex + 1], w_sb[0:asz, 0:nv], tt_sb[0:asz, 0:nv], asz,
-                        nv)
-
-    # Step 6: the partial sums are the only data written back to HBM.
-    nisa.dma_copy(dst=partials[0:TILE_M, 0:2 * ncol], src=acc_sb[0:TILE_M, 0:2 * ncol])
-    return partials
-
-
-@nki.jit
-def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
-    """Direct partial sums (no exchange) of the ni x nj pairs of one block, nva != nvb allowed.
-
-    Parameters
-    ----------
-    b_i : HBM float32 (naux, ni * nva)
-        ``B[P, i*nva + a]`` for the occupied orbitals i of the block (naux on partitions).
-    b_j : HBM float32 (naux, nj * nvb)
-        ``B[P, j*nvb + b]`` for the orbitals j (their own virtual space, of size nvb).
-    d_col : HBM float32 (nva, ni * nj)
-        ``d_col[a, i*nj + j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
-    neg_eps_row : HBM float32 (128, nvb)
-        ``-e_b`` replicated on all 128 partitions (the host-supplied broadcast row).
-
-    Returns
-    -------
-    partials : shared HBM float32 (128, ni * nj * n_at), n_at = ceil(nva / 128).
-        Column ``(i*nj + j) * n_at + ta`` holds, on partition ``p``, the direct sum of row
-        ``a = ta*128 + p`` of pair (i, j) (the layout of the first half of
-        :func:`mp2_pair_energy_kernel`'s output; there is no exchange half). Partitions beyond
-        the last row of a ragged a tile hold 0.
-
-    Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1 with
-    ``b_i.shape[1] = ni * nva`` and ``b_j.shape[1] = nj * nvb``; naux >= 1; ragged nva, nvb and
-    naux allowed (edge tiles sliced); all ``D_ab`` nonzero. SBUF per partition, in fp32 words:
-    ``ceil(naux/128)*(nva + nvb)`` (the B strips of i and j) + ``6*nvb`` (one T row tile and
-    the epilogue tiles) + small terms; the host checks a double-buffered version of this bound
-    (``nki_ops.SUPPORTS``) and bounds ni*nj per call.
-
-    Steps
-    -----
-    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (a tile ta at
-       free offset ta*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
-       ``acc_sb`` (128, ni*nj*n_at) to 0.
-    2. For each i: DMA the strip ``b_i[:, i]`` -> SBUF ``bi_sb`` (``load_strip``, K tile kt at
-       free offset kt*nva). For each j: DMA ``b_j[:, j]`` -> SBUF ``bj_sb`` (offset kt*nvb).
-    3. Per a tile ta (<=128 rows), one T row tile (``pair_t_rows``): for each b chunk
-       (<=512 columns) accumulate ``nc_matmul(dst=t_ps, stationary=bi_sb[k-tile, a-tile],
-       moving=bj_sb[k-tile, b-chunk])`` over the K tiles in PSUM ``t_ps``, then
-       ``tensor_copy`` PSUM -> SBUF ``t_sb`` (128, nvb). T never leaves the chip, and only one
-       row tile of it is held at a time (no transposes need the other rows).
-    4. The same a tile (``direct_row``): ``D = -e_b + d_col[a]`` by ``tensor_scalar(add)``
-       (SBUF ``d_sb``), ``R = 1/D`` by VectorE ``reciprocal`` (SBUF ``r_sb``), ``W = T*R``
-       (``tensor_tensor``, SBUF ``w_sb``), ``W*T`` then ``tensor_reduce(add)`` over the free
-       axis into the pair's column of ``acc_sb`` (``row_dot``).
-    5. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
-
-    Per pair: ceil(nva/128) * ceil(nvb/512) * ceil(naux/128) matmuls and no transposes; in all
-    ``ceil(naux/128)`` (B_j strip) + ``n_at*ceil(nvb/512)*(ceil(naux/128)+1)`` (T) +
-    ``5*n_at`` (epilogue) instructions, plus ``ceil(naux/128)`` per i and ``3 + n_at`` per
-    launch.
-    """
-    naux = b_i.shape[0]
-    nva = d_col.shape[0]
-    nvb = neg_eps_row.shape[1]
-    ni = b_i.shape[1] // nva
-    nj = b_j.shape[1] // nvb
-    npairs = ni * nj
-    n_at = (nva + TILE_M - 1) // TILE_M
-    ncol = npairs * n_at
+    n_wt = (nrows + TILE_M - 1) // TILE_M
+    n_kt = (naux + TILE_K - 1) // TILE_K
+    kc_tiles = min(n_kt, ENERGY_K_TILES_EXCHANGE)
+    n_kc = (n_kt + kc_tiles - 1) // kc_tiles
+    ncol = 3 * npairs * n_wt * n_at
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
 
     # Step 1: denominators' parts and the accumulator (SBUF).
@@ -214,21 +128,149 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
 
     for i in nl.static_range(ni):
-        # Step 2: the B strip of orbital i stays in SBUF for all j.
-        bi_sb = load_strip(b_i, i * nva, nva, nva)
         for j in nl.static_range(nj):
             pair = i * nj + j
-            bj_sb = load_strip(b_j, j * nvb, nvb, nvb)
+            for w in nl.static_range(n_wt):
+                a0, asz = tile_span(w, TILE_M, nv)
+                c_dcol = w * npairs + pair
+                # Step 2: the window tile's strips, resident across tb when naux is one chunk.
+                if n_kc == 1:
+                    bia_sb = load_strip_chunk(b_i, 0, n_kt, i * nv + a0, asz, TILE_M)
+                    bja_sb = load_strip_chunk(b_j, 0, n_kt, j * nv + a0, asz, TILE_M)
+                for tb in nl.static_range(w, n_at):
+                    b0, bsz = tile_span(tb, TILE_M, nv)
+                    off = tb > w
+                    col = 3 * ((pair * n_wt + w) * n_at + tb)
+                    # Step 3: T[w, tb] and, off the diagonal, T[tb, w], K chunk by K chunk.
+                    t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                    if off:
+                        t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                    for kc in nl.static_range(n_kc):
+                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                        if n_kc > 1:
+                            bia_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + a0, asz, TILE_M)
+                            bja_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + a0, asz, TILE_M)
+                        if off:
+                            bib_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + b0, bsz, TILE_M)
+                            bjb_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + b0, bsz, TILE_M)
+                            accumulate_strips(t1_ps, asz, bsz, bia_sb, TILE_M, bjb_sb, TILE_M,
+                                              kt0, nkt, naux)
+                            accumulate_strips(t2_ps, bsz, asz, bib_sb, TILE_M, bja_sb, TILE_M,
+                                              kt0, nkt, naux)
+                        else:
+                            accumulate_strips(t1_ps, asz, asz, bia_sb, TILE_M, bja_sb, TILE_M,
+                                              kt0, nkt, naux)
+                    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose.
+                    if off:
+                        _t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
+                        t1_blk = t1_ps[0:asz, 0:bsz]
+                    else:
+                        t1_sb, tt_ps = mirror_tile(t1_ps, asz, asz)
+                        t1_blk = t1_sb[0:asz, 0:asz]
+                    # Step 5: R, then the direct and exchange row sums of the tile pair.
+                    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1],
+                                                   asz, bsz)
+                    w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)
+                    row_dot(acc_sb[0:asz, col + 2:col + 3], w_sb[0:asz, 0:bsz],
+                            tt_ps[0:asz, 0:bsz], asz, bsz)
+                    if off:
+                        weighted_row_sums(acc_sb[0:asz, col + 1:col + 2], tt_ps[0:asz, 0:bsz],
+                                          r_sb, asz, bsz)
+
+    # Step 6: the partial sums are the only data written back to HBM.
+    nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
+    return partials
+
+
+@nki.jit
+def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
+    """Direct partial sums (no exchange) of the ni x nj pairs of one block, nva != nvb allowed,
+    for the rows of a window of a tiles (the host passes only the window's columns of B_i).
+
+    Parameters
+    ----------
+    b_i : HBM float32 (naux, ni * nva)
+        ``B[P, i*nva + a]`` for the occupied orbitals i of the block and the window's nva rows.
+    b_j : HBM float32 (naux, nj * nvb)
+        ``B[P, j*nvb + b]`` for the orbitals j (their own virtual space, all nvb of them).
+    d_col : HBM float32 (nva, ni * nj)
+        ``d_col[a, i*nj + j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
+    neg_eps_row : HBM float32 (128, nvb)
+        ``-e_b`` replicated on all 128 partitions (the host-supplied broadcast row).
+
+    Returns
+    -------
+    partials : shared HBM float32 (128, ni * nj * n_at * n_bc)
+        n_at = ceil(nva/128), n_bc = ceil(nvb/512). Column ``(pair * n_at + ta) * n_bc + bc``
+        holds, on partition p, the direct sum of row ``a = ta*128 + p`` of pair ``pair = i*nj +
+        j`` over the columns b of chunk bc. Partitions beyond a ragged a tile hold 0.
+
+    Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1 with
+    ``b_i.shape[1] = ni * nva`` and ``b_j.shape[1] = nj * nvb``; naux >= 1; every ``D_ab``
+    nonzero. SBUF per partition (fp32 words): nvb (``-e_b``) + the accumulator and
+    denominators + at most ``2 * 16 * (128 + 512)`` (strip chunks) + epilogue tiles
+    (``nki_ops._energy_sbuf_words``); PSUM: one bank per T tile.
+
+    Steps
+    -----
+    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb``
+       (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
+    2. For each pair and a tile ta: when naux is one chunk (<= 16 K tiles), DMA the 128-column
+       strip ``B_i[:, ta]`` -> SBUF ``bia_sb`` once (``load_strip_chunk``); otherwise per chunk.
+    3. For each b chunk bc (<= 512 columns), over the K chunks: DMA ``B_j[:, bc]`` -> SBUF
+       ``bjb_sb`` and accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM
+       (``accumulate_strips``). T never leaves the chip.
+    4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (``tensor_scalar`` and
+       VectorE ``reciprocal``), ``W = T * R``, the row sums of ``W * T`` into the column of
+       ``acc_sb``.
+    5. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
+
+    Per pair: ``n_at * n_bc * ceil(naux/128)`` matmuls and no transposes; the instruction count
+    is ``nki_ops._energy_instructions``.
+    """
+    naux = b_i.shape[0]
+    nva = d_col.shape[0]
+    nvb = neg_eps_row.shape[1]
+    npairs = d_col.shape[1]
+    ni = b_i.shape[1] // nva
+    nj = b_j.shape[1] // nvb
+    n_at = (nva + TILE_M - 1) // TILE_M
+    n_bc = (nvb + TILE_N - 1) // TILE_N
+    n_kt = (naux + TILE_K - 1) // TILE_K
+    kc_tiles = min(n_kt, ENERGY_K_TILES_DIRECT)
+    n_kc = (n_kt + kc_tiles - 1) // kc_tiles
+    ncol = npairs * n_at * n_bc
+    partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
+
+    # Step 1: denominators' parts and the accumulator (SBUF).
+    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row)
+    acc_sb = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
+
+    for i in nl.static_range(ni):
+        for j in nl.static_range(nj):
+            pair = i * nj + j
             for ta in nl.static_range(n_at):
                 a0, asz = tile_span(ta, TILE_M, nva)
-                # Step 3: one row tile of T = B_i^T B_j, PSUM-accumulated, in SBUF t_sb.
-                t_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
-                pair_t_rows(t_sb, 0, bi_sb, a0, asz, nva, bj_sb, nvb, naux)
-                # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
-                c_dir = pair * n_at + ta
-                c_d = ta * npairs + pair
-                direct_row(acc_sb[0:asz, c_dir:c_dir + 1], t_sb[0:asz, 0:nvb], negv_sb,
-                           dcol_sb[0:asz, c_d:c_d + 1], asz, nvb)
+                c_dcol = ta * npairs + pair
+                # Step 2: the a tile's strip, resident across the b chunks when naux is one chunk.
+                if n_kc == 1:
+                    bia_sb = load_strip_chunk(b_i, 0, n_kt, i * nva + a0, asz, TILE_M)
+                for bc in nl.static_range(n_bc):
+                    b0, bsz = tile_span(bc, TILE_N, nvb)
+                    col = (pair * n_at + ta) * n_bc + bc
+                    # Step 3: T[ta, bc] accumulated in PSUM over the K chunks.
+                    t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                    for kc in nl.static_range(n_kc):
+                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                        if n_kc > 1:
+                            bia_sb = load_strip_chunk(b_i, kt0, nkt, i * nva + a0, asz, TILE_M)
+                        bjb_sb = load_strip_chunk(b_j, kt0, nkt, j * nvb + b0, bsz, TILE_N)
+                        accumulate_strips(t_ps, asz, bsz, bia_sb, TILE_M, bjb_sb, TILE_N, kt0,
+                                          nkt, naux)
+                    # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
+                    direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
+                               dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
 
     # Step 5: the partial sums are the only data written back to HBM.
     nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])

@@ -19,6 +19,8 @@ import torch
 from ..errors import InputError, NotPositiveDefiniteError
 from ..kernels._tiles import (
     BLOCK,
+    ENERGY_K_TILES_DIRECT,
+    ENERGY_K_TILES_EXCHANGE,
     FP32_BYTES,
     SBUF_RESIDENT_BUDGET,
     TILE_K,
@@ -275,45 +277,100 @@ def _trmm_supports(u_nn, b_mn) -> str | None:
 
 
 # -- fused pair sums --------------------------------------------------------------------------
-#: Kernel of each variant: exchange (square blocks) or direct only (rectangular blocks allowed).
+#: Kernel of each variant: exchange (one virtual space) or direct only (rectangular blocks).
 _ENERGY_KERNELS = {True: "mp2_pair_energy_kernel", False: "mp2_pair_direct_kernel"}
 
 
-def _energy_sbuf_words(nva: int, nvb: int, naux: int, npairs: int, exchange: bool) -> int:
+def _energy_tiles(nva: int, nvb: int, naux: int, exchange: bool):
+    """``(n_kt, kc_tiles, n_kc)``: K tiles, K tiles per strip chunk and chunks of a launch."""
+    n_kt = ceil_div(naux, TILE_K)
+    kc = min(n_kt, ENERGY_K_TILES_EXCHANGE if exchange else ENERGY_K_TILES_DIRECT)
+    return n_kt, kc, ceil_div(n_kt, kc)
+
+
+def _energy_columns(npairs: int, n_wt: int, nv_rest: int, nvb: int, exchange: bool) -> int:
+    """Accumulator columns of one launch (the kernels' ``partials`` width)."""
+    if exchange:
+        return 3 * npairs * n_wt * ceil_div(nv_rest, TILE_M)
+    return npairs * n_wt * ceil_div(nvb, TILE_N)
+
+
+def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int,
+                       exchange: bool) -> int:
     """fp32 words per partition one fused-energy launch may hold in SBUF at its peak.
 
-    Exchange kernel (nva = nvb = nv): the strip of B_i (ceil(naux/128)*nv), two strips of B_j
-    and two T row blocks (ceil(nv/128)*nv each; the next pair's tiles are allocated while the
-    previous ones are still live, as a double-buffering allocator would), seven (128, nv)
-    epilogue tiles and the -e_b row, plus the denominator columns and the accumulator
-    (3*ceil(nv/128)*npairs). Direct kernel: the strips of B_i (ceil(naux/128)*nva) and of B_j
-    (ceil(naux/128)*nvb), one of them twice (the larger: the next i's or j's strip is allocated
-    while the previous ones are live), two T row tiles, five epilogue tiles and the -e_b row
-    (nvb each), plus the denominator columns and the accumulator (2*ceil(nva/128)*npairs).
+    ``nv_rest``: the exchange kernel's virtual columns (the window and all later ones) or the
+    direct kernel's window rows; ``n_wt`` window tiles. Both kernels: the ``-e_b`` row, the
+    denominator columns (``n_wt * npairs``) and the accumulator; strip chunks of
+    ``kc = min(ceil(naux/128), chunk)`` K tiles, each counted twice (the next one is allocated
+    while the last is still live): four 128-column chunks (exchange) or a 128- and a 512-column
+    chunk (direct); the epilogue tiles, twice: seven (128, 128) (exchange: two T copies, D, R,
+    W, the product of ``row_dot``, the mirrored W) or four (128, 512) (direct: D, R, W,
+    product).
     """
-    n_kt, n_at = ceil_div(naux, TILE_K), ceil_div(nva, TILE_M)
+    _n_kt, kc, _n_kc = _energy_tiles(nv_rest, nvb, naux, exchange)
+    cols = _energy_columns(npairs, n_wt, nv_rest, nvb, exchange)
     if exchange:
-        return (3 * n_kt + 2 * n_at + 8) * nva + 3 * n_at * npairs
-    return n_kt * (nva + nvb + max(nva, nvb)) + 8 * nvb + 2 * n_at * npairs
+        return nv_rest + n_wt * npairs + cols + 2 * 4 * kc * TILE_M + 2 * 7 * TILE_M
+    return nvb + n_wt * npairs + cols + 2 * kc * (TILE_M + TILE_N) + 2 * 4 * TILE_N
 
 
-def _energy_instructions(ni: int, nj: int, nva: int, nvb: int, naux: int,
+def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
                          exchange: bool) -> int:
-    """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs (the counts in
-    the kernels' docstrings: per launch, per i and per pair)."""
-    n_kt, n_at, n_bc = ceil_div(naux, TILE_K), ceil_div(nva, TILE_M), ceil_div(nvb, TILE_N)
-    epilogue = n_at * (7 + 2 * n_at) if exchange else 5 * n_at
-    per_pair = n_kt + n_at * n_bc * (n_kt + 1) + epilogue
-    return 3 + n_at + ni * n_kt + ni * nj * per_pair
+    """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
+    window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
+
+    Per launch ``3 + n_wt`` (denominators, memset, store). Exchange kernel, per pair and window
+    tile w: ``2*n_kt`` strip loads when naux is one chunk; per diagonal tile pair ``n_kt``
+    matmuls (plus ``2*n_kt`` loads when chunked) and 9 epilogue instructions; per off-diagonal
+    one (``n_at - 1 - w`` of them) ``2*n_kt`` loads, ``2*n_kt`` matmuls (plus ``2*n_kt`` loads
+    when chunked) and 12. Direct kernel, per pair and a tile: ``n_kt`` loads when one chunk;
+    per b chunk ``2*n_kt`` (loads and matmuls; ``+n_kt`` when chunked) and 5.
+    """
+    n_kt, _kc, n_kc = _energy_tiles(nv_rest, nvb, naux, exchange)
+    chunked = n_kc > 1
+    if exchange:
+        n_at = ceil_div(nv_rest, TILE_M)
+        diag = n_kt + 9 + (2 * n_kt if chunked else 0)
+        off = 4 * n_kt + 12 + (2 * n_kt if chunked else 0)
+        per_pair = sum((0 if chunked else 2 * n_kt) + diag + (n_at - 1 - w) * off
+                       for w in range(n_wt))
+    else:
+        n_bc = ceil_div(nvb, TILE_N)
+        per_chunk = 2 * n_kt + 5 + (n_kt if chunked else 0)
+        per_pair = n_wt * ((0 if chunked else n_kt) + n_bc * per_chunk)
+    return 3 + n_wt + ni * nj * per_pair
 
 
-def _energy_pairs_per_call(nva: int, nvb: int, naux: int, exchange: bool) -> int:
-    """Pairs per launch: at most MAX_PAIRS_PER_CALL, and few enough that any launch of that many
-    pairs (at most one B_i strip per pair) stays within MAX_ENERGY_INSTRUCTIONS_PER_CALL."""
-    fixed = _energy_instructions(0, 0, nva, nvb, naux, exchange)
-    per_pair = _energy_instructions(1, 1, nva, nvb, naux, exchange) - fixed
-    fit = (MAX_ENERGY_INSTRUCTIONS_PER_CALL - fixed) // per_pair
-    return max(1, min(MAX_PAIRS_PER_CALL, fit))
+def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool) -> tuple[int, int]:
+    """``(pairs, window)``: occupied pairs per launch and a tiles per window, so that every
+    launch stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` and ``ENERGY_SBUF_BUDGET``.
+
+    One pair over all a tiles first (then as many pairs as fit, at most
+    ``MAX_PAIRS_PER_CALL``); otherwise one pair per launch and the widest window that fits
+    (checked at the first window, the largest: it meets the most later tiles). ``window == 0``
+    when even one pair and one a tile exceed a bound (``_energy_supports`` names it).
+    """
+    n_at = ceil_div(nva, TILE_M)
+
+    def fits(pairs, window):
+        rows = min(nva, window * TILE_M)
+        side = max(1, int(np.sqrt(pairs)))  # the squarest chunk has the most i strips
+        ni, nj = side, max(1, pairs // side)
+        return (_energy_instructions(ni, nj, nva, nvb, naux, window, exchange)
+                <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
+                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
+                                       exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
+
+    if fits(1, n_at):
+        pairs = 1
+        while pairs < MAX_PAIRS_PER_CALL and fits(pairs + 1, n_at):
+            pairs += 1
+        return pairs, n_at
+    window = n_at - 1
+    while window > 0 and not fits(1, window):
+        window -= 1
+    return 1, window
 
 
 def _pair_chunks(ni: int, nj: int, pairs: int, square: bool) -> tuple[int, int]:
@@ -327,6 +384,20 @@ def _pair_chunks(ni: int, nj: int, pairs: int, square: bool) -> tuple[int, int]:
     return max(1, min(ni, pairs // cj)), cj
 
 
+def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int, nvb: int,
+                 exchange: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pair ``(direct, exchange)`` fp64 sums (ci, cj) of one launch's partial sums."""
+    sums = partials.astype(np.float64).sum(axis=0)  # fp64 over partitions
+    if not exchange:
+        return sums.reshape(ci, cj, -1).sum(axis=2), np.zeros((ci, cj))
+    n_at = ceil_div(nv_rest, TILE_M)
+    cols = sums.reshape(ci, cj, n_wt, n_at, 3)
+    w_idx, tb_idx = np.arange(n_wt)[:, None], np.arange(n_at)[None, :]
+    mirror = np.where(tb_idx > w_idx, 2.0, 1.0)  # an off-diagonal tile pair stands for two
+    direct = (cols[..., 0] + cols[..., 1]).sum(axis=(2, 3))
+    return direct, (cols[..., 2] * mirror).sum(axis=(2, 3))
+
+
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
                   weights: torch.Tensor, exchange: bool, *, mode: str) -> torch.Tensor:
@@ -334,30 +405,35 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     kernels (the contract of :func:`dfmp2.linalg.torch_ops.mp2_pair_sums`).
 
     ovL_i : (ni, nva, naux); ovL_j : (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
-    eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs nva == nvb. Returns float64
-    ``[sum_ij w_ij sum_ab T_ab^2/D, sum_ij w_ij sum_ab T_ab T_ba/D]`` (the second 0.0 without
-    exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else the
-    ``mp2_pair_direct_kernel`` (no transposes). The (ia|jb) GEMM and the reduction to
-    per-partition partial sums run in fp32 on the device; the host adds the partial sums and
-    applies the weights in fp64. Pairs are launched in chunks of at most
-    ``_energy_pairs_per_call`` pairs (square chunks when the weights are upper triangular); a
+    eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs one virtual space. Returns
+    float64 ``[sum_ij w_ij sum_ab T_ab^2/D, sum_ij w_ij sum_ab T_ab T_ba/D]`` (the second 0.0
+    without exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else the
+    ``mp2_pair_direct_kernel``. The (ia|jb) GEMM and the reduction to per-partition partial
+    sums run in fp32 on the device; the host adds the partial sums and applies the weights in
+    fp64. Launches (``_energy_launch_plan``): chunks of pairs (square chunks when the weights
+    are upper triangular) and, when one pair is too large for a launch, windows of a tiles; a
     chunk whose weights are all 0 is not launched, and pairs of weight 0 inside a launched chunk
-    add nothing. Raises :class:`InputError` on inconsistent shapes.
+    add nothing. Any nvir and naux run; raises :class:`InputError` on inconsistent shapes.
     """
     ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
         ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
     exchange = bool(exchange)
+    if exchange and not _one_virtual_space(eps_va, eps_vb):
+        raise InputError(f"mp2_pair_sums: {_TWO_SPACES}")
     w_ij = _f64(weights)
     direct = ex = 0.0
     if ni == 0 or nj == 0 or nva == 0 or nvb == 0 or naux == 0 or not w_ij.any():
         return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
-    b_i = _f32(_f64(ovL_i).reshape(ni * nva, naux).T)  # (naux, ni*nva): naux on partitions
-    b_j = _f32(_f64(ovL_j).reshape(nj * nvb, naux).T)  # (naux, nj*nvb)
+    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange)
+    if window == 0:
+        raise InputError(f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange)}")
+    b_i = _f32(_f64(ovL_i).reshape(ni * nva, naux).T).reshape(naux, ni, nva)
+    b_j = _f32(_f64(ovL_j).reshape(nj * nvb, naux).T).reshape(naux, nj, nvb)
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
     square = ni == nj and not np.tril(w_ij, -1).any()
-    ci, cj = _pair_chunks(ni, nj, _energy_pairs_per_call(nva, nvb, naux, exchange), square)
+    ci, cj = _pair_chunks(ni, nj, pairs, square)
     nki_runtime.prepare(mode)
     kernel = nki_runtime.load_kernel("mp2_energy", _ENERGY_KERNELS[exchange])
     for i0 in range(0, ni, ci):
@@ -367,22 +443,48 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
             weight = w_ij[i0:i1, j0:j1]
             if not weight.any():
                 continue  # e.g. a chunk below the diagonal of a diagonal block
-            d_col = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1) - e_a[:, None]
-            (partials,) = nki_runtime.run_kernel(
-                kernel,
-                (np.ascontiguousarray(b_i[:, i0 * nva:i1 * nva]),
-                 np.ascontiguousarray(b_j[:, j0 * nvb:j1 * nvb]), _f32(d_col), neg_eps_row),
-                mode,
-            )
-            ncol = (i1 - i0) * (j1 - j0) * n_at
-            sums = partials.astype(np.float64).sum(axis=0)  # fp64 over partitions
+            d_pair = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1)
+            direct_ij = np.zeros(weight.shape)
+            ex_ij = np.zeros(weight.shape)
+            for w0 in range(0, n_at, window):
+                a0, a1 = w0 * TILE_M, min(nva, (w0 + window) * TILE_M)
+                n_wt = ceil_div(a1 - a0, TILE_M)
+                if exchange:  # the window's rows and every later column of the one space
+                    cols, rest_j, nv_rest = slice(a0, nva), slice(a0, nva), nva - a0
+                    neg_row = np.ascontiguousarray(neg_eps_row[:, a0:])
+                else:  # the window's rows against all of the j side's columns
+                    cols, rest_j, nv_rest = slice(a0, a1), slice(0, nvb), a1 - a0
+                    neg_row = neg_eps_row
+                args = (np.ascontiguousarray(b_i[:, i0:i1, cols]).reshape(naux, -1),
+                        np.ascontiguousarray(b_j[:, j0:j1, rest_j]).reshape(naux, -1),
+                        _f32(d_pair - e_a[a0:a1, None]), neg_row)
+                (partials,) = nki_runtime.run_kernel(kernel, args, mode)
+                d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,
+                                              exchange)
+                direct_ij += d_part
+                ex_ij += x_part
             used = weight != 0.0  # a skipped pair adds nothing, even a non-finite one
-            direct_ij = sums[:ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
             direct += float((weight[used] * direct_ij[used]).sum())
-            if exchange:
-                ex_ij = sums[ncol:2 * ncol].reshape(i1 - i0, j1 - j0, n_at).sum(axis=2)
-                ex += float((weight[used] * ex_ij[used]).sum())
+            ex += float((weight[used] * ex_ij[used]).sum())
     return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
+
+
+def _energy_supports_shape(nva: int, nvb: int, naux: int, exchange: bool) -> str | None:
+    """None, or why one pair and one a tile exceed a launch's bounds."""
+    if _energy_launch_plan(nva, nvb, naux, exchange)[1] > 0:
+        return None
+    return (f"nvir={nva}x{nvb} with naux={naux}: one pair and one a tile exceed a launch of "
+            f"{_ENERGY_KERNELS[exchange]} ({MAX_ENERGY_INSTRUCTIONS_PER_CALL} instructions, "
+            f"{ENERGY_SBUF_BUDGET // 1024} KiB of SBUF per partition)")
+
+
+#: Why the exchange kernel refuses two sets of virtual energies.
+_TWO_SPACES = ("the exchange kernel pairs orbitals of one virtual space (eps_va equal to eps_vb: "
+               "it uses D_ab = D_ba); exchange between two spaces runs on the host")
+
+
+def _one_virtual_space(eps_va, eps_vb) -> bool:
+    return eps_va is eps_vb or torch.equal(torch.as_tensor(eps_va), torch.as_tensor(eps_vb))
 
 
 def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
@@ -394,12 +496,11 @@ def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
     nvb = int(ovL_j.shape[1])
     if exchange and nva != nvb:
         return None  # not a shape limit: mp2_pair_sums raises InputError on these operands
-    kernel = _ENERGY_KERNELS[bool(exchange)]
-    needed = _energy_sbuf_words(nva, nvb, naux, MAX_PAIRS_PER_CALL, bool(exchange)) * FP32_BYTES
-    if needed > ENERGY_SBUF_BUDGET:
-        return (f"nvir={nva}x{nvb} with naux={naux} needs {needed // 1024} KiB of SBUF per "
-                f"partition in {kernel} (limit {ENERGY_SBUF_BUDGET // 1024} KiB)")
-    return None
+    if exchange and eps_va is not None and eps_vb is not None and (
+            tuple(eps_va.shape) == tuple(eps_vb.shape) == (nva,)) and not _one_virtual_space(
+            eps_va, eps_vb):
+        return _TWO_SPACES  # the pipeline never asks this: its exchange blocks share one space
+    return _energy_supports_shape(nva, nvb, naux, bool(exchange))
 
 
 #: op name -> shape check taking the op's arguments (without ``mode``): None or the limit hit.

@@ -2,9 +2,9 @@
 
 Checked functions (in a module that imports ``nki``): every function decorated with
 ``nki.jit`` (``@nki.jit``, ``@nki.jit(...)``, ``@jit`` imported from ``nki``), every module-level
-function that uses the ``nki.isa``/``nki.language`` aliases (device-side helpers), and every
-module-level function those call by name, transitively. Host code that only calls kernels is
-not checked.
+function that uses the ``nki.isa``/``nki.language`` aliases (device-side helpers), every
+module-level function those call by name, and every one that calls a device helper (a helper
+composed of helpers), transitively. Host code that only calls kernels is not checked.
 
 Rules (each message is ``file:line: [rule] detail (in function)``):
 
@@ -181,30 +181,30 @@ def _uses_device_api(func: ast.FunctionDef, al: _Aliases) -> bool:
 
 
 def checked_functions(tree: ast.Module) -> list[ast.FunctionDef]:
-    """Module-level functions the lint checks (kernels, device helpers, and their callees)."""
+    """Module-level functions the lint checks: kernels, device helpers, their callees, and the
+    functions that call a device helper (a helper composed only of other helpers)."""
     al = _Aliases(tree)
     if not al.imports_nki:
         return []
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    todo = [
-        f
-        for f in defs.values()
-        if any(_is_jit(d, al) for d in f.decorator_list) or _uses_device_api(f, al)
-    ]
-    seen: dict[str, ast.FunctionDef] = {}
-    while todo:
-        func = todo.pop()
-        if func.name in seen:
-            continue
-        seen[func.name] = func
-        for node in ast.walk(func):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in defs
-            ):
-                todo.append(defs[node.func.id])
-    return sorted(seen.values(), key=lambda f: f.lineno)
+
+    def called(func: ast.FunctionDef) -> set[str]:
+        return {node.func.id for node in ast.walk(func) if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name) and node.func.id in defs}
+
+    calls = {name: called(func) for name, func in defs.items()}
+    jit = {name for name, f in defs.items() if any(_is_jit(d, al) for d in f.decorator_list)}
+    seen = jit | {name for name, f in defs.items() if _uses_device_api(f, al)}
+    while True:
+        grown = set(seen)
+        for name in seen:
+            grown |= calls[name]  # callees of checked functions
+        helpers = grown - jit
+        grown |= {name for name in defs if calls[name] & helpers}  # callers of helpers
+        if grown == seen:
+            break
+        seen = grown
+    return sorted((defs[name] for name in seen), key=lambda f: f.lineno)
 
 
 def _has_subscript(target: ast.expr) -> bool:

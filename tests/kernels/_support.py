@@ -39,12 +39,13 @@ def spd(n: int, seed: int) -> torch.Tensor:
     return r @ r.T / (n + 8) + 0.5 * torch.eye(n, dtype=torch.float64)
 
 
-def pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed):
+def pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed, same_space=False):
     """Synthetic operands ``(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb)`` of ``mp2_pair_sums``:
     B ~ N(0, 0.05^2), occupied energies in [-1.5, -0.3], virtual energies in [0.1, 3.0] (all
     denominators negative, as for a real reference). A diagonal block (nva == nvb) passes the
     same tensors for i and j; otherwise every operand is drawn independently (also eps_vb, so a
-    swapped a/b orientation of D shows)."""
+    swapped a/b orientation of D shows), except that ``same_space`` blocks (two orbital blocks of
+    one spin space, the only ones with an exchange sum) share the virtual energies."""
     rng = np.random.default_rng(seed)
     ovL_i = torch.from_numpy(rng.standard_normal((ni, nva, naux)) * 0.05)
     eps_i = torch.from_numpy(rng.uniform(-1.5, -0.3, ni))
@@ -55,6 +56,8 @@ def pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed):
     ovL_j = torch.from_numpy(rng.standard_normal((nj, nvb, naux)) * 0.05)
     eps_j = torch.from_numpy(rng.uniform(-1.5, -0.3, nj))
     eps_vb = torch.from_numpy(rng.uniform(0.1, 3.0, nvb))
+    if same_space:
+        eps_vb = eps_va
     return ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb
 
 

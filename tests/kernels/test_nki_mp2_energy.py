@@ -37,7 +37,7 @@ KERNEL = {True: "mp2_pair_energy_kernel", False: "mp2_pair_direct_kernel"}
 def _block(ni, nj, nva, nvb, naux, kind, seed=0):
     """Operands and weights of one case: ``(args, weights, exchange)``."""
     diagonal_block, exchange = KINDS[kind]
-    args = pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed)
+    args = pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed, same_space=exchange)
     if diagonal_block:
         weights = pair_weights(0, ni, 0, nj, True)
     else:  # I < J of one space (all 2), or two spaces (all 1)
@@ -68,7 +68,7 @@ def test_pair_sums_match_float64(nki_mode, ni, nj, nva, nvb, naux, kind):
                          ids=["square-exchange", "square-direct", "rect-direct"])
 def test_pair_sums_with_arbitrary_weights(nki_mode, nvb, exchange):
     """Signed, fractional and zero weights (zero pairs inside a launched chunk add nothing)."""
-    args = pair_block(4, 3, 140, nvb, 200, False, 3)
+    args = pair_block(4, 3, 140, nvb, 200, False, 3, same_space=exchange)
     weights = torch.from_numpy(np.random.default_rng(4).uniform(-1.0, 2.0, (4, 3)))
     weights[1, 2] = weights[3, 0] = 0.0
     got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode=nki_mode)
@@ -86,33 +86,92 @@ def test_pair_sums_over_several_launches(nki_mode, monkeypatch, ni, nj, nvb, kin
 
 @pytest.mark.parametrize("ni,nj,nva,nvb,naux,kind", CASES)
 @pytest.mark.nki_emulated
-def test_pair_sums_structure(emulator_trace, ni, nj, nva, nvb, naux, kind):
+def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux, kind):
+    """One launch over the whole block (bounds lifted): the instruction count the host budgets
+    launches with, exactly; one GEMM's worth of matmuls per pair; T never leaves the chip."""
+    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 1000)
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 10 ** 6)
     args, weights, exchange = _block(ni, nj, nva, nvb, naux, kind)
     with emulator_trace() as tr:
         nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
     pairs = ni * nj
     n_at, n_bc, n_kt = ceil_div(nva, 128), ceil_div(nvb, 512), ceil_div(naux, 128)
     assert tr.kernels == [KERNEL[exchange]]
-    # the instruction count the host budgets launches with, exactly
-    assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, exchange)
-    # one GEMM per pair: (a tiles) x (512-column chunks) x (aux tiles), nothing more
-    assert tr.count("nc_matmul") == pairs * n_at * n_bc * n_kt
+    assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, n_at, exchange)
     transposes = tr.find("nc_transpose")
-    if exchange:  # the exchange term T_ba comes from TensorE transposes of T tiles
-        assert len(transposes) == pairs * n_at * n_at
+    tile_pairs = n_at * (n_at + 1) // 2
+    if exchange:  # T[ta, tb] and T[tb, ta] once each per tile pair ta <= tb: n_at^2 tiles
+        assert tr.count("nc_matmul") == pairs * n_at * n_at * n_kt
+        # the exchange partner T_ba comes from one TensorE transpose per tile pair
+        assert len(transposes) == pairs * tile_pairs
         assert all(r.engine == "tensor" and r.operands["dst"].buffer == "psum" for r in transposes)
+        assert tr.count("reciprocal") == pairs * tile_pairs
+        width = 3 * pairs * n_at * n_at
     else:  # the direct kernel neither transposes nor reduces an exchange term
+        assert tr.count("nc_matmul") == pairs * n_at * n_bc * n_kt
         assert transposes == []
-        assert tr.count("tensor_reduce") == pairs * n_at
+        assert tr.count("tensor_reduce") == tr.count("reciprocal") == pairs * n_at * n_bc
+        width = pairs * n_at * n_bc
     # the only store to HBM is the small block of partial sums: no (ia|jb) tile leaves the chip
-    halves = 2 if exchange else 1
     stores = tr.dma_stores()
-    assert len(stores) == 1
-    assert stores[0].operands["dst"].shape == (128, halves * pairs * n_at)
-    assert tr.bytes_moved() - sum(r.nbytes for r in tr.dma_loads()) == (
-        128 * halves * pairs * n_at * 4)
+    assert len(stores) == 1 and stores[0].operands["dst"].shape == (128, width)
+    assert tr.bytes_moved() - sum(r.nbytes for r in tr.dma_loads()) == 128 * width * 4
     # VectorE reciprocal of the denominators (no ScalarE approximation)
-    assert tr.count("reciprocal") == pairs * n_at and tr.count("activation") == 0
+    assert tr.count("activation") == 0
+
+
+def _oracle_one_pair(args, exchange):
+    """fp64 ``[direct, exchange]`` of a single pair from one dense GEMM (the float64 oracle
+    ``reference_pair_sums`` is slower at these sizes)."""
+    ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb = (x.numpy() for x in args)
+    t_ab = ovL_i[0] @ ovL_j[0].T
+    d_ab = eps_i[0] + eps_j[0] - eps_va[:, None] - eps_vb[None, :]
+    w_ab = t_ab / d_ab
+    return np.array([(w_ab * t_ab).sum(), (w_ab * t_ab.T).sum() if exchange else 0.0])
+
+
+@pytest.mark.parametrize("nva,nvb,exchange", [(2000, 2000, True), (2000, 2000, False),
+                                              (300, 2000, False)],
+                         ids=["exchange", "direct", "rect-direct"])
+def test_pair_sums_at_nvir_2000_and_naux_8000(nki_mode, nva, nvb, exchange):
+    """The issue's bound, one pair: no SBUF-resident operand strip, no fallback; the exchange
+    kernel runs a window of a tiles per launch, both stream the auxiliary index in chunks."""
+    naux = 8000
+    args = pair_block(1, 1, nva, nvb, naux, False, 11, same_space=exchange)
+    weights = torch.ones((1, 1), dtype=torch.float64)
+    assert nki_ops.SUPPORTS["mp2_pair_sums"](*args, weights, exchange) is None
+    got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode=nki_mode).numpy()
+    want = _oracle_one_pair(args, exchange)
+    assert np.abs(got - want).max() <= ENERGY_RTOL * abs(want[0])
+
+
+@pytest.mark.parametrize("kind", ["diagonal", "square", "rect"])
+@pytest.mark.nki_emulated
+def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind):
+    """Small bounds force what large molecules need: several a-tile windows per pair (the
+    exchange kernel's later windows see only their own and later columns) and several K chunks
+    per contraction (PSUM keeps accumulating across chunk loads)."""
+    import sys
+
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 50 if kind == "rect" else 200)
+    monkeypatch.setattr(nki_ops, "ENERGY_K_TILES_EXCHANGE", 2)
+    monkeypatch.setattr(nki_ops, "ENERGY_K_TILES_DIRECT", 2)
+    nki_ops.nki_runtime.prepare("emulator")
+    kernels = sys.modules[nki_ops.nki_runtime.load_kernel(
+        "mp2_energy", "mp2_pair_energy_kernel").__module__]
+    monkeypatch.setattr(kernels, "ENERGY_K_TILES_EXCHANGE", 2)
+    monkeypatch.setattr(kernels, "ENERGY_K_TILES_DIRECT", 2)
+    ni, nj, nva, nvb = (2, 2, 400, 400) if kind != "rect" else (2, 2, 400, 150)
+    args, weights, exchange = _block(ni, nj, nva, nvb, 600, kind, seed=12)
+    assert nki_ops._energy_launch_plan(nva, nvb, 600, exchange)[1] < ceil_div(nva, 128)
+    with emulator_trace() as tr:
+        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
+    _assert_sums_close(got, args, weights, exchange)
+    pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
+    assert len(tr.kernels) > pairs_run  # several windows per pair
+    n_at, n_kt = ceil_div(nva, 128), ceil_div(600, 128)
+    per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 512) * n_kt
+    assert tr.count("nc_matmul") == pairs_run * per_pair  # windows and chunks add no work
 
 
 @pytest.mark.nki_emulated
@@ -123,7 +182,7 @@ def test_pair_sums_launch_count(emulator_trace, monkeypatch):
         nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
     # chunks {0,1}, {2,3}, {4}: 3 diagonal chunk pairs + 3 above the diagonal, 3 skipped
     assert tr.kernels == ["mp2_pair_energy_kernel"] * 6
-    assert tr.count("nc_matmul") == (4 + 4 + 1 + 4 + 2 + 2) * 2 * 1 * 2
+    assert tr.count("nc_matmul") == (4 + 4 + 1 + 4 + 2 + 2) * 2 * 2 * 2  # pairs * n_at^2 * n_kt
 
 
 @pytest.mark.nki_emulated
@@ -158,31 +217,42 @@ def test_pair_sums_reject_inconsistent_shapes():
     with pytest.raises(InputError, match="exchange sum needs nvir_i == nvir_j, got 10 and 8"):
         nki_ops.mp2_pair_sums(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, True,
                               mode="emulator")
+    # the exchange kernel pairs orbitals of one space: a second set of virtual energies is
+    # refused by the op and named by its shape check (the dispatcher then runs it on the host)
+    two_spaces = (ovL_i, ovL_i, eps_i, eps_i, eps_va, eps_va + 0.1,
+                  torch.ones((2, 2), dtype=torch.float64), True)
+    with pytest.raises(InputError, match="one virtual space"):
+        nki_ops.mp2_pair_sums(*two_spaces, mode="emulator")
+    assert "one virtual space" in nki_ops.SUPPORTS["mp2_pair_sums"](*two_spaces)
+    one_space = two_spaces[:5] + (eps_va.clone(),) + two_spaces[6:]
+    assert nki_ops.SUPPORTS["mp2_pair_sums"](*one_space) is None
 
 
 @pytest.mark.nki_emulated
-def test_pair_sums_supports_names_the_sbuf_limit():
+def test_pair_sums_supports_any_size_up_to_the_issue_bound_and_names_a_limit_beyond():
     check = nki_ops.SUPPORTS["mp2_pair_sums"]
-    typical = torch.zeros(1).expand(4, 448, 1536)
-    assert check(typical, typical, None, None, None, None, None, True) is None
-    huge = torch.zeros(1).expand(4, 2000, 8000)
-    assert "SBUF" in check(huge, huge, None, None, None, None, None, True)
-    assert "mp2_pair_direct_kernel" in check(huge, huge, None, None, None, None, None, False)
-    # the large shape: the exchange kernel holds every T row tile, the direct kernel one
-    large = torch.zeros(1).expand(4, 672, 2304)
-    assert "mp2_pair_energy_kernel" in check(large, large, None, None, None, None, None, True)
-    assert check(large, large, None, None, None, None, None, False) is None
-    rect = torch.zeros(1).expand(4, 300, 2304)
-    assert check(large, rect, None, None, None, None, None, False) is None
+    for nv, naux in ((448, 1536), (672, 2304), (1200, 5000), (2000, 8000)):
+        block = torch.zeros(1).expand(4, nv, naux)
+        rect = torch.zeros(1).expand(4, nv // 3, naux)
+        assert check(block, block, None, None, None, None, None, True) is None
+        assert check(block, block, None, None, None, None, None, False) is None
+        assert check(block, rect, None, None, None, None, None, False) is None
+        assert check(rect, block, None, None, None, None, None, False) is None
+    # one pair and one a tile of a 2000-virtual space need more than one launch's trace
+    beyond = torch.zeros(1).expand(1, 2000, 40000)
+    reason = check(beyond, beyond, None, None, None, None, None, True)
+    assert "mp2_pair_energy_kernel" in reason and "one pair and one a tile" in reason
 
 
-@pytest.mark.parametrize("nva,nvb,naux,exchange", [(150, 150, 300, True), (600, 70, 260, False),
-                                                   (130, 600, 140, False)])
+@pytest.mark.parametrize("nva,nvb,naux,exchange", [
+    (150, 150, 300, True), (600, 70, 260, False), (130, 600, 140, False),
+    (150, 150, 3300, True), (130, 600, 2200, False)])
 @pytest.mark.nki_emulated
 def test_sbuf_estimate_bounds_the_emulated_peak(emulator_trace, monkeypatch, nva, nvb, naux,
                                                 exchange):
     """The host's SBUF estimate is at least what the emulator holds live (its conservative
-    liveness model: a tile counts until its last Python reference goes)."""
+    liveness model: a tile counts until its last Python reference goes), one K chunk or
+    several."""
     from dfmp2.nki_emulator import _context
 
     peak = [0]
@@ -193,24 +263,37 @@ def test_sbuf_estimate_bounds_the_emulated_peak(emulator_trace, monkeypatch, nva
         peak[0] = max(peak[0], run.usage.sbuf_bytes)
 
     monkeypatch.setattr(_context.KernelRun, "register", tracked)
-    args = pair_block(2, 3, nva, nvb, naux, False, 9)
-    with emulator_trace():
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 10 ** 6)
+    args = pair_block(2, 3, nva, nvb, naux, False, 9, same_space=exchange)
+    with emulator_trace() as tr:
         nki_ops.mp2_pair_sums(*args, torch.ones((2, 3), dtype=torch.float64), exchange,
                               mode="emulator")
-    assert 0 < peak[0] <= nki_ops._energy_sbuf_words(nva, nvb, naux, 6, exchange) * 4
+    assert len(tr.kernels) == 1
+    n_at = ceil_div(nva, 128)
+    assert 0 < peak[0] <= nki_ops._energy_sbuf_words(nva, nvb, naux, 6, n_at, exchange) * 4
 
 
 @pytest.mark.parametrize("nva,nvb,naux,exchange", [
     (448, 448, 1536, True), (448, 448, 1536, False), (672, 672, 2304, True),
-    (672, 672, 2304, False), (96, 700, 4000, False), (700, 96, 4000, False)])
+    (672, 672, 2304, False), (96, 700, 4000, False), (700, 96, 4000, False),
+    (2000, 2000, 8000, True), (2000, 2000, 8000, False), (2000, 300, 8000, False)])
 @pytest.mark.nki_emulated
-def test_pairs_per_call_keep_a_launch_within_the_instruction_budget(nva, nvb, naux, exchange):
-    pairs = nki_ops._energy_pairs_per_call(nva, nvb, naux, exchange)
-    assert 1 < pairs <= nki_ops.MAX_PAIRS_PER_CALL
+def test_launch_plan_keeps_every_launch_within_its_bounds(nva, nvb, naux, exchange):
+    pairs, window = nki_ops._energy_launch_plan(nva, nvb, naux, exchange)
+    assert 1 <= pairs <= nki_ops.MAX_PAIRS_PER_CALL and window >= 1
+    n_at = ceil_div(nva, 128)
+    if window < n_at:
+        assert pairs == 1  # a window of a tiles only when one whole pair does not fit
     for square in (True, False):
         ci, cj = nki_ops._pair_chunks(64, 64, pairs, square)
-        assert nki_ops._energy_instructions(ci, cj, nva, nvb, naux, exchange) <= (
-            nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
+        for w0 in range(0, n_at, window):  # the exchange kernel sees the columns from w0 on
+            rows = min(nva, (w0 + window) * 128) - w0 * 128
+            rest = nva - w0 * 128 if exchange else rows
+            n_wt = ceil_div(rows, 128)
+            assert nki_ops._energy_instructions(ci, cj, rest, nvb, naux, n_wt, exchange) <= (
+                nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
+            assert nki_ops._energy_sbuf_words(rest, nvb, naux, ci * cj, n_wt, exchange) * 4 <= (
+                nki_ops.ENERGY_SBUF_BUDGET)
 
 
 @pytest.mark.nki_emulated

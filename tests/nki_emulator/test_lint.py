@@ -91,6 +91,17 @@ def test_helpers_called_from_kernels_are_checked_and_host_code_is_not():
     assert len(messages) == 1 and "(in helper)" in messages[0]
 
 
+def test_a_helper_composed_only_of_helpers_is_checked():
+    """A helper that calls device helpers but no nisa/nl itself (and is called from a kernel in
+    another module) is device code too."""
+    source = HEADER + (
+        "def tile_helper(t):\n    nisa.memset(t, 0.0)\n\n"
+        "def composed(t):\n    if t is None:\n        return t\n    tile_helper(t)\n\n"
+        "def host(x):\n    return [v for v in x]\n")
+    messages = lint_source(source, "snippet.py")
+    assert len(messages) == 1 and "(in composed)" in messages[0] and "is-compare" in messages[0]
+
+
 def test_device_helpers_without_kernel_are_checked():
     source = HEADER + "def tile_helper(t):\n    if t is None:\n        nisa.memset(t, 0.0)\n"
     assert rules(source) == {"is-compare"}
