@@ -264,5 +264,73 @@ def info(nki_emulator, nki_simulator):
         click.echo(f"  {backend:<8s} {mode:<10s} {mark}  {reason}")
 
 
+#: trnsci's measured DF-MP2 energy step on one trn1 NeuronCore (v0.5.0, fused energy) at its
+#: benchmark shapes (nocc, nvir, naux): the numbers a modeled time is set beside.
+TRNSCI_ENERGY_SECONDS = {(64, 448, 1536): ("medium", 5.43), (96, 672, 2304): ("large", 30.27)}
+
+
+@main.command("nki-model")
+@click.option("--nocc", type=click.IntRange(1, 4096), required=True,
+              help="Active occupied orbitals.")
+@click.option("--nvir", type=click.IntRange(1, 20000), required=True, help="Virtual orbitals.")
+@click.option("--naux", type=click.IntRange(1, 100000), required=True,
+              help="Auxiliary functions.")
+@click.option("--target", type=click.Choice(["trn1", "trn2"]), default="trn1", show_default=True,
+              help="NeuronCore whose documented rates price the instructions.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the report as JSON to PATH ('-' for stdout).")
+def nki_model(nocc, nvir, naux, target, json_path):
+    """Model dfmp2's NKI kernels at one shape: run them on the emulator against float64, count
+    their instructions and price them with AWS's documented per-instruction costs (modeled,
+    never measured). Exit status 0 only if every kernel matched float64."""
+    import json
+
+    from .nki_model import run_model
+
+    _check_json_path(json_path)
+    try:
+        report = run_model(nocc, nvir, naux, target)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    reference = TRNSCI_ENERGY_SECONDS.get((nocc, nvir, naux))
+    if reference:
+        report["trnsci_energy_step_seconds"] = {"shape": reference[0], "seconds": reference[1],
+                                                "measured_on": "trn1, one NeuronCore"}
+    if json_path == "-":
+        click.echo(json.dumps(report, indent=1))
+    else:
+        _echo_model(report, reference)
+        if json_path:
+            try:
+                with open(json_path, "w") as handle:
+                    handle.write(json.dumps(report, indent=1) + "\n")
+            except OSError as exc:
+                raise _fail(f"cannot write JSON to {json_path!r}: {exc.strerror}") from None
+    if not report["passed"]:
+        failed = [name for name, k in report["kernels"].items() if not k["passed"]]
+        raise _fail(f"kernel(s) {', '.join(failed)} differ from float64 beyond their tolerance")
+
+
+def _echo_model(report, reference) -> None:
+    shape = report["shape"]
+    click.echo(f"NKI cost model, {report['target']} (documented rates; modeled, not measured), "
+               f"nocc {shape['nocc']} nvir {shape['nvir']} naux {shape['naux']}, kernels run on "
+               "dfmp2's emulator")
+    click.echo(f"{'kernel':<24s} {'check':>5s} {'launches':>8s} {'instr':>7s} {'tensor':>9s} "
+               f"{'vector':>9s} {'scalar':>8s} {'dma':>9s} {'modeled':>9s} {'TensorE':>7s}")
+    for name, k in report["kernels"].items():
+        e = k["engines"]
+        click.echo(f"{name:<24s} {'ok' if k['passed'] else 'FAIL':>5s} {k['launches']:>8d} "
+                   f"{k['instructions']:>7d} {e['tensor'] * 1e6:>7.1f}us {e['vector'] * 1e6:>7.1f}us"
+                   f" {e['scalar'] * 1e6:>6.1f}us {e['dma'] * 1e6:>7.1f}us "
+                   f"{k['modeled_seconds'] * 1e6:>7.1f}us {k['tensore_utilization']:>7.0%}")
+    step = report["energy_step"]
+    line = (f"energy step (closed shell, {step['pairs']} pairs): {report['energy_step_seconds']:.3f}"
+            f" s modeled ({step['kernel_seconds']:.3f} s kernels, {step['launches']} launches)")
+    if reference:
+        line += f"; trnsci {reference[0]} measured {reference[1]:.2f} s"
+    click.echo(line)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -117,23 +117,24 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def accumulate_strips(dst_ps, psz, fsz, stat_sb, s_stride, mov_sb, m_stride, kt0, nkt,
+def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, s_stride, mov_sb, m0, m_stride, kt0, nkt,
                       k_total):
     """Add the products of a chunk of K tiles to a PSUM tile:
-    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[t][:, 0:psz].T @ mov_sb[t][:, 0:fsz]`` over the
-    tiles ``t < nkt`` of two SBUF strip chunks (:func:`load_strip_chunk`) that hold the global K
-    tiles ``kt0 : kt0+nkt`` of a K = ``k_total`` contraction (tile t at free offsets
+    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[t][:, s0:s0+psz].T @ mov_sb[t][:, m0:m0+fsz]``
+    over the tiles ``t < nkt`` of two SBUF strips (:func:`load_strip_chunk`) that hold the
+    global K tiles ``kt0 : kt0+nkt`` of a K = ``k_total`` contraction (tile t at free offsets
     ``t * s_stride`` and ``t * m_stride``).
 
-    Preconditions: ``1 <= psz <= min(128, s_stride)``, ``1 <= fsz <= min(512, m_stride)``,
-    ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in one bank. One ``nc_matmul``
-    per tile: ``accumulate=False`` for global K tile 0 (the first product overwrites), ``True``
-    for every later one, so successive chunks of one contraction add up in PSUM.
+    Preconditions: ``1 <= psz <= 128``, ``s0 + psz <= s_stride``, ``1 <= fsz <= 512``,
+    ``m0 + fsz <= m_stride``, ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in
+    one bank. One ``nc_matmul`` per tile: ``accumulate=False`` for global K tile 0 (the first
+    product overwrites), ``True`` for every later one, so successive chunks of one contraction
+    add up in PSUM.
     """
     for t in nl.static_range(nkt):
         _k0, ksz = tile_span(kt0 + t, TILE_K, k_total)
-        fs = t * s_stride
-        fm = t * m_stride
+        fs = t * s_stride + s0
+        fm = t * m_stride + m0
         nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:ksz, fs:fs + psz],
                        moving=mov_sb[0:ksz, fm:fm + fsz], accumulate=kt0 + t > 0)
 

@@ -16,8 +16,7 @@ __all__ = [
     "BLOCK",
     "FP32_BYTES",
     "SBUF_RESIDENT_BUDGET",
-    "ENERGY_K_TILES_EXCHANGE",
-    "ENERGY_K_TILES_DIRECT",
+    "ENERGY_K_TILES",
     "ceil_div",
 ]
 
@@ -37,14 +36,12 @@ FP32_BYTES = 4
 SBUF_RESIDENT_BUDGET = 128 * 1024
 
 #: K tiles (128 auxiliary rows each) of one chunk of the operand strips the fused pair kernels
-#: hold in SBUF. The exchange kernel holds four 128-column strip chunks (both sides of a tile
-#: pair), the direct kernel a 128-column and a 512-column one; each may be allocated again
-#: before the last is released, so the peaks are 8*24*128 and 2*16*(128+512) fp32 words per
-#: partition (96 KiB and 80 KiB), leaving room for the epilogue tiles and the accumulator.
-#: naux <= 3072 (exchange) or 2048 (direct) is one chunk; larger naux streams the chunks and
-#: accumulates them in PSUM.
-ENERGY_K_TILES_EXCHANGE = 24
-ENERGY_K_TILES_DIRECT = 16
+#: hold in SBUF. naux <= 24 * 128 = 3072 is one chunk: the kernels then keep a panel of the
+#: window's strips in SBUF and reuse it for every tile they meet. A larger naux streams the
+#: chunks for every tile and keeps accumulating in PSUM: at most four 128-column chunks
+#: (exchange) or a 128- and a 512-column one (direct), each possibly allocated again before the
+#: last is released, 8*24*128 or 2*24*640 fp32 words per partition (96 or 120 KiB).
+ENERGY_K_TILES = 24
 
 
 def ceil_div(a: int, b: int) -> int:

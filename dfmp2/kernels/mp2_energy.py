@@ -18,10 +18,11 @@ not a flag):
 - :func:`mp2_pair_direct_kernel`: the direct sum only, of rectangular blocks (nva != nvb
   allowed; the αβ blocks of an open shell), by (128-row, 512-column) tiles of T.
 
-No operand is held whole: the B strips are loaded in chunks of at most
-``ENERGY_K_TILES_EXCHANGE`` / ``ENERGY_K_TILES_DIRECT`` auxiliary tiles (a larger naux streams
-the chunks and keeps accumulating in PSUM), and the host launches a window of a-tile rows at a
-time, so SBUF use is bounded for any nvir and naux (``nki_ops._energy_sbuf_words``).
+No operand need be held whole: the host launches a window of a-tile rows at a time, sized so
+that the window's B strips (the *panel*) stay in SBUF and are reused by every tile they meet,
+when naux is one chunk of ``ENERGY_K_TILES`` auxiliary tiles; a larger naux streams the strips
+in chunks for every tile and keeps accumulating in PSUM. SBUF use is bounded for any nvir and
+naux (``nki_ops._energy_sbuf_words``).
 """
 
 import nki
@@ -39,7 +40,7 @@ from ._blocks import (
     tile_span,
     weighted_row_sums,
 )
-from ._tiles import ENERGY_K_TILES_DIRECT, ENERGY_K_TILES_EXCHANGE, TILE_K, TILE_M, TILE_N
+from ._tiles import ENERGY_K_TILES, TILE_K, TILE_M, TILE_N
 
 __all__ = ["mp2_pair_energy_kernel", "mp2_pair_direct_kernel"]
 
@@ -79,24 +80,27 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     multiple of 128 unless nrows == nv; the i and j sides share one virtual space (the same
     orbital energies, so ``D_ab = D_ba``); naux >= 1; every ``D_ab`` nonzero (negative for a
     valid reference). SBUF per partition (fp32 words): nv (``-e_b``) + the accumulator and
-    denominators + at most ``8 * 24 * 128`` (strip chunks) + epilogue tiles
-    (``nki_ops._energy_sbuf_words``); PSUM: three one-bank tiles per tile pair.
+    denominators + the strips (naux one chunk: two panels of ``ceil(naux/128) * n_wt * 128``
+    and two 128-column strips; otherwise at most ``8 * 24 * 128`` of streamed chunks) +
+    epilogue tiles (``nki_ops._energy_sbuf_words``); PSUM: three one-bank tiles per tile pair.
 
     Steps
     -----
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (window tile w
        at free offset w*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
        ``acc_sb`` to 0.
-    2. For each pair and window tile w: when naux is one chunk (<= 24 K tiles), DMA the
-       128-column strips ``B_i[:, w]`` and ``B_j[:, w]`` -> SBUF ``bia_sb``, ``bja_sb`` once
-       (``load_strip_chunk``); otherwise per chunk inside step 3.
-    3. For each tb >= w, over the K chunks: DMA ``B_i[:, tb]``, ``B_j[:, tb]`` -> SBUF
-       ``bib_sb``, ``bjb_sb`` (tb > w only) and accumulate in PSUM (``accumulate_strips``)
-       ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
-       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. T never leaves the chip.
-    4. ``mirror_tile``: ``tensor_copy`` PSUM -> SBUF and TensorE ``nc_transpose`` -> PSUM
-       ``tt_ps`` = ``T[tb, w]^T`` (of t1 itself when tb == w): the exchange partner T_ba of
-       every element of ``T[w, tb]``, in its (a, b) layout.
+    2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strips of ``B_i`` and
+       ``B_j`` (the panels, n_wt tiles side by side) -> SBUF ``pi_sb``, ``pj_sb``
+       (``load_strip_chunk``).
+    3. Per tile tb: its strips are a slice of the panels (tb in the window) or DMA'd once
+       (``si_sb``, ``sj_sb``) for every window tile w <= tb; accumulate in PSUM
+       (``accumulate_strips``) ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
+       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. With more chunks, every strip chunk is
+       loaded for every tile pair and PSUM keeps accumulating over the chunks. T never leaves
+       the chip.
+    4. ``_tile_pair_sums``: ``mirror_tile`` (``tensor_copy`` PSUM -> SBUF and TensorE
+       ``nc_transpose`` -> PSUM ``tt_ps`` = ``T[tb, w]^T``, of t1 itself when tb == w): the
+       exchange partner T_ba of every element of ``T[w, tb]``, in its (a, b) layout.
     5. ``R = 1 / (-e_b + d_col[a])`` by ``tensor_scalar(add)`` and VectorE ``reciprocal``
        (``reciprocal_denominators``); ``W = T[w, tb] * R`` and its direct row sums
        (``weighted_row_sums``); the exchange row sums of ``W * tt`` (``row_dot``); for tb > w
@@ -117,8 +121,9 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     n_at = (nv + TILE_M - 1) // TILE_M
     n_wt = (nrows + TILE_M - 1) // TILE_M
     n_kt = (naux + TILE_K - 1) // TILE_K
-    kc_tiles = min(n_kt, ENERGY_K_TILES_EXCHANGE)
+    kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
+    pstride = n_wt * TILE_M
     ncol = 3 * npairs * n_wt * n_at
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -130,56 +135,98 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     for i in nl.static_range(ni):
         for j in nl.static_range(nj):
             pair = i * nj + j
-            for w in nl.static_range(n_wt):
-                a0, asz = tile_span(w, TILE_M, nv)
-                c_dcol = w * npairs + pair
-                # Step 2: the window tile's strips, resident across tb when naux is one chunk.
-                if n_kc == 1:
-                    bia_sb = load_strip_chunk(b_i, 0, n_kt, i * nv + a0, asz, TILE_M)
-                    bja_sb = load_strip_chunk(b_j, 0, n_kt, j * nv + a0, asz, TILE_M)
-                for tb in nl.static_range(w, n_at):
+            if n_kc == 1:
+                # Step 2: the window's strips of B_i and B_j (the panel), resident for the pair.
+                pi_sb = load_strip_chunk(b_i, 0, n_kt, i * nv, nrows, pstride)
+                pj_sb = load_strip_chunk(b_j, 0, n_kt, j * nv, nrows, pstride)
+                for tb in nl.static_range(n_at):
                     b0, bsz = tile_span(tb, TILE_M, nv)
-                    off = tb > w
-                    col = 3 * ((pair * n_wt + w) * n_at + tb)
-                    # Step 3: T[w, tb] and, off the diagonal, T[tb, w], K chunk by K chunk.
-                    t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                    if off:
-                        t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                    for kc in nl.static_range(n_kc):
-                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                        if n_kc > 1:
-                            bia_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + a0, asz, TILE_M)
-                            bja_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + a0, asz, TILE_M)
-                        if off:
-                            bib_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + b0, bsz, TILE_M)
-                            bjb_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + b0, bsz, TILE_M)
-                            accumulate_strips(t1_ps, asz, bsz, bia_sb, TILE_M, bjb_sb, TILE_M,
-                                              kt0, nkt, naux)
-                            accumulate_strips(t2_ps, bsz, asz, bib_sb, TILE_M, bja_sb, TILE_M,
-                                              kt0, nkt, naux)
-                        else:
-                            accumulate_strips(t1_ps, asz, asz, bia_sb, TILE_M, bja_sb, TILE_M,
-                                              kt0, nkt, naux)
-                    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose.
-                    if off:
-                        _t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
-                        t1_blk = t1_ps[0:asz, 0:bsz]
+                    # Step 3: tile tb's strips: a slice of the panel, or loaded once for all w.
+                    if tb < n_wt:
+                        si_sb, sj_sb, s0, sstride = pi_sb, pj_sb, b0, pstride
                     else:
-                        t1_sb, tt_ps = mirror_tile(t1_ps, asz, asz)
-                        t1_blk = t1_sb[0:asz, 0:asz]
-                    # Step 5: R, then the direct and exchange row sums of the tile pair.
-                    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1],
-                                                   asz, bsz)
-                    w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)
-                    row_dot(acc_sb[0:asz, col + 2:col + 3], w_sb[0:asz, 0:bsz],
-                            tt_ps[0:asz, 0:bsz], asz, bsz)
-                    if off:
-                        weighted_row_sums(acc_sb[0:asz, col + 1:col + 2], tt_ps[0:asz, 0:bsz],
-                                          r_sb, asz, bsz)
+                        si_sb = load_strip_chunk(b_i, 0, n_kt, i * nv + b0, bsz, TILE_M)
+                        sj_sb = load_strip_chunk(b_j, 0, n_kt, j * nv + b0, bsz, TILE_M)
+                        s0, sstride = 0, TILE_M
+                    for w in nl.static_range(min(tb + 1, n_wt)):
+                        a0, asz = tile_span(w, TILE_M, nv)
+                        t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                        accumulate_strips(t1_ps, asz, bsz, pi_sb, a0, pstride, sj_sb, s0,
+                                          sstride, 0, n_kt, naux)
+                        if tb > w:
+                            t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32,
+                                               buffer=nl.psum)
+                            accumulate_strips(t2_ps, bsz, asz, si_sb, s0, sstride, pj_sb, a0,
+                                              pstride, 0, n_kt, naux)
+                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
+                                            3 * ((pair * n_wt + w) * n_at + tb),
+                                            w * npairs + pair, b0, asz, bsz)
+                        else:
+                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
+                                            3 * ((pair * n_wt + w) * n_at + tb),
+                                            w * npairs + pair, b0, asz, bsz)
+            else:
+                # Steps 2-3, streamed: every strip chunk loaded for every tile pair.
+                for w in nl.static_range(n_wt):
+                    a0, asz = tile_span(w, TILE_M, nv)
+                    for tb in nl.static_range(w, n_at):
+                        b0, bsz = tile_span(tb, TILE_M, nv)
+                        t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                        if tb > w:
+                            t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32,
+                                               buffer=nl.psum)
+                        for kc in nl.static_range(n_kc):
+                            kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                            ai_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + a0, asz, TILE_M)
+                            aj_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + a0, asz, TILE_M)
+                            if tb > w:
+                                si_sb = load_strip_chunk(b_i, kt0, nkt, i * nv + b0, bsz, TILE_M)
+                                sj_sb = load_strip_chunk(b_j, kt0, nkt, j * nv + b0, bsz, TILE_M)
+                                accumulate_strips(t1_ps, asz, bsz, ai_sb, 0, TILE_M, sj_sb, 0,
+                                                  TILE_M, kt0, nkt, naux)
+                                accumulate_strips(t2_ps, bsz, asz, si_sb, 0, TILE_M, aj_sb, 0,
+                                                  TILE_M, kt0, nkt, naux)
+                            else:
+                                accumulate_strips(t1_ps, asz, asz, ai_sb, 0, TILE_M, aj_sb, 0,
+                                                  TILE_M, kt0, nkt, naux)
+                        if tb > w:
+                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
+                                            3 * ((pair * n_wt + w) * n_at + tb),
+                                            w * npairs + pair, b0, asz, bsz)
+                        else:
+                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
+                                            3 * ((pair * n_wt + w) * n_at + tb),
+                                            w * npairs + pair, b0, asz, bsz)
 
     # Step 6: the partial sums are the only data written back to HBM.
     nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
     return partials
+
+
+def _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off, col, c_dcol, b0, asz, bsz):
+    """Steps 4-5 of :func:`mp2_pair_energy_kernel` for one tile pair (w, tb): the direct,
+    mirrored-direct and exchange row sums into SBUF ``acc_sb[0:asz, col:col+3]``.
+
+    Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]`` and ``t2_ps[0:bsz, 0:asz] = T[tb, w]``
+    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb`` (-e_b) and
+    ``dcol_sb`` (column ``c_dcol``: e_i + e_j - e_a of the window tile). Preconditions:
+    ``1 <= asz, bsz <= 128``. The mirrored tile's exchange sum equals the tile's own (one
+    virtual space, D symmetric), so column ``col + 2`` stands for both and the host doubles it
+    off the diagonal; on the diagonal column ``col + 1`` is left as set (0). 9 instructions on
+    the diagonal, 12 off it.
+    """
+    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose of T[tb, w].
+    t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
+    if off:
+        t1_blk = t1_ps[0:asz, 0:bsz]
+    else:
+        t1_blk = t2_sb[0:asz, 0:bsz]
+    # Step 5: R, then the direct and exchange row sums of the tile pair.
+    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
+    w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)
+    row_dot(acc_sb[0:asz, col + 2:col + 3], w_sb[0:asz, 0:bsz], tt_ps[0:asz, 0:bsz], asz, bsz)
+    if off:
+        weighted_row_sums(acc_sb[0:asz, col + 1:col + 2], tt_ps[0:asz, 0:bsz], r_sb, asz, bsz)
 
 
 @nki.jit
@@ -208,18 +255,20 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1 with
     ``b_i.shape[1] = ni * nva`` and ``b_j.shape[1] = nj * nvb``; naux >= 1; every ``D_ab``
     nonzero. SBUF per partition (fp32 words): nvb (``-e_b``) + the accumulator and
-    denominators + at most ``2 * 16 * (128 + 512)`` (strip chunks) + epilogue tiles
-    (``nki_ops._energy_sbuf_words``); PSUM: one bank per T tile.
+    denominators + the strips (naux one chunk: the panel ``ceil(naux/128) * n_at * 128`` and one
+    512-column strip; otherwise at most ``2 * 24 * (128 + 512)`` of streamed chunks) + epilogue
+    tiles (``nki_ops._energy_sbuf_words``); PSUM: one bank per T tile.
 
     Steps
     -----
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb``
        (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
-    2. For each pair and a tile ta: when naux is one chunk (<= 16 K tiles), DMA the 128-column
-       strip ``B_i[:, ta]`` -> SBUF ``bia_sb`` once (``load_strip_chunk``); otherwise per chunk.
-    3. For each b chunk bc (<= 512 columns), over the K chunks: DMA ``B_j[:, bc]`` -> SBUF
-       ``bjb_sb`` and accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM
-       (``accumulate_strips``). T never leaves the chip.
+    2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strip of ``B_i`` (the
+       panel, all n_at tiles side by side) -> SBUF ``pi_sb`` (``load_strip_chunk``).
+    3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, then for each
+       a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the panel
+       (``accumulate_strips``). With more chunks, both strip chunks are loaded for every tile
+       and PSUM keeps accumulating over the chunks. T never leaves the chip.
     4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (``tensor_scalar`` and
        VectorE ``reciprocal``), ``W = T * R``, the row sums of ``W * T`` into the column of
        ``acc_sb``.
@@ -237,8 +286,9 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     n_at = (nva + TILE_M - 1) // TILE_M
     n_bc = (nvb + TILE_N - 1) // TILE_N
     n_kt = (naux + TILE_K - 1) // TILE_K
-    kc_tiles = min(n_kt, ENERGY_K_TILES_DIRECT)
+    kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
+    pstride = n_at * TILE_M
     ncol = npairs * n_at * n_bc
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -250,26 +300,33 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     for i in nl.static_range(ni):
         for j in nl.static_range(nj):
             pair = i * nj + j
-            for ta in nl.static_range(n_at):
-                a0, asz = tile_span(ta, TILE_M, nva)
-                c_dcol = ta * npairs + pair
-                # Step 2: the a tile's strip, resident across the b chunks when naux is one chunk.
+            if n_kc == 1:
+                # Step 2: the window's strip of B_i (the panel), resident for the pair.
+                pi_sb = load_strip_chunk(b_i, 0, n_kt, i * nva, nva, pstride)
+            for bc in nl.static_range(n_bc):
+                b0, bsz = tile_span(bc, TILE_N, nvb)
                 if n_kc == 1:
-                    bia_sb = load_strip_chunk(b_i, 0, n_kt, i * nva + a0, asz, TILE_M)
-                for bc in nl.static_range(n_bc):
-                    b0, bsz = tile_span(bc, TILE_N, nvb)
-                    col = (pair * n_at + ta) * n_bc + bc
-                    # Step 3: T[ta, bc] accumulated in PSUM over the K chunks.
+                    # Step 3: the b chunk's strip, loaded once for every a tile.
+                    sj_sb = load_strip_chunk(b_j, 0, n_kt, j * nvb + b0, bsz, TILE_N)
+                for ta in nl.static_range(n_at):
+                    a0, asz = tile_span(ta, TILE_M, nva)
                     t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for kc in nl.static_range(n_kc):
-                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                        if n_kc > 1:
-                            bia_sb = load_strip_chunk(b_i, kt0, nkt, i * nva + a0, asz, TILE_M)
-                        bjb_sb = load_strip_chunk(b_j, kt0, nkt, j * nvb + b0, bsz, TILE_N)
-                        accumulate_strips(t_ps, asz, bsz, bia_sb, TILE_M, bjb_sb, TILE_N, kt0,
-                                          nkt, naux)
+                    if n_kc == 1:
+                        accumulate_strips(t_ps, asz, bsz, pi_sb, a0, pstride, sj_sb, 0, TILE_N,
+                                          0, n_kt, naux)
+                    else:
+                        # Steps 2-3, streamed: both strip chunks loaded for every tile.
+                        for kc in nl.static_range(n_kc):
+                            kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                            ai_sb = load_strip_chunk(b_i, kt0, nkt, i * nva + a0, asz, TILE_M)
+                            sj_sb = load_strip_chunk(b_j, kt0, nkt, j * nvb + b0, bsz, TILE_N)
+                            accumulate_strips(t_ps, asz, bsz, ai_sb, 0, TILE_M, sj_sb, 0,
+                                              TILE_N, kt0, nkt, naux)
                     # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
-                    direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
+                    c_dcol = ta * npairs + pair
+                    direct_row(acc_sb[0:asz, (pair * n_at + ta) * n_bc + bc:
+                                      (pair * n_at + ta) * n_bc + bc + 1],
+                               t_ps[0:asz, 0:bsz], negv_sb, b0,
                                dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
 
     # Step 5: the partial sums are the only data written back to HBM.

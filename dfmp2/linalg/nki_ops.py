@@ -19,8 +19,7 @@ import torch
 from ..errors import InputError, NotPositiveDefiniteError
 from ..kernels._tiles import (
     BLOCK,
-    ENERGY_K_TILES_DIRECT,
-    ENERGY_K_TILES_EXCHANGE,
+    ENERGY_K_TILES,
     FP32_BYTES,
     SBUF_RESIDENT_BUDGET,
     TILE_K,
@@ -281,10 +280,10 @@ def _trmm_supports(u_nn, b_mn) -> str | None:
 _ENERGY_KERNELS = {True: "mp2_pair_energy_kernel", False: "mp2_pair_direct_kernel"}
 
 
-def _energy_tiles(nva: int, nvb: int, naux: int, exchange: bool):
+def _energy_tiles(naux: int) -> tuple[int, int, int]:
     """``(n_kt, kc_tiles, n_kc)``: K tiles, K tiles per strip chunk and chunks of a launch."""
     n_kt = ceil_div(naux, TILE_K)
-    kc = min(n_kt, ENERGY_K_TILES_EXCHANGE if exchange else ENERGY_K_TILES_DIRECT)
+    kc = min(n_kt, ENERGY_K_TILES)
     return n_kt, kc, ceil_div(n_kt, kc)
 
 
@@ -301,18 +300,25 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
 
     ``nv_rest``: the exchange kernel's virtual columns (the window and all later ones) or the
     direct kernel's window rows; ``n_wt`` window tiles. Both kernels: the ``-e_b`` row, the
-    denominator columns (``n_wt * npairs``) and the accumulator; strip chunks of
-    ``kc = min(ceil(naux/128), chunk)`` K tiles, each counted twice (the next one is allocated
-    while the last is still live): four 128-column chunks (exchange) or a 128- and a 512-column
-    chunk (direct); the epilogue tiles, twice: seven (128, 128) (exchange: two T copies, D, R,
-    W, the product of ``row_dot``, the mirrored W) or four (128, 512) (direct: D, R, W,
-    product).
+    denominator columns (``n_wt * npairs``) and the accumulator; the epilogue tiles, twice:
+    seven (128, 128) (exchange: the T copy, D, R, W, the product of ``row_dot``, the mirrored
+    W, slack) or four (128, 512) (direct: D, R, W, product). Strips, each counted twice (the
+    next one is allocated while the last is still live): naux one chunk, the panels (two of
+    ``n_kt * n_wt * 128``, exchange; one, direct) and one tile's strips (two 128-column,
+    exchange; one 512-column, direct); more chunks, four 128-column chunks of ``kc`` K tiles
+    (exchange) or a 128- and a 512-column one (direct).
     """
-    _n_kt, kc, _n_kc = _energy_tiles(nv_rest, nvb, naux, exchange)
+    n_kt, kc, n_kc = _energy_tiles(naux)
     cols = _energy_columns(npairs, n_wt, nv_rest, nvb, exchange)
     if exchange:
-        return nv_rest + n_wt * npairs + cols + 2 * 4 * kc * TILE_M + 2 * 7 * TILE_M
-    return nvb + n_wt * npairs + cols + 2 * kc * (TILE_M + TILE_N) + 2 * 4 * TILE_N
+        fixed = nv_rest + n_wt * npairs + cols + 2 * 7 * TILE_M
+        if n_kc == 1:
+            return fixed + 2 * 2 * n_kt * (n_wt * TILE_M + TILE_M)
+        return fixed + 2 * 4 * kc * TILE_M
+    fixed = nvb + n_wt * npairs + cols + 2 * 4 * TILE_N
+    if n_kc == 1:
+        return fixed + 2 * n_kt * (n_wt * TILE_M + TILE_N)
+    return fixed + 2 * kc * (TILE_M + TILE_N)
 
 
 def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
@@ -320,25 +326,28 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
     window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
 
-    Per launch ``3 + n_wt`` (denominators, memset, store). Exchange kernel, per pair and window
-    tile w: ``2*n_kt`` strip loads when naux is one chunk; per diagonal tile pair ``n_kt``
-    matmuls (plus ``2*n_kt`` loads when chunked) and 9 epilogue instructions; per off-diagonal
-    one (``n_at - 1 - w`` of them) ``2*n_kt`` loads, ``2*n_kt`` matmuls (plus ``2*n_kt`` loads
-    when chunked) and 12. Direct kernel, per pair and a tile: ``n_kt`` loads when one chunk;
-    per b chunk ``2*n_kt`` (loads and matmuls; ``+n_kt`` when chunked) and 5.
+    Per launch ``3 + n_wt`` (denominators, memset, store). Exchange kernel, per pair, naux one
+    chunk: ``2*n_kt`` panel loads, ``2*n_kt`` loads per tile beyond the window, per diagonal
+    tile pair ``n_kt`` matmuls and 9 epilogue instructions, per off-diagonal one ``2*n_kt`` and
+    12; more chunks: every tile pair loads its strips, ``2*n_kt`` (diagonal) or ``4*n_kt``.
+    Direct kernel, per pair, one chunk: ``n_kt`` panel loads, per b chunk ``n_kt`` loads and per
+    tile ``n_kt`` matmuls and 5; more chunks: per tile ``2*n_kt`` loads, ``n_kt`` matmuls, 5.
     """
-    n_kt, _kc, n_kc = _energy_tiles(nv_rest, nvb, naux, exchange)
-    chunked = n_kc > 1
+    n_kt, _kc, n_kc = _energy_tiles(naux)
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
-        diag = n_kt + 9 + (2 * n_kt if chunked else 0)
-        off = 4 * n_kt + 12 + (2 * n_kt if chunked else 0)
-        per_pair = sum((0 if chunked else 2 * n_kt) + diag + (n_at - 1 - w) * off
-                       for w in range(n_wt))
+        diag = n_kt + 9 + (0 if n_kc == 1 else 2 * n_kt)
+        off = 2 * n_kt + 12 + (0 if n_kc == 1 else 4 * n_kt)
+        tile_pairs = sum(n_at - w for w in range(n_wt))
+        per_pair = n_wt * diag + (tile_pairs - n_wt) * off
+        if n_kc == 1:
+            per_pair += 2 * n_kt + 2 * n_kt * (n_at - n_wt)
     else:
         n_bc = ceil_div(nvb, TILE_N)
-        per_chunk = 2 * n_kt + 5 + (n_kt if chunked else 0)
-        per_pair = n_wt * ((0 if chunked else n_kt) + n_bc * per_chunk)
+        if n_kc == 1:
+            per_pair = n_kt + n_bc * (n_kt + n_wt * (n_kt + 5))
+        else:
+            per_pair = n_bc * n_wt * (3 * n_kt + 5)
     return 3 + n_wt + ni * nj * per_pair
 
 
@@ -346,10 +355,11 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool) -> tuple[
     """``(pairs, window)``: occupied pairs per launch and a tiles per window, so that every
     launch stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` and ``ENERGY_SBUF_BUDGET``.
 
-    One pair over all a tiles first (then as many pairs as fit, at most
-    ``MAX_PAIRS_PER_CALL``); otherwise one pair per launch and the widest window that fits
-    (checked at the first window, the largest: it meets the most later tiles). ``window == 0``
-    when even one pair and one a tile exceed a bound (``_energy_supports`` names it).
+    The widest window that fits one pair (all a tiles when they fit: the fewest strip loads;
+    checked at the first window, the largest, which meets the most later tiles), then as many
+    pairs per launch as fit with it, at most ``MAX_PAIRS_PER_CALL`` (fewer launches, less
+    dispatch). ``window == 0`` when even one pair and one a tile exceed a bound
+    (``_energy_supports`` names it).
     """
     n_at = ceil_div(nva, TILE_M)
 
@@ -362,15 +372,15 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool) -> tuple[
                 and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
 
-    if fits(1, n_at):
-        pairs = 1
-        while pairs < MAX_PAIRS_PER_CALL and fits(pairs + 1, n_at):
-            pairs += 1
-        return pairs, n_at
-    window = n_at - 1
+    window = n_at
     while window > 0 and not fits(1, window):
         window -= 1
-    return 1, window
+    if window == 0:
+        return 1, 0
+    pairs = 1
+    while pairs < MAX_PAIRS_PER_CALL and fits(pairs + 1, window):
+        pairs += 1
+    return pairs, window
 
 
 def _pair_chunks(ni: int, nj: int, pairs: int, square: bool) -> tuple[int, int]:

@@ -145,33 +145,42 @@ def test_pair_sums_at_nvir_2000_and_naux_8000(nki_mode, nva, nvb, exchange):
     assert np.abs(got - want).max() <= ENERGY_RTOL * abs(want[0])
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["panel", "streamed"])
 @pytest.mark.parametrize("kind", ["diagonal", "square", "rect"])
 @pytest.mark.nki_emulated
-def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind):
+def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunked):
     """Small bounds force what large molecules need: several a-tile windows per pair (the
-    exchange kernel's later windows see only their own and later columns) and several K chunks
-    per contraction (PSUM keeps accumulating across chunk loads)."""
+    exchange kernel's later windows see only their own and later columns; tiles beyond a window
+    load their strips once for all its rows) and, streamed, several K chunks per contraction
+    (PSUM keeps accumulating across chunk loads)."""
     import sys
 
     monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 50 if kind == "rect" else 200)
-    monkeypatch.setattr(nki_ops, "ENERGY_K_TILES_EXCHANGE", 2)
-    monkeypatch.setattr(nki_ops, "ENERGY_K_TILES_DIRECT", 2)
-    nki_ops.nki_runtime.prepare("emulator")
-    kernels = sys.modules[nki_ops.nki_runtime.load_kernel(
-        "mp2_energy", "mp2_pair_energy_kernel").__module__]
-    monkeypatch.setattr(kernels, "ENERGY_K_TILES_EXCHANGE", 2)
-    monkeypatch.setattr(kernels, "ENERGY_K_TILES_DIRECT", 2)
+    if chunked:
+        monkeypatch.setattr(nki_ops, "ENERGY_K_TILES", 2)
+        nki_ops.nki_runtime.prepare("emulator")
+        kernels = sys.modules[nki_ops.nki_runtime.load_kernel(
+            "mp2_energy", "mp2_pair_energy_kernel").__module__]
+        monkeypatch.setattr(kernels, "ENERGY_K_TILES", 2)
     ni, nj, nva, nvb = (2, 2, 400, 400) if kind != "rect" else (2, 2, 400, 150)
     args, weights, exchange = _block(ni, nj, nva, nvb, 600, kind, seed=12)
-    assert nki_ops._energy_launch_plan(nva, nvb, 600, exchange)[1] < ceil_div(nva, 128)
+    window = nki_ops._energy_launch_plan(nva, nvb, 600, exchange)[1]
+    assert 0 < window < ceil_div(nva, 128)
     with emulator_trace() as tr:
         got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
     _assert_sums_close(got, args, weights, exchange)
     pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
-    assert len(tr.kernels) > pairs_run  # several windows per pair
+    assert len(tr.kernels) == pairs_run * ceil_div(ceil_div(nva, 128), window)
     n_at, n_kt = ceil_div(nva, 128), ceil_div(600, 128)
     per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 512) * n_kt
     assert tr.count("nc_matmul") == pairs_run * per_pair  # windows and chunks add no work
+    # the instruction count the host plans with, launch by launch
+    assert len(tr.records) == sum(
+        nki_ops._energy_instructions(1, 1, nva - w0 * 128 if exchange else
+                                     min(nva, (w0 + window) * 128) - w0 * 128, nvb, 600,
+                                     ceil_div(min(nva, (w0 + window) * 128) - w0 * 128, 128),
+                                     exchange)
+        for w0 in range(0, n_at, window)) * pairs_run
 
 
 @pytest.mark.nki_emulated
@@ -282,8 +291,8 @@ def test_launch_plan_keeps_every_launch_within_its_bounds(nva, nvb, naux, exchan
     pairs, window = nki_ops._energy_launch_plan(nva, nvb, naux, exchange)
     assert 1 <= pairs <= nki_ops.MAX_PAIRS_PER_CALL and window >= 1
     n_at = ceil_div(nva, 128)
-    if window < n_at:
-        assert pairs == 1  # a window of a tiles only when one whole pair does not fit
+    if (nva, naux) == (672, 2304):  # a window of a tiles, and still several pairs per launch
+        assert pairs > 1 and window < n_at
     for square in (True, False):
         ci, cj = nki_ops._pair_chunks(64, 64, pairs, square)
         for w0 in range(0, n_at, window):  # the exchange kernel sees the columns from w0 on

@@ -1,0 +1,216 @@
+"""A cost model of dfmp2's NKI kernels that anyone can run: emulate one launch of each kernel at a
+shape, check it against float64, count its instructions from the emulator's trace and price each
+with the per-instruction costs AWS documents for trn1 (NeuronCore-v2) and trn2 (NeuronCore-v3).
+
+Modeled, never measured: the numbers say where the time would go if the documented rules of
+thumb hold, and they are the first thing to compare with a profile on hardware
+(``docs/nki.md``, "Hardware-day checklist"). Sources (aws-neuron/aws-neuron-sdk at
+65c21355d97095de19c5c7b7c6cd21ba6fecd020, the commit that ships NKI 0.3.0):
+
+- A2 = ``nki/guides/architecture/trainium_inferentia2_arch.rst`` (NeuronCore-v2);
+- A3 = ``nki/guides/architecture/trainium2_arch.rst`` (NeuronCore-v3);
+- DMA = ``nki/deep-dives/nki-dma-bandwidth-guide.rst``;
+- OLD = the SDK 2.26 ``nki.isa`` stub (its "Estimated instruction cost" sections; dropped from
+  the 0.3.0 stub, so secondary).
+
+Assumptions (each a rule of thumb of those documents, none verified on hardware):
+
+- TensorE: a matmul costs ``max(N, 64)`` cycles, N the moving free size, 4x for fp32
+  (A2 "initiation interval ... roughly max(N, MM_INIT_LATENCY)", "FP32 ... roughly 4x"); a
+  TensorE transpose of a (P, F) tile ``max(P, min(64, F))`` cycles (OLD), 4x for fp32.
+- VectorE: ``max(64, N)`` cycles for one input (N elements per partition), ``max(64, 2N)`` for
+  two SBUF inputs and ``max(64, N)`` when one is in PSUM, ``max(64, 8N)`` for ``reciprocal``
+  (OLD; A2 "roughly N cycles", "roughly 2N"); ScalarE ``activation`` ``max(64, N)`` (A2: the
+  same cost with or without scale and bias); no static overhead beyond the 64-cycle minimum.
+- DMA: 16 queues per NeuronCore at 17 B/ns (trn1) or 23 B/ns (trn2) each (DMA, table); a
+  transfer of fewer than 2 KiB per partition runs at that fraction of the bandwidth (DMA: "at
+  least 2-4 KiB per partition" for full bandwidth).
+- Engines overlap perfectly (the model's time of a launch is its busiest engine's); the
+  serialised sum is reported beside it. Launch overhead: 0.7 ms per launch through torch-xla
+  (measured by trnsci on trn1, ``../shared/reference/trnsci.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["TARGETS", "Target", "instruction_cost", "model_records", "run_model"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Documented rates of one NeuronCore."""
+
+    name: str
+    tensor_ghz: float  # A2 / A3 engine table
+    vector_ghz: float
+    scalar_ghz: float
+    gpsimd_ghz: float
+    fp32_peak_tflops: float  # A2 "23 TFLOPS for FP32"; A3 "20 FP32"
+    dma_queues: int  # DMA table: 16 per NeuronCore
+    dma_bytes_per_ns: float  # per queue: 17 (trn1), 23 (trn2)
+    cores_per_chip: int
+
+
+TARGETS = {
+    "trn1": Target("trn1", 2.8, 1.12, 1.4, 1.4, 23.0, 16, 17.0, 2),
+    "trn2": Target("trn2", 2.4, 0.96, 1.2, 1.2, 20.0, 16, 23.0, 8),
+}
+#: Minimum cycles of one instruction (MM_INIT_LATENCY and VectorE MIN_II, A2 / OLD).
+MIN_CYCLES = 64
+#: Bytes per partition a DMA needs to reach full bandwidth (DMA guide: "at least 2-4 KiB").
+DMA_FULL_BYTES_PER_PARTITION = 2048
+#: Host dispatch per kernel launch through torch-xla (trnsci, trn1).
+LAUNCH_SECONDS = 0.7e-3
+_FP32_FACTOR = 4
+
+
+def _free(shape) -> int:
+    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+def instruction_cost(record, target: Target) -> tuple[str, float, float]:
+    """``(engine, seconds, useful_flops)`` of one trace record under ``target``'s rates."""
+    ops = record.operands
+    name = record.instruction
+    if name == "dma_copy":
+        dst = ops["dst"]
+        parts = dst.shape[0] if not dst.buffer.endswith("hbm") else ops["src"].shape[0]
+        per_partition = record.nbytes / max(1, parts)
+        efficiency = min(1.0, per_partition / DMA_FULL_BYTES_PER_PARTITION)
+        rate = target.dma_queues * target.dma_bytes_per_ns * 1e9 * efficiency
+        return "dma", record.nbytes / rate, 0.0
+    if name == "nc_matmul":
+        k, m = ops["stationary"].shape[0], _free(ops["stationary"].shape)
+        n = _free(ops["moving"].shape)
+        factor = _FP32_FACTOR if ops["moving"].dtype == "float32" else 1
+        cycles = max(n, MIN_CYCLES) * factor
+        return "tensor", cycles / (target.tensor_ghz * 1e9), 2.0 * k * m * n
+    if name == "nc_transpose" and record.engine == "tensor":
+        p, f = ops["data"].shape[0], _free(ops["data"].shape)
+        factor = _FP32_FACTOR if ops["data"].dtype == "float32" else 1
+        cycles = max(p, min(MIN_CYCLES, f)) * factor
+        return "tensor", cycles / (target.tensor_ghz * 1e9), 0.0
+    data = ops.get("data", ops.get("src", ops.get("data1", ops.get("dst"))))
+    n = _free(data.shape)
+    if name == "reciprocal":
+        cycles = max(MIN_CYCLES, 8 * n)
+    elif name == "tensor_tensor":
+        in_psum = "psum" in (ops["data1"].buffer, ops["data2"].buffer)
+        cycles = max(MIN_CYCLES, n if in_psum else 2 * n)
+    else:
+        cycles = max(MIN_CYCLES, n)
+    engine = record.engine if record.engine in ("vector", "scalar", "gpsimd") else "vector"
+    ghz = {"vector": target.vector_ghz, "scalar": target.scalar_ghz,
+           "gpsimd": target.gpsimd_ghz}[engine]
+    return engine, cycles / (ghz * 1e9), 0.0
+
+
+def model_records(records, target: Target) -> dict:
+    """Modeled engine times of a launch's trace records: ``{"engines": {engine: seconds},
+    "modeled_seconds": busiest engine, "serial_seconds": their sum, "tensore_utilization":
+    useful fp32 matmul flops / (modeled_seconds * peak), "instructions": count}``."""
+    engines = {"tensor": 0.0, "vector": 0.0, "scalar": 0.0, "gpsimd": 0.0, "dma": 0.0}
+    flops = 0.0
+    for record in records:
+        engine, seconds, useful = instruction_cost(record, target)
+        engines[engine] += seconds
+        flops += useful
+    modeled = max(engines.values())
+    peak = target.fp32_peak_tflops * 1e12
+    return {
+        "engines": engines,
+        "modeled_seconds": modeled,
+        "serial_seconds": sum(engines.values()),
+        "tensore_utilization": flops / (modeled * peak) if modeled > 0 else 0.0,
+        "useful_gflop": flops / 1e9,
+        "instructions": len(records),
+    }
+
+
+# -- the kernels at one shape ------------------------------------------------------------------
+def _traced(fn):
+    from .nki_emulator import trace
+
+    with trace() as tr:
+        out = fn()
+    return out, tr
+
+
+def _check(got, want, rtol) -> dict:
+    err = float(np.abs(np.asarray(got, dtype=np.float64) - np.asarray(want)).max())
+    scale = float(np.abs(np.asarray(want)).max()) or 1.0
+    return {"max_abs_error": err, "rtol": rtol, "passed": bool(err <= rtol * scale)}
+
+
+def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng) -> dict:
+    """The launches of one chunk of pairs (the launch plan's pairs, every a-tile window) of a
+    fused pair kernel on synthetic operands, and their fp64 check."""
+    from .energy import reference_pair_sums
+    from .linalg import nki_ops
+
+    pairs, window = nki_ops._energy_launch_plan(nvir, nvir, naux, exchange)
+    if window == 0:
+        raise ValueError(nki_ops._energy_supports_shape(nvir, nvir, naux, exchange))
+    ci, cj = nki_ops._pair_chunks(nocc, nocc, pairs, exchange)
+    ovl_i = torch.from_numpy(rng.standard_normal((ci, nvir, naux)) * 0.05)
+    ovl_j = torch.from_numpy(rng.standard_normal((cj, nvir, naux)) * 0.05)
+    e_i = torch.from_numpy(rng.uniform(-1.5, -0.3, ci))
+    e_j = torch.from_numpy(rng.uniform(-1.5, -0.3, cj))
+    e_vir = torch.from_numpy(rng.uniform(0.1, 3.0, nvir))
+    args = (ovl_i, ovl_j, e_i, e_j, e_vir, e_vir, torch.ones((ci, cj), dtype=torch.float64),
+            exchange)
+    got, tr = _traced(lambda: nki_ops.mp2_pair_sums(*args, mode="emulator"))
+    want = reference_pair_sums(*args)
+    return {"records": tr.records, "launches": len(tr.kernels), "pairs": ci * cj,
+            "window_tiles": window, **_check(got.numpy(), want, 1e-6)}
+
+
+def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int = 7) -> dict:
+    """Emulate each kernel at ``(nocc, nvir, naux)``, check it against float64 and model it on
+    ``target``: one ``gemm_kernel`` launch (a (<=512, naux) by (naux, <=512) product of the
+    fit), and one chunk of pairs of each fused pair kernel (every a-tile window of it, as the
+    host launches them). The DF-MP2 energy step (closed shell, pairs i <= j) is modeled from the
+    exchange kernel's chunk: its kernel time per pair times nocc*(nocc+1)/2 pairs, plus the
+    launch overhead of every launch. Returns the JSON-ready report."""
+    from .linalg import nki_ops
+    from .nki_emulator import install
+
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    install()
+    spec = TARGETS[target]
+    rng = np.random.default_rng(seed)
+    kernels = {}
+
+    m, n = min(nocc * nvir, 512), min(naux, 512)
+    a = torch.from_numpy(rng.standard_normal((m, naux)))
+    b = torch.from_numpy(rng.standard_normal((naux, n)))
+    got, tr = _traced(lambda: nki_ops.gemm(a, b, mode="emulator"))
+    kernels["gemm_kernel"] = {**model_records(tr.records, spec), "launches": len(tr.kernels),
+                              **_check(got.numpy(), (a @ b).numpy(), 1e-5)}
+    chunks = {}
+    for exchange, name in ((True, "mp2_pair_energy_kernel"), (False, "mp2_pair_direct_kernel")):
+        chunk = _pair_chunk(nocc, nvir, naux, exchange, rng)
+        chunks[name] = chunk
+        kernels[name] = {**model_records(chunk["records"], spec),
+                         **{k: chunk[k] for k in ("launches", "pairs", "window_tiles",
+                                                  "max_abs_error", "rtol", "passed")}}
+    exchange = kernels["mp2_pair_energy_kernel"]
+    npairs = nocc * (nocc + 1) // 2
+    per_pair = exchange["modeled_seconds"] / exchange["pairs"]
+    launches = -(-npairs // exchange["pairs"]) * exchange["launches"]
+    kernel_seconds = per_pair * npairs
+    return {
+        "ran_on_emulator": True,
+        "target": target,
+        "shape": {"nocc": nocc, "nvir": nvir, "naux": naux},
+        "kernels": kernels,
+        "energy_step_seconds": kernel_seconds + launches * LAUNCH_SECONDS,
+        "energy_step": {"pairs": npairs, "kernel_seconds": kernel_seconds,
+                        "launches": launches, "launch_seconds": launches * LAUNCH_SECONDS},
+        "passed": all(k["passed"] for k in kernels.values()),
+    }

@@ -1,0 +1,112 @@
+"""The NKI cost model (``dfmp2 nki-model``): per-instruction prices from the documented rates,
+the report's shape, and the exit status that says whether every kernel matched float64."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dfmp2 import nki_model
+from dfmp2.cli import main
+from dfmp2.nki_emulator._trace import Operand, Record
+
+pytestmark = pytest.mark.nki_emulated
+
+TRN1 = nki_model.TARGETS["trn1"]
+
+
+def _op(shape, buffer="sbuf", dtype="float32"):
+    return Operand(tuple(shape), buffer, dtype)
+
+
+def _matmul(k, m, n, dtype="float32"):
+    return Record("nc_matmul", "tensor", {"dst": _op((m, n), "psum"),
+                                          "stationary": _op((k, m), dtype=dtype),
+                                          "moving": _op((k, n), dtype=dtype)})
+
+
+def test_tensore_prices_follow_the_documented_initiation_interval():
+    engine, seconds, flops = nki_model.instruction_cost(_matmul(128, 128, 512), TRN1)
+    assert engine == "tensor" and seconds == pytest.approx(512 * 4 / 2.8e9)
+    assert flops == 2 * 128 * 128 * 512
+    # at the fp32 rate a full matmul runs at the documented 23 TFLOPS peak (within 0.3%)
+    assert flops / seconds == pytest.approx(23e12, rel=3e-3)
+    # below 64 moving columns the cost stays at 64 cycles; bf16 is 4x cheaper than fp32
+    assert nki_model.instruction_cost(_matmul(128, 128, 32), TRN1)[1] == pytest.approx(
+        64 * 4 / 2.8e9)
+    assert nki_model.instruction_cost(_matmul(128, 128, 512, "bfloat16"), TRN1)[1] == (
+        pytest.approx(512 / 2.8e9))
+
+
+def test_vector_and_dma_prices():
+    recip = Record("reciprocal", "vector", {"dst": _op((128, 128)), "data": _op((128, 128))})
+    assert nki_model.instruction_cost(recip, TRN1) == ("vector", pytest.approx(1024 / 1.12e9), 0.0)
+    two_sbuf = Record("tensor_tensor", "vector", {"dst": _op((128, 100)), "data1": _op((128, 100)),
+                                                  "data2": _op((128, 100))})
+    one_psum = Record("tensor_tensor", "vector", {"dst": _op((128, 100)), "data1": _op((128, 100)),
+                                                  "data2": _op((128, 100), "psum")})
+    assert nki_model.instruction_cost(two_sbuf, TRN1)[1] == pytest.approx(200 / 1.12e9)
+    assert nki_model.instruction_cost(one_psum, TRN1)[1] == pytest.approx(100 / 1.12e9)
+    small = Record("tensor_scalar", "vector", {"dst": _op((128, 8)), "data": _op((128, 8))})
+    assert nki_model.instruction_cost(small, TRN1)[1] == pytest.approx(64 / 1.12e9)
+
+    def dma(cols):
+        return Record("dma_copy", "dma", {"dst": _op((128, cols)), "src": _op((128, cols), "hbm")},
+                      nbytes=128 * cols * 4)
+
+    full, quarter = dma(512), dma(128)  # 2 KiB and 512 B per partition
+    assert nki_model.instruction_cost(full, TRN1)[1] == pytest.approx(128 * 512 * 4 / 272e9)
+    assert nki_model.instruction_cost(quarter, TRN1)[1] == pytest.approx(
+        4 * 128 * 128 * 4 / 272e9)
+
+
+def test_a_launch_is_as_long_as_its_busiest_engine():
+    records = [_matmul(128, 128, 512)] * 3 + [
+        Record("reciprocal", "vector", {"dst": _op((128, 512)), "data": _op((128, 512))})]
+    report = nki_model.model_records(records, TRN1)
+    tensor, vector = 3 * 2048 / 2.8e9, 4096 / 1.12e9
+    assert report["engines"]["tensor"] == pytest.approx(tensor)
+    assert report["modeled_seconds"] == pytest.approx(max(tensor, vector))
+    assert report["serial_seconds"] == pytest.approx(tensor + vector)
+    assert report["tensore_utilization"] == pytest.approx(
+        3 * 2 * 128 * 128 * 512 / (max(tensor, vector) * 23e12))
+
+
+def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
+    out = tmp_path / "model.json"
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "5", "--nvir", "150", "--naux",
+                                       "300", "--target", "trn2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "modeled, not measured" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["ran_on_emulator"] is True and report["target"] == "trn2"
+    assert set(report["kernels"]) == {"gemm_kernel", "mp2_pair_energy_kernel",
+                                      "mp2_pair_direct_kernel"}
+    for kernel in report["kernels"].values():
+        assert kernel["passed"] and kernel["max_abs_error"] >= 0.0
+        assert 0.0 < kernel["tensore_utilization"] <= 1.0 and kernel["modeled_seconds"] > 0.0
+    assert report["energy_step"]["pairs"] == 15
+    assert report["energy_step_seconds"] > report["energy_step"]["kernel_seconds"] > 0.0
+
+
+def test_cli_exits_non_zero_when_a_kernel_misses_float64(monkeypatch):
+    real = nki_model._check
+
+    def strict(got, want, rtol):
+        return real(got, want, 0.0) if rtol == 1e-6 else real(got, want, rtol)
+
+    monkeypatch.setattr(nki_model, "_check", strict)  # fp32 never equals fp64 exactly
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "2", "--nvir", "40", "--naux",
+                                       "60"])
+    assert result.exit_code == 1
+    assert "mp2_pair_energy_kernel" in result.stderr and "FAIL" in result.stdout
+
+
+def test_cli_rejects_an_impossible_shape_in_one_line():
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "1", "--nvir", "2000",
+                                       "--naux", "40000"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "one pair and one a tile" in lines[0]
