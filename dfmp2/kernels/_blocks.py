@@ -37,6 +37,7 @@ __all__ = [
     "weighted_row_sums",
     "direct_row",
     "mirror_tile",
+    "tile_pair_sums",
 ]
 
 
@@ -287,3 +288,29 @@ def mirror_tile(t_ps, psz, fsz):
     nisa.nc_transpose(dst=tt_ps[0:fsz, 0:psz], data=t_sb[0:psz, 0:fsz],
                       engine=nisa.engine.tensor)
     return t_sb, tt_ps
+
+
+def tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off, col, c_dcol, b0, asz, bsz):
+    """Steps 4-5 of ``mp2_energy.mp2_pair_energy_kernel`` for one tile pair (w, tb): the direct,
+    mirrored-direct and exchange row sums into SBUF ``acc_sb[0:asz, col:col+3]``.
+
+    Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]`` and ``t2_ps[0:bsz, 0:asz] = T[tb, w]``
+    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb`` (-e_b) and
+    ``dcol_sb`` (column ``c_dcol``: e_i + e_j - e_a of the window tile). Preconditions:
+    ``1 <= asz, bsz <= 128``. The mirrored tile's exchange sum equals the tile's own (one
+    virtual space, D symmetric), so column ``col + 2`` stands for both and the host doubles it
+    off the diagonal; on the diagonal column ``col + 1`` is left as set (0). 9 instructions on
+    the diagonal, 12 off it.
+    """
+    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose of T[tb, w].
+    t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
+    if off:
+        t1_blk = t1_ps[0:asz, 0:bsz]
+    else:
+        t1_blk = t2_sb[0:asz, 0:bsz]
+    # Step 5: R, then the direct and exchange row sums of the tile pair.
+    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
+    w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)
+    row_dot(acc_sb[0:asz, col + 2:col + 3], w_sb[0:asz, 0:bsz], tt_ps[0:asz, 0:bsz], asz, bsz)
+    if off:
+        weighted_row_sums(acc_sb[0:asz, col + 1:col + 2], tt_ps[0:asz, 0:bsz], r_sb, asz, bsz)

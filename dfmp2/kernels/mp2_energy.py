@@ -34,11 +34,8 @@ from ._blocks import (
     direct_row,
     load_pair_denominators,
     load_strip_chunk,
-    mirror_tile,
-    reciprocal_denominators,
-    row_dot,
+    tile_pair_sums,
     tile_span,
-    weighted_row_sums,
 )
 from ._tiles import ENERGY_K_TILES, TILE_K, TILE_M, TILE_N
 
@@ -98,7 +95,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
        ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. With more chunks, every strip chunk is
        loaded for every tile pair and PSUM keeps accumulating over the chunks. T never leaves
        the chip.
-    4. ``_tile_pair_sums``: ``mirror_tile`` (``tensor_copy`` PSUM -> SBUF and TensorE
+    4. ``tile_pair_sums``: ``mirror_tile`` (``tensor_copy`` PSUM -> SBUF and TensorE
        ``nc_transpose`` -> PSUM ``tt_ps`` = ``T[tb, w]^T``, of t1 itself when tb == w): the
        exchange partner T_ba of every element of ``T[w, tb]``, in its (a, b) layout.
     5. ``R = 1 / (-e_b + d_col[a])`` by ``tensor_scalar(add)`` and VectorE ``reciprocal``
@@ -158,11 +155,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                                                buffer=nl.psum)
                             accumulate_strips(t2_ps, bsz, asz, si_sb, s0, sstride, pj_sb, a0,
                                               pstride, 0, n_kt, naux)
-                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
+                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
                                             3 * ((pair * n_wt + w) * n_at + tb),
                                             w * npairs + pair, b0, asz, bsz)
                         else:
-                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
+                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
                                             3 * ((pair * n_wt + w) * n_at + tb),
                                             w * npairs + pair, b0, asz, bsz)
             else:
@@ -190,43 +187,17 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                                 accumulate_strips(t1_ps, asz, asz, ai_sb, 0, TILE_M, aj_sb, 0,
                                                   TILE_M, kt0, nkt, naux)
                         if tb > w:
-                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
+                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
                                             3 * ((pair * n_wt + w) * n_at + tb),
                                             w * npairs + pair, b0, asz, bsz)
                         else:
-                            _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
+                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
                                             3 * ((pair * n_wt + w) * n_at + tb),
                                             w * npairs + pair, b0, asz, bsz)
 
     # Step 6: the partial sums are the only data written back to HBM.
     nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
     return partials
-
-
-def _tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off, col, c_dcol, b0, asz, bsz):
-    """Steps 4-5 of :func:`mp2_pair_energy_kernel` for one tile pair (w, tb): the direct,
-    mirrored-direct and exchange row sums into SBUF ``acc_sb[0:asz, col:col+3]``.
-
-    Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]`` and ``t2_ps[0:bsz, 0:asz] = T[tb, w]``
-    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb`` (-e_b) and
-    ``dcol_sb`` (column ``c_dcol``: e_i + e_j - e_a of the window tile). Preconditions:
-    ``1 <= asz, bsz <= 128``. The mirrored tile's exchange sum equals the tile's own (one
-    virtual space, D symmetric), so column ``col + 2`` stands for both and the host doubles it
-    off the diagonal; on the diagonal column ``col + 1`` is left as set (0). 9 instructions on
-    the diagonal, 12 off it.
-    """
-    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose of T[tb, w].
-    t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
-    if off:
-        t1_blk = t1_ps[0:asz, 0:bsz]
-    else:
-        t1_blk = t2_sb[0:asz, 0:bsz]
-    # Step 5: R, then the direct and exchange row sums of the tile pair.
-    r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
-    w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)
-    row_dot(acc_sb[0:asz, col + 2:col + 3], w_sb[0:asz, 0:bsz], tt_ps[0:asz, 0:bsz], asz, bsz)
-    if off:
-        weighted_row_sums(acc_sb[0:asz, col + 1:col + 2], tt_ps[0:asz, 0:bsz], r_sb, asz, bsz)
 
 
 @nki.jit

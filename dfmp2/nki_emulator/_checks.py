@@ -51,7 +51,24 @@ def on_chip(
         raise EmulatorError(
             f"nisa.{instr}: {name} partition dim {t.shape[0]} exceeds the maximum 128"
         )
+    if instr != "dma_copy":
+        partition_start_rule(t, instr, name)
     return t
+
+
+def partition_start_rule(t: NkiTensor, instr: str, name: str) -> None:
+    """The start-partition rule of compute-engine operands (Trainium/Inferentia2 architecture
+    guide, "Accessing SBUF/PSUM tensors using compute engines"): more than 64 partitions start
+    at 0; 33-64 at 0 or 64; up to 32 at 0, 32, 64 or 96. (DMA endpoints are not covered by the
+    documented rule and are not checked.)"""
+    count, start = t.shape[0], t.partition_start()
+    allowed = (0,) if count > 64 else (0, 64) if count > 32 else (0, 32, 64, 96)
+    if start not in allowed:
+        raise EmulatorError(
+            f"nisa.{instr}: {name} spans {count} partitions from partition {start}; an access of "
+            f"that many partitions must start at {' or '.join(map(str, allowed))} (the "
+            "start-partition rule of the compute engines)"
+        )
 
 
 def free_size(t: NkiTensor) -> int:

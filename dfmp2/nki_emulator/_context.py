@@ -6,7 +6,8 @@ goes, e.g. when a loop rebinds the name. The new tile is allocated before the ol
 rebound, so a tile allocated inside a loop briefly counts twice. This is conservative compared
 with the compiler's allocator; the budgets are per partition:
 
-- SBUF: 192 KiB (trn1) or 224 KiB (trn2) per partition;
+- SBUF: the usable bytes per partition, 180224 (trn1) or 212984 (trn2), of the documented
+  192 KiB or 224 KiB (``_state.SBUF_BYTES_PER_PARTITION``);
 - PSUM: 8 banks of 2 KiB per partition; each allocation takes whole banks (rounded up) and
   starts on a bank boundary.
 """
@@ -52,6 +53,7 @@ class KernelRun:
         self.sbuf_budget = _state.SBUF_BYTES_PER_PARTITION[target]
         self.usage = _Usage()
         self.counter = 0
+        self.instructions = 0
         self.reduce_regs = np.zeros(_state.NUM_PARTITIONS, dtype=np.float32)
         self.reduce_regs_valid = np.zeros(_state.NUM_PARTITIONS, dtype=bool)
 
@@ -72,7 +74,8 @@ class KernelRun:
                 raise EmulatorError(
                     f"nl.ndarray: SBUF budget exceeded allocating {desc}: needs {per_part} B per "
                     f"partition, {usage.sbuf_bytes} B already live, limit {self.sbuf_budget} B per "
-                    f"partition ({self.target}). Live SBUF: {self._live('sbuf')}"
+                    f"partition usable of {_state.SBUF_CAPACITY_PER_PARTITION[self.target]} "
+                    f"({self.target}). Live SBUF: {self._live('sbuf')}"
                 )
             usage.sbuf_bytes += per_part
             usage.live[key] = ("sbuf", desc, per_part)
@@ -89,6 +92,16 @@ class KernelRun:
         else:
             return
         alloc.on_release(_release_callback(usage, key))
+
+    def count_instruction(self, instruction: str) -> None:
+        """Count one issued instruction; raise past ``_state.MAX_INSTRUCTIONS_PER_LAUNCH``."""
+        self.instructions += 1
+        if self.instructions > _state.MAX_INSTRUCTIONS_PER_LAUNCH:
+            raise EmulatorError(
+                f"nisa.{instruction}: kernel {self.name!r} issued more than "
+                f"{_state.MAX_INSTRUCTIONS_PER_LAUNCH} instructions in one launch (the emulator's "
+                "bound on an unrolled trace; split the work over launches on the host)"
+            )
 
     def _live(self, kind: str) -> str:
         items = [f"{d} ({n})" for k, d, n in self.usage.live.values() if k == kind]

@@ -58,6 +58,16 @@ def dma_copy(
         raise EmulatorError(
             f"nisa.{instr}: engine must be unknown, sync or scalar (HWDGE), got {engine}"
         )
+    if engine is not E.engine.unknown and dge_mode is not E.dge_mode.hwdge:
+        raise EmulatorError(
+            f"nisa.{instr}: engine={engine} selects a hardware DGE queue and needs "
+            f"dge_mode=nisa.dge_mode.hwdge, got {dge_mode}"
+        )
+    if dge_mode is E.dge_mode.hwdge and current(instr).gen == 2:
+        raise EmulatorError(
+            f"nisa.{instr}: dge_mode=hwdge exists from gen3 (trn2); on gen2 (trn1) leave "
+            "dge_mode and engine unset"
+        )
     if oob_mode is not E.oob_mode.error:
         raise EmulatorError(
             f"nisa.{instr}: oob_mode={oob_mode} only applies to indirect DMA, which is not emulated"

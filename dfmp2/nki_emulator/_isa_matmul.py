@@ -123,7 +123,7 @@ def nc_matmul(
             f"{expected}, got {out.shape}"
         )
     if tile_position or tile_size:
-        _check_tiling(tile_position, tile_size, k, m)
+        _check_tiling(tile_position, tile_size, k, m, current(instr).gen)
     _check_bank(out, instr)
     add = _resolve_accumulate(out, accumulate)
     a = ck.read_f32(stat, instr, "stationary")
@@ -141,7 +141,7 @@ def nc_matmul(
     )
 
 
-def _check_tiling(tile_position: object, tile_size: object, k: int, m: int) -> None:
+def _check_tiling(tile_position: object, tile_size: object, k: int, m: int, gen: int) -> None:
     if not (
         isinstance(tile_position, tuple)
         and isinstance(tile_size, tuple)
@@ -155,6 +155,11 @@ def _check_tiling(tile_position: object, tile_size: object, k: int, m: int) -> N
     r0, c0 = tile_position
     if rows not in (32, 64, 128) or cols not in (32, 64, 128):
         raise EmulatorError(f"nisa.nc_matmul: tile_size {tile_size} must use sizes 32, 64 or 128")
+    if gen == 2 and 32 in (rows, cols):
+        raise EmulatorError(
+            f"nisa.nc_matmul: tile_size {tile_size}: gen2 (trn1) tiles the PE array in 2x 64 rows "
+            "or columns only; 4x 32 exists from gen3 (trn2)"
+        )
     if r0 % rows or c0 % cols or r0 + rows > 128 or c0 + cols > 128:
         raise EmulatorError(
             f"nisa.nc_matmul: tile_position {tile_position} must be a multiple of "
@@ -190,6 +195,11 @@ def nc_transpose(dst, data, engine=E.engine.unknown, name=None):
     if out.dtype is not src.dtype:
         raise EmulatorError(
             f"nisa.{instr}: dst dtype {out.dtype.name} must equal data dtype {src.dtype.name}"
+        )
+    if eng == "tensor" and current(instr).gen == 2 and src.dtype is not float32:
+        raise EmulatorError(
+            f"nisa.{instr}: the gen2 (trn1) Tensor Engine writes float32 PSUM only, so it "
+            f"transposes float32 data; got {src.dtype.name} (bfloat16 PSUM output from gen3)"
         )
     if out.shape[0] != f or ck.free_size(out) != p:
         raise EmulatorError(

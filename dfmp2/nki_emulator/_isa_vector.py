@@ -87,6 +87,11 @@ def tensor_scalar(
         )
     eng = ck.engine_name(engine, instr, "vector", ("vector", "scalar", "gpsimd"))
     ck.no_psum_on_gpsimd(eng, instr, dst=out, data=src)
+    if eng == "gpsimd" and (op0, op1) not in ((nl.rsqrt, None),):
+        raise EmulatorError(
+            f"nisa.{instr}: on the GpSimd engine tensor_scalar computes only rsqrt (op0=nl.rsqrt, "
+            f"no op1); got ({_ops.op_name(op0)}, {op1!r}): use the Vector Engine"
+        )
     if eng == "scalar":
         combos = {(nl.multiply, nl.add), (nl.multiply, None), (nl.add, None)}
         if current(instr).gen == 2:
@@ -166,6 +171,11 @@ def activation(
             f"nisa.{instr}: op={_ops.op_name(op)} is not an emulated activation function"
         )
     p = src.shape[0]
+    if op is nl.reciprocal and bias is not None and run.gen == 2:
+        raise EmulatorError(
+            f"nisa.{instr}: op=reciprocal takes no bias on gen2 (trn1); add the bias first "
+            "(tensor_scalar) or use nisa.reciprocal on the VectorE"
+        )
     if bias is not None and not isinstance(bias, ck.NkiTensor) and run.gen == 2:
         raise EmulatorError(
             f"nisa.{instr}: on gen2 (trn1) bias must be a ({p}, 1) tile, got scalar {bias!r}"

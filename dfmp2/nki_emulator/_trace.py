@@ -127,7 +127,10 @@ def operand(tensor: Any) -> Operand:
 def emit(
     instruction: str, engine: str, operands: dict[str, Any], nbytes: int = 0, **attrs: Any
 ) -> None:
-    """Append a record to every active trace (no-op when none is active)."""
+    """Count the instruction against its launch's bound, then append a record to every active
+    trace (none when no trace is active)."""
+    if _state.KERNEL_STACK:
+        _state.KERNEL_STACK[-1].count_instruction(instruction)
     if not _state.TRACE_STACK:
         return
     kernel = _state.KERNEL_STACK[-1].name if _state.KERNEL_STACK else ""

@@ -28,18 +28,18 @@ def done():
 def test_views_write_through_and_ds():
     @jit
     def k(x):
-        t = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.ndarray((40, 16), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(t, 0.0)
         nisa.dma_copy(dst=t[0:4, nl.ds(4, 8)], src=x)
         view = t[:, 8:16]
-        nisa.memset(view[4:8, 0:2], 9.0)
+        nisa.memset(view[32:36, 0:2], 9.0)
         return store(t)
 
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     got = k(x)
-    want = np.zeros((8, 16), np.float32)
+    want = np.zeros((40, 16), np.float32)
     want[0:4, 4:12] = x
-    want[4:8, 8:10] = 9.0
+    want[32:36, 8:10] = 9.0
     np.testing.assert_array_equal(got, want)
 
 
@@ -161,17 +161,21 @@ def test_allocation_outside_kernel_raises():
 
 
 def test_sbuf_budget_trn2_and_trn1():
+    """The usable SBUF per partition (212984 B of trn2's 224 KiB, 180224 B of trn1's 192 KiB)."""
     @jit
-    def k(n_kib):
+    def k(cols):
         _big = nl.ndarray((128, 100 * 256), dtype=nl.float32, buffer=nl.sbuf)
-        _other = nl.ndarray((128, n_kib * 256 - 1), dtype=nl.float32, buffer=nl.sbuf)
+        _other = nl.ndarray((128, cols), dtype=nl.float32, buffer=nl.sbuf)
         return done()
 
-    k(124)  # 100 KiB + 124 KiB - 4 B, plus the 4 B of done(), = 224 KiB fits trn2
+    k((212984 - 102400 - 4) // 4)  # 100 KiB + the rest, plus the 4 B of done(), fits trn2
     with pytest.raises(EmulatorError, match="SBUF budget exceeded"):
-        k(125)
-    with target("trn1"), pytest.raises(EmulatorError, match="196608 B per partition \\(trn1\\)"):
-        k(93)
+        k((212984 - 102400 - 4) // 4 + 1)
+    with target("trn1"):
+        k((180224 - 102400 - 4) // 4)
+        with pytest.raises(EmulatorError, match="180224 B per partition usable of 196608 "
+                                                "\\(trn1\\)"):
+            k((180224 - 102400 - 4) // 4 + 1)
 
 
 def test_psum_budget_counts_whole_banks():
