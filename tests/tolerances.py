@@ -114,3 +114,8 @@ TOL_EMU_BF16_MATMUL_ABS = 0.1
 #: gradient of 1e-7, so the two sets of orbitals differ by ~1e-8 and E(MP2) by ~1e-10 (measured
 #: 1.3e-10 on water cc-pVDZ).
 TOL_RESTART = 1e-9
+
+#: The cost model's fp32 matmul rate against the documented trn1 peak: a (128, 128) x (128, 512)
+#: matmul, 2*128*128*512 flops in 512*4 cycles at 2.8 GHz, is 22.94 TFLOPS against the
+#: documented "23 TFLOPS for FP32" (0.27% apart: the documented figure is rounded).
+TOL_MODEL_PEAK_REL = 3e-3

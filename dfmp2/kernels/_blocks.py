@@ -25,7 +25,7 @@ __all__ = [
     "load_block",
     "load_tile",
     "load_strip",
-    "load_strip_chunk",
+    "load_panel",
     "matmul_tile",
     "accumulate_strips",
     "matmul_strip_by_hbm",
@@ -76,32 +76,37 @@ def load_tile(src_hbm, r0, c0, rsz, csz):
 def load_strip(src_hbm, c0, csz, stride):
     """DMA columns ``c0:c0+csz`` of HBM ``src_hbm`` (K, ...) into a new SBUF strip, one
     ``dma_copy`` per 128-row K tile: K tile ``kt`` (rows ``kt*128 : kt*128 + ksz``) lands on
-    partitions ``0:ksz`` at free offset ``kt * stride`` (:func:`load_strip_chunk` of all K tiles).
+    partitions ``0:ksz`` at free offset ``kt * stride``.
 
     Preconditions: K = ``src_hbm.shape[0]`` >= 1 (ragged last tile allowed), ``1 <= csz <=
     stride``. Returns the SBUF strip (128, ceil(K/128) * stride), ``ceil(K/128) * stride * 4``
     bytes per partition.
     """
-    n_kt = (src_hbm.shape[0] + TILE_K - 1) // TILE_K
-    return load_strip_chunk(src_hbm, 0, n_kt, c0, csz, stride)
-
-
-def load_strip_chunk(src_hbm, kt0, nkt, c0, csz, stride):
-    """DMA K tiles ``kt0 : kt0+nkt`` of columns ``c0:c0+csz`` of HBM ``src_hbm`` (K, ...) into a
-    new SBUF strip (:func:`load_strip` restricted to a chunk of K tiles): K tile ``kt0 + t``
-    (rows ``(kt0+t)*128 : ... + ksz``) lands on partitions ``0:ksz`` at free offset ``t * stride``.
-
-    Preconditions: ``0 <= kt0 < kt0 + nkt <= ceil(K/128)`` (the last tile may be ragged),
-    ``1 <= csz <= stride``. Returns the SBUF strip (128, nkt * stride), ``nkt * stride * 4``
-    bytes per partition; ``nkt`` ``dma_copy``.
-    """
     k_total = src_hbm.shape[0]
-    strip_sb = nl.ndarray((TILE_K, nkt * stride), dtype=nl.float32, buffer=nl.sbuf)
-    for t in nl.static_range(nkt):
-        k0, ksz = tile_span(kt0 + t, TILE_K, k_total)
-        f0 = t * stride
+    n_kt = (k_total + TILE_K - 1) // TILE_K
+    strip_sb = nl.ndarray((TILE_K, n_kt * stride), dtype=nl.float32, buffer=nl.sbuf)
+    for kt in nl.static_range(n_kt):
+        k0, ksz = tile_span(kt, TILE_K, k_total)
+        f0 = kt * stride
         nisa.dma_copy(dst=strip_sb[0:ksz, f0:f0 + csz], src=src_hbm[k0:k0 + ksz, c0:c0 + csz])
     return strip_sb
+
+
+def load_panel(src_pm, kt0, nkt, c0, csz, width):
+    """DMA K tiles ``kt0 : kt0+nkt`` of columns ``c0:c0+csz`` of a partition-major HBM operand
+    into a new SBUF panel, in one ``dma_copy`` (``nkt * csz * 4`` bytes per partition: large
+    transfers, near the DMA's full rate).
+
+    Operands: ``src_pm`` HBM (128, n_kt, C), ``src_pm[p, t, c] = B[t*128 + p, c]`` (the host
+    lays B out so, the auxiliary index zero-padded to whole tiles). Returns the SBUF panel
+    (128, nkt, width), ``[:, t, 0:csz]`` holding K tile ``kt0 + t``; ``nkt * width * 4`` bytes
+    per partition. Preconditions: ``0 <= kt0 < kt0 + nkt <= n_kt``, ``1 <= csz <= width``,
+    ``c0 + csz <= C``.
+    """
+    panel_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=panel_sb[0:TILE_K, 0:nkt, 0:csz],
+                  src=src_pm[0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
+    return panel_sb
 
 
 def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
@@ -118,26 +123,20 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, s_stride, mov_sb, m0, m_stride, kt0, nkt,
-                      k_total):
+def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, mov_sb, m0, kt0, nkt):
     """Add the products of a chunk of K tiles to a PSUM tile:
-    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[t][:, s0:s0+psz].T @ mov_sb[t][:, m0:m0+fsz]``
-    over the tiles ``t < nkt`` of two SBUF strips (:func:`load_strip_chunk`) that hold the
-    global K tiles ``kt0 : kt0+nkt`` of a K = ``k_total`` contraction (tile t at free offsets
-    ``t * s_stride`` and ``t * m_stride``).
+    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[:, t, s0:s0+psz].T @ mov_sb[:, t, m0:m0+fsz]``
+    over the tiles ``t < nkt`` of two SBUF panels (:func:`load_panel`) that hold the global K
+    tiles ``kt0 : kt0+nkt`` of the contraction (whole 128-row tiles: the host zero-pads).
 
-    Preconditions: ``1 <= psz <= 128``, ``s0 + psz <= s_stride``, ``1 <= fsz <= 512``,
-    ``m0 + fsz <= m_stride``, ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in
-    one bank. One ``nc_matmul`` per tile: ``accumulate=False`` for global K tile 0 (the first
-    product overwrites), ``True`` for every later one, so successive chunks of one contraction
-    add up in PSUM.
+    Preconditions: ``1 <= psz <= 128``, ``1 <= fsz <= 512``, the column ranges inside the
+    panels' widths, ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in one bank.
+    One ``nc_matmul`` per tile: ``accumulate=False`` for global K tile 0 (the first product
+    overwrites), ``True`` for every later one, so successive chunks add up in PSUM.
     """
     for t in nl.static_range(nkt):
-        _k0, ksz = tile_span(kt0 + t, TILE_K, k_total)
-        fs = t * s_stride + s0
-        fm = t * m_stride + m0
-        nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:ksz, fs:fs + psz],
-                       moving=mov_sb[0:ksz, fm:fm + fsz], accumulate=kt0 + t > 0)
+        nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:TILE_K, t, s0:s0 + psz],
+                       moving=mov_sb[0:TILE_K, t, m0:m0 + fsz], accumulate=kt0 + t > 0)
 
 
 def matmul_strip_by_hbm(stat_sb, ssz, stride, mov_hbm, n0, nsz):

@@ -326,28 +326,28 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
     window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
 
-    Per launch ``3 + n_wt`` (denominators, memset, store). Exchange kernel, per pair, naux one
-    chunk: ``2*n_kt`` panel loads, ``2*n_kt`` loads per tile beyond the window, per diagonal
-    tile pair ``n_kt`` matmuls and 9 epilogue instructions, per off-diagonal one ``2*n_kt`` and
-    12; more chunks: every tile pair loads its strips, ``2*n_kt`` (diagonal) or ``4*n_kt``.
-    Direct kernel, per pair, one chunk: ``n_kt`` panel loads, per b chunk ``n_kt`` loads and per
-    tile ``n_kt`` matmuls and 5; more chunks: per tile ``2*n_kt`` loads, ``n_kt`` matmuls, 5.
+    Per launch ``3 + n_wt`` (denominators, memset, store). Every panel is one DMA. Exchange
+    kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile beyond the window, per
+    diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per off-diagonal one
+    ``2*n_kt`` and 12; more chunks: every tile pair loads its panels per chunk, 2 (diagonal) or
+    4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1 load and per tile
+    ``n_kt`` matmuls and 5; more chunks: per tile 2 loads per chunk, ``n_kt`` matmuls, 5.
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
-        diag = n_kt + 9 + (0 if n_kc == 1 else 2 * n_kt)
-        off = 2 * n_kt + 12 + (0 if n_kc == 1 else 4 * n_kt)
+        diag = n_kt + 9 + (0 if n_kc == 1 else 2 * n_kc)
+        off = 2 * n_kt + 12 + (0 if n_kc == 1 else 4 * n_kc)
         tile_pairs = sum(n_at - w for w in range(n_wt))
         per_pair = n_wt * diag + (tile_pairs - n_wt) * off
         if n_kc == 1:
-            per_pair += 2 * n_kt + 2 * n_kt * (n_at - n_wt)
+            per_pair += 2 + 2 * (n_at - n_wt)
     else:
         n_bc = ceil_div(nvb, TILE_N)
         if n_kc == 1:
-            per_pair = n_kt + n_bc * (n_kt + n_wt * (n_kt + 5))
+            per_pair = 1 + n_bc * (1 + n_wt * (n_kt + 5))
         else:
-            per_pair = n_bc * n_wt * (3 * n_kt + 5)
+            per_pair = n_bc * n_wt * (2 * n_kc + n_kt + 5)
     return 3 + n_wt + ni * nj * per_pair
 
 
@@ -408,6 +408,17 @@ def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int
     return direct, (cols[..., 2] * mirror).sum(axis=(2, 3))
 
 
+def _partition_major(ovl: torch.Tensor) -> np.ndarray:
+    """``(n, nv, naux)`` -> float32 ``(128, n_kt, n, nv)`` with ``[p, t, i, a] = B_i[a,
+    t*128 + p]``: each partition's K tiles side by side, the auxiliary index zero-padded to whole
+    tiles (the pair kernels load a panel of many K tiles in one DMA; padded rows add 0)."""
+    n, nv, naux = (int(x) for x in ovl.shape)
+    n_kt = ceil_div(naux, TILE_K)
+    padded = np.zeros((n_kt * TILE_K, n, nv), dtype=np.float32)
+    padded[:naux] = np.moveaxis(_f64(ovl), 2, 0)
+    return np.ascontiguousarray(padded.reshape(n_kt, TILE_K, n, nv).transpose(1, 0, 2, 3))
+
+
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
                   weights: torch.Tensor, exchange: bool, *, mode: str) -> torch.Tensor:
@@ -437,8 +448,8 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     pairs, window = _energy_launch_plan(nva, nvb, naux, exchange)
     if window == 0:
         raise InputError(f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange)}")
-    b_i = _f32(_f64(ovL_i).reshape(ni * nva, naux).T).reshape(naux, ni, nva)
-    b_j = _f32(_f64(ovL_j).reshape(nj * nvb, naux).T).reshape(naux, nj, nvb)
+    b_i = _partition_major(ovL_i)  # (128, n_kt, ni, nva)
+    b_j = _partition_major(ovL_j)
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
@@ -465,8 +476,9 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                 else:  # the window's rows against all of the j side's columns
                     cols, rest_j, nv_rest = slice(a0, a1), slice(0, nvb), a1 - a0
                     neg_row = neg_eps_row
-                args = (np.ascontiguousarray(b_i[:, i0:i1, cols]).reshape(naux, -1),
-                        np.ascontiguousarray(b_j[:, j0:j1, rest_j]).reshape(naux, -1),
+                n_kt = b_i.shape[1]
+                args = (np.ascontiguousarray(b_i[:, :, i0:i1, cols]).reshape(TILE_K, n_kt, -1),
+                        np.ascontiguousarray(b_j[:, :, j0:j1, rest_j]).reshape(TILE_K, n_kt, -1),
                         _f32(d_pair - e_a[a0:a1, None]), neg_row)
                 (partials,) = nki_runtime.run_kernel(kernel, args, mode)
                 d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,

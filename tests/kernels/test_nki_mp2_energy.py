@@ -155,7 +155,7 @@ def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunke
     (PSUM keeps accumulating across chunk loads)."""
     import sys
 
-    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 50 if kind == "rect" else 200)
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 30 if kind == "rect" else 150)
     if chunked:
         monkeypatch.setattr(nki_ops, "ENERGY_K_TILES", 2)
         nki_ops.nki_runtime.prepare("emulator")

@@ -13,6 +13,8 @@ from dfmp2.nki_emulator import EmulatorError, _state, jit, target
 from dfmp2.nki_emulator import isa as nisa
 from dfmp2.nki_emulator import language as nl
 
+from tolerances import TOL_EMU_ELEMENTWISE_REL, TOL_EMU_FP32_REL, TOL_EMU_MATMUL_ABS
+
 pytestmark = pytest.mark.nki_emulated
 
 
@@ -110,7 +112,7 @@ def _reciprocal(with_bias):
 
 
 def test_activation_reciprocal_takes_no_bias_on_gen2():
-    np.testing.assert_allclose(_reciprocal(True), 1.0 / 3.0, rtol=1e-6)
+    np.testing.assert_allclose(_reciprocal(True), 1.0 / 3.0, rtol=TOL_EMU_ELEMENTWISE_REL)
     with target("trn1"):
         np.testing.assert_allclose(_reciprocal(False), 0.5)
         with pytest.raises(EmulatorError, match="takes no bias on gen2"):
@@ -180,9 +182,9 @@ def _tiled(tile_size):
 
 def test_gen2_tiles_the_pe_array_by_64_only():
     got, want = _tiled((32, 32))  # trn2: 4x 32 rows and columns
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS)
     with target("trn1"):
         got, want = _tiled((64, 64))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=TOL_EMU_FP32_REL, atol=TOL_EMU_MATMUL_ABS)
         with pytest.raises(EmulatorError, match="2x 64 rows or columns only"):
             _tiled((32, 128))
