@@ -17,6 +17,7 @@ __all__ = [
     "FP32_BYTES",
     "SBUF_RESIDENT_BUDGET",
     "ENERGY_K_TILES",
+    "GEMM_M_GROUP",
     "ceil_div",
 ]
 
@@ -42,6 +43,10 @@ SBUF_RESIDENT_BUDGET = 128 * 1024
 #: (exchange) or a 128- and a 512-column one (direct), each possibly allocated again before the
 #: last is released, 8*24*128 or 2*24*640 fp32 words per partition (96 or 120 KiB).
 ENERGY_K_TILES = 24
+
+#: M tiles of one gemm group: every moving tile of B loaded from HBM serves this many stationary
+#: A tiles (one PSUM bank each), so the gemm reads B from HBM once per 512 rows of C, not per 128.
+GEMM_M_GROUP = 4
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -21,6 +21,7 @@ from ..kernels._tiles import (
     BLOCK,
     ENERGY_K_TILES,
     FP32_BYTES,
+    GEMM_M_GROUP,
     SBUF_RESIDENT_BUDGET,
     TILE_K,
     TILE_M,
@@ -48,9 +49,10 @@ MAX_MATMULS_PER_CALL = 2048
 MAX_PAIRS_PER_CALL = 64
 #: Upper bound on the nki.isa instructions of one fused-energy launch (bounds the trace).
 MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
-#: Largest K of one GEMM launch: the A^T strip, ceil(K/128)*128*4 bytes per partition, stays in
-#: half of the resident SBUF budget. Larger K is split and the partial products added in fp64.
-GEMM_MAX_K = (SBUF_RESIDENT_BUDGET // 2 // (TILE_M * FP32_BYTES)) * TILE_K
+#: Largest K of one GEMM launch: the A^T strip of one M group, ceil(K/128)*512*4 bytes per
+#: partition, stays in half of the resident SBUF budget (K <= 4096). Larger K is split and the
+#: partial products added in fp64.
+GEMM_MAX_K = (SBUF_RESIDENT_BUDGET // 2 // (GEMM_M_GROUP * TILE_M * FP32_BYTES)) * TILE_K
 #: SBUF bytes per partition the fused-energy kernel may use: trn1's 192 KiB less 16 KiB of slack.
 ENERGY_SBUF_BUDGET = 176 * 1024
 #: Largest order of the blocked Cholesky: the trailing update of one step issues

@@ -11,7 +11,7 @@ from dfmp2.linalg import nki_ops, torch_ops
 from ._support import FP32_RTOL, ceil_div, rand
 
 #: (m, n, k): one element; ragged M, N > 512 and K > 128; ragged everything; exact tiles.
-SHAPES = [(1, 1, 1), (130, 600, 300), (257, 513, 129), (128, 512, 256)]
+SHAPES = [(1, 1, 1), (130, 600, 300), (257, 513, 129), (128, 512, 256), (700, 130, 200)]
 
 
 def _operands(m, n, k, trans_a, trans_b, seed=0):
@@ -60,6 +60,9 @@ def test_gemm_issues_one_matmul_per_tile_triple(emulator_trace, m, n, k):
     # PSUM -> SBUF copy, then one DMA store per output tile
     assert tr.count("tensor_copy") == tiles_out
     assert len(tr.dma_stores()) == tiles_out
+    # blocked over M: per group of 4 M tiles, the A^T strip once and each moving tile of B once
+    groups, n_kt = ceil_div(m, 512), ceil_div(k, 128)
+    assert len(tr.dma_loads()) == groups * n_kt * (1 + ceil_div(n, 512))
 
 
 @pytest.mark.nki_emulated
