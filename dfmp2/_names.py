@@ -6,3 +6,6 @@ torch's OpenMP runtime reads at load time (see ``dfmp2.cli``).
 
 BACKENDS = ("auto", "pytorch", "nki")
 CPU_BLAS_CHOICES = ("auto", "torch", "numpy")
+#: Precisions of the NKI pair kernels' (ia|jb) products: float32, or three bfloat16 products of
+#: a high/low split accumulated in float32 PSUM.
+NKI_MATMULS = ("fp32", "bf16x3")

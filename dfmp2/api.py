@@ -95,7 +95,7 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
 def _dispatcher(opts: Options) -> Dispatcher:
     """The run's one dispatcher (SCF J/K and the MP2 step share it and its records)."""
     return Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
-                                     opts.require_nki, opts.cpu_blas))
+                                     opts.require_nki, opts.cpu_blas, opts.nki_matmul))
 
 
 def guess_occupations(mol, reference: str) -> list[np.ndarray]:
@@ -265,7 +265,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
         max_memory_mb=opts.max_memory, note=note)
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
-                          resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas)
+                          resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
+                          nki_matmul=la.policy.nki_matmul)
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
         e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale, ref.e_singles),

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES
+from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS
 from ._version import __version__
 from .errors import InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
@@ -107,6 +107,10 @@ _D = Options.default
               help="Run NKI kernels in the real nki.simulate (env DFMP2_USE_SIMULATOR=1).")
 @click.option("--require-nki", is_flag=True, envvar="DFMP2_REQUIRE_NKI",
               help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
+@click.option("--nki-matmul", type=click.Choice(NKI_MATMULS), default=_D("nki_matmul"),
+              show_default=True,
+              help="Products of the NKI pair kernels: fp32, or bf16x3 (bfloat16 high and low "
+                   "parts, three products in float32 PSUM: 3/4 of the fp32 TensorE time).")
 @click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
               show_default=True,
               help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")
@@ -316,17 +320,19 @@ def _echo_model(report, reference) -> None:
     click.echo(f"NKI cost model, {report['target']} (documented rates; modeled, not measured), "
                f"nocc {shape['nocc']} nvir {shape['nvir']} naux {shape['naux']}, kernels run on "
                "dfmp2's emulator")
-    click.echo(f"{'kernel':<24s} {'check':>5s} {'launches':>8s} {'instr':>7s} {'tensor':>9s} "
+    click.echo(f"{'kernel':<31s} {'check':>5s} {'launches':>8s} {'instr':>7s} {'tensor':>9s} "
                f"{'vector':>9s} {'scalar':>8s} {'dma':>9s} {'modeled':>9s} {'TensorE':>7s}")
     for name, k in report["kernels"].items():
         e = k["engines"]
-        click.echo(f"{name:<24s} {'ok' if k['passed'] else 'FAIL':>5s} {k['launches']:>8d} "
-                   f"{k['instructions']:>7d} {e['tensor'] * 1e6:>7.1f}us {e['vector'] * 1e6:>7.1f}us"
-                   f" {e['scalar'] * 1e6:>6.1f}us {e['dma'] * 1e6:>7.1f}us "
-                   f"{k['modeled_seconds'] * 1e6:>7.1f}us {k['tensore_utilization']:>7.0%}")
+        us = {engine: f"{seconds * 1e6:.1f}us" for engine, seconds in e.items()}
+        click.echo(f"{name:<31s} {'ok' if k['passed'] else 'FAIL':>5s} {k['launches']:>8d} "
+                   f"{k['instructions']:>7d} {us['tensor']:>9s} {us['vector']:>9s} "
+                   f"{us['scalar']:>8s} {us['dma']:>9s} {k['modeled_seconds'] * 1e6:>7.1f}us "
+                   f"{k['tensore_utilization']:>7.0%}")
     step = report["energy_step"]
-    line = (f"energy step (closed shell, {step['pairs']} pairs): {report['energy_step_seconds']:.3f}"
-            f" s modeled ({step['kernel_seconds']:.3f} s kernels, {step['launches']} launches)")
+    line = (f"energy step (closed shell, {step['pairs']} pairs): "
+            f"{report['energy_step_seconds']:.3f} s modeled ({step['kernel_seconds']:.3f} s "
+            f"kernels, {step['launches']} launches)")
     if reference:
         line += f"; trnsci {reference[0]} measured {reference[1]:.2f} s"
     click.echo(line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import MISSING, dataclass, fields
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES
+from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS
 from .errors import InputError
 
 __all__ = ["Options", "SCF_TYPES", "SCF_PRECISIONS", "REFERENCES", "PRECISIONS", "BACKENDS"]
@@ -38,6 +38,7 @@ class Options:
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs, else torch's), 'torch' (MKL in the CPU
         wheel) or 'numpy': whose BLAS runs the pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
+    nki_matmul : precision of the NKI pair kernels' (ia|jb) products, 'fp32' or 'bf16x3'.
     max_memory : working-set budget in MB of the DF-SCF's J/K and of the MP2 step (in turn).
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
         (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
@@ -72,6 +73,7 @@ class Options:
     nki_emulator: bool = False
     nki_simulator: bool = False
     require_nki: bool = False
+    nki_matmul: str = "fp32"
     max_memory: int = 4000
     precision: str = "fp64"
     force_outcore: bool = False
@@ -89,6 +91,7 @@ class Options:
         _choice("scf_precision", self.scf_precision, SCF_PRECISIONS)
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
+        _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
         _choice("precision", self.precision, PRECISIONS)
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)

@@ -123,7 +123,7 @@ class Method:
 @dataclass(frozen=True)
 class BackendInfo:
     """Which backend ran: requested and resolved backend, NKI mode, why, per-op records,
-    the CPU BLAS choice."""
+    the CPU BLAS choice, the precision of the NKI pair kernels' products."""
 
     requested: str
     resolved: str
@@ -131,6 +131,7 @@ class BackendInfo:
     resolution: str
     ops: dict
     cpu_blas: dict
+    nki_matmul: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,8 @@ class Result:
                f"{st['gflop'] / st['seconds']:.0f} GFLOP/s" if st["seconds"] > 0 else ""]
               if (st := self.scf.jk_stats) else []),
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
-            + f" ({b.resolution})",
+            + f" ({b.resolution})"
+            + (f"  pair-kernel products {b.nki_matmul}" if b.resolved == "nki" else ""),
             f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "
             f"metric {m.metric}"
             + (f" (condition {m.metric_condition:.1e})" if m.metric_condition else "")

@@ -85,7 +85,7 @@ def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
     report = json.loads(out.read_text())
     assert report["ran_on_emulator"] is True and report["target"] == "trn2"
     assert set(report["kernels"]) == {"gemm_kernel", "mp2_pair_energy_kernel",
-                                      "mp2_pair_direct_kernel"}
+                                      "mp2_pair_direct_kernel", "mp2_pair_energy_kernel[bf16x3]"}
     for kernel in report["kernels"].values():
         assert kernel["passed"] and kernel["max_abs_error"] >= 0.0
         assert 0.0 < kernel["tensore_utilization"] <= 1.0 and kernel["modeled_seconds"] > 0.0
@@ -97,7 +97,7 @@ def test_cli_exits_non_zero_when_a_kernel_misses_float64(monkeypatch):
     real = nki_model._check
 
     def strict(got, want, rtol):
-        return real(got, want, 0.0) if rtol == 1e-6 else real(got, want, rtol)
+        return real(got, want, 0.0) if rtol == nki_model.FP32_RTOL else real(got, want, rtol)
 
     monkeypatch.setattr(nki_model, "_check", strict)  # fp32 never equals fp64 exactly
     result = CliRunner().invoke(main, ["nki-model", "--nocc", "2", "--nvir", "40", "--naux",

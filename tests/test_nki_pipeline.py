@@ -150,3 +150,26 @@ def test_nvir_above_600_runs_on_the_emulator_without_fallback():
                 ) == ("nki", "emulator", None, 0), (op, ops[op])
     assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP32)
     assert pt.e_corr != ref.e_corr
+
+
+def test_bf16x3_pair_products_stay_within_the_fp32_budget(tmp_path):
+    """--nki-matmul bf16x3: the pair kernels' three-bfloat16 products, recorded in the result,
+    within TOL_FP32 of fp64 (the ladder in benchmarks/results/nki-precision-*.md measures more)."""
+    out = tmp_path / "w.json"
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki",
+                                       "--nki-emulator", "--require-nki", "--nki-matmul",
+                                       "bf16x3", "-v", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "pair-kernel products bf16x3" in result.stdout
+    record = json.loads(out.read_text())
+    assert record["extras"]["backend"]["nki_matmul"] == "bf16x3"
+    ref = dfmp2.run(str(INPUTS / "water.xyz"), backend="pytorch")
+    assert record["properties"]["mp2_correlation_energy"] == pytest.approx(ref.e_corr,
+                                                                           abs=TOL_FP32)
+
+
+def test_an_unknown_nki_matmul_is_refused_in_one_line():
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--nki-matmul", "tf32"])
+    assert result.exit_code == 2 and "tf32" in result.output
+    with pytest.raises(dfmp2.errors.InputError, match="nki_matmul"):
+        dfmp2.Options(nki_matmul="tf32")

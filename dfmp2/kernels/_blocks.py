@@ -26,8 +26,10 @@ __all__ = [
     "load_tile",
     "load_strip",
     "load_panel",
+    "load_panels",
     "matmul_tile",
     "accumulate_strips",
+    "accumulate_products",
     "matmul_strip_by_hbm",
     "subtract_psum",
     "store_psum",
@@ -109,6 +111,29 @@ def load_panel(src_pm, kt0, nkt, c0, csz, width):
     return panel_sb
 
 
+def load_panels(src_pm, split, kt0, nkt, c0, csz, width):
+    """:func:`load_panel` of a float32 operand, or of both halves of a split one.
+
+    Operands: ``src_pm`` HBM (128, n_kt, C) float32, or with ``split`` (2, 128, n_kt, C):
+    ``[0]`` the bfloat16-representable high part of B and ``[1]`` the low part (B - high, also
+    bfloat16-representable), both held as float32 (the host splits in fp64). Returns
+    ``(hi_sb, lo_sb)``: split, two bfloat16 SBUF panels (128, nkt, width) (the DMA's float32 ->
+    bfloat16 conversion is exact for these values; the two take the bytes of one float32
+    panel), two ``dma_copy``; otherwise one float32 panel, returned twice (lo unused), one
+    ``dma_copy``. Preconditions: those of :func:`load_panel`.
+    """
+    if split:
+        hi_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=hi_sb[0:TILE_K, 0:nkt, 0:csz],
+                      src=src_pm[0, 0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
+        lo_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=lo_sb[0:TILE_K, 0:nkt, 0:csz],
+                      src=src_pm[1, 0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
+        return hi_sb, lo_sb
+    panel_sb = load_panel(src_pm, kt0, nkt, c0, csz, width)
+    return panel_sb, panel_sb
+
+
 def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     """One-K-tile product into a new PSUM tile (128, 512):
     ``dst[0:ssz, 0:nsz] = stat_sb[0:ksz, s0:s0+ssz].T @ mov_sb[0:ksz, n0:n0+nsz]``.
@@ -123,7 +148,7 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, mov_sb, m0, kt0, nkt):
+def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, mov_sb, m0, kt0, nkt, opens):
     """Add the products of a chunk of K tiles to a PSUM tile:
     ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[:, t, s0:s0+psz].T @ mov_sb[:, t, m0:m0+fsz]``
     over the tiles ``t < nkt`` of two SBUF panels (:func:`load_panel`) that hold the global K
@@ -131,12 +156,26 @@ def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, mov_sb, m0, kt0, nkt):
 
     Preconditions: ``1 <= psz <= 128``, ``1 <= fsz <= 512``, the column ranges inside the
     panels' widths, ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in one bank.
-    One ``nc_matmul`` per tile: ``accumulate=False`` for global K tile 0 (the first product
-    overwrites), ``True`` for every later one, so successive chunks add up in PSUM.
+    One ``nc_matmul`` per tile. ``opens``: this call's product for global K tile 0 is the first
+    write of the tile (``accumulate=False``); every other matmul accumulates, so successive
+    chunks and further products (the split-precision terms) add up in PSUM.
     """
     for t in nl.static_range(nkt):
         nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:TILE_K, t, s0:s0 + psz],
-                       moving=mov_sb[0:TILE_K, t, m0:m0 + fsz], accumulate=kt0 + t > 0)
+                       moving=mov_sb[0:TILE_K, t, m0:m0 + fsz],
+                       accumulate=kt0 + t > 0 or not opens)
+
+
+def accumulate_products(dst_ps, psz, fsz, stat, s0, mov, m0, kt0, nkt, split):
+    """:func:`accumulate_strips` of one operand pair: float32 panels (``stat``, ``mov`` are
+    ``(panel, panel)`` pairs from :func:`load_panels`), or with ``split`` the three bfloat16
+    products ``hi*hi + hi*lo + lo*hi`` accumulated in one float32 PSUM tile (the ``lo*lo`` term,
+    about 2^-16 of the product, is dropped). ``nkt`` or ``3 * nkt`` ``nc_matmul``.
+    """
+    accumulate_strips(dst_ps, psz, fsz, stat[0], s0, mov[0], m0, kt0, nkt, True)
+    if split:
+        accumulate_strips(dst_ps, psz, fsz, stat[0], s0, mov[1], m0, kt0, nkt, False)
+        accumulate_strips(dst_ps, psz, fsz, stat[1], s0, mov[0], m0, kt0, nkt, False)
 
 
 def matmul_strip_by_hbm(stat_sb, ssz, stride, mov_hbm, n0, nsz):
@@ -294,7 +333,8 @@ def tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off, col, c_dcol, b0,
     mirrored-direct and exchange row sums into SBUF ``acc_sb[0:asz, col:col+3]``.
 
     Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]`` and ``t2_ps[0:bsz, 0:asz] = T[tb, w]``
-    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb`` (-e_b) and
+    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb``
+    (-e_b) and
     ``dcol_sb`` (column ``c_dcol``: e_i + e_j - e_a of the window tile). Preconditions:
     ``1 <= asz, bsz <= 128``. The mirrored tile's exchange sum equals the tile's own (one
     virtual space, D symmetric), so column ``col + 2`` stands for both and the host doubles it

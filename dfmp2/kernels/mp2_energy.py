@@ -30,10 +30,10 @@ import nki.isa as nisa
 import nki.language as nl
 
 from ._blocks import (
-    accumulate_strips,
+    accumulate_products,
     direct_row,
     load_pair_denominators,
-    load_panel,
+    load_panels,
     tile_pair_sums,
     tile_span,
 )
@@ -109,12 +109,13 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     for a whole pair: one GEMM's worth) and one transpose per tile pair; the instruction count is
     ``nki_ops._energy_instructions``.
     """
-    n_kt = b_i.shape[1]
+    split = len(b_i.shape) == 4
+    n_kt = b_i.shape[-2]
     nv = neg_eps_row.shape[1]
     nrows = d_col.shape[0]
     npairs = d_col.shape[1]
-    ni = b_i.shape[2] // nv
-    nj = b_j.shape[2] // nv
+    ni = b_i.shape[-1] // nv
+    nj = b_j.shape[-1] // nv
     n_at = (nv + TILE_M - 1) // TILE_M
     n_wt = (nrows + TILE_M - 1) // TILE_M
     kc_tiles = min(n_kt, ENERGY_K_TILES)
@@ -133,25 +134,26 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
             pair = i * nj + j
             if n_kc == 1:
                 # Step 2: the window's strips of B_i and B_j (the panel), resident for the pair.
-                pi_sb = load_panel(b_i, 0, n_kt, i * nv, nrows, pstride)
-                pj_sb = load_panel(b_j, 0, n_kt, j * nv, nrows, pstride)
+                pi_sb = load_panels(b_i, split, 0, n_kt, i * nv, nrows, pstride)
+                pj_sb = load_panels(b_j, split, 0, n_kt, j * nv, nrows, pstride)
                 for tb in nl.static_range(n_at):
                     b0, bsz = tile_span(tb, TILE_M, nv)
                     # Step 3: tile tb's strips: a slice of the panel, or loaded once for all w.
                     if tb < n_wt:
                         si_sb, sj_sb, s0 = pi_sb, pj_sb, b0
                     else:
-                        si_sb = load_panel(b_i, 0, n_kt, i * nv + b0, bsz, TILE_M)
-                        sj_sb = load_panel(b_j, 0, n_kt, j * nv + b0, bsz, TILE_M)
+                        si_sb = load_panels(b_i, split, 0, n_kt, i * nv + b0, bsz, TILE_M)
+                        sj_sb = load_panels(b_j, split, 0, n_kt, j * nv + b0, bsz, TILE_M)
                         s0 = 0
                     for w in nl.static_range(min(tb + 1, n_wt)):
                         a0, asz = tile_span(w, TILE_M, nv)
                         t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                        accumulate_strips(t1_ps, asz, bsz, pi_sb, a0, sj_sb, s0, 0, n_kt)
+                        accumulate_products(t1_ps, asz, bsz, pi_sb, a0, sj_sb, s0, 0, n_kt, split)
                         if tb > w:
                             t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32,
                                                buffer=nl.psum)
-                            accumulate_strips(t2_ps, bsz, asz, si_sb, s0, pj_sb, a0, 0, n_kt)
+                            accumulate_products(t2_ps, bsz, asz, si_sb, s0, pj_sb, a0, 0, n_kt,
+                                                split)
                             tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
                                             3 * ((pair * n_wt + w) * n_at + tb),
                                             w * npairs + pair, b0, asz, bsz)
@@ -171,15 +173,18 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                                                buffer=nl.psum)
                         for kc in nl.static_range(n_kc):
                             kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                            ai_sb = load_panel(b_i, kt0, nkt, i * nv + a0, asz, TILE_M)
-                            aj_sb = load_panel(b_j, kt0, nkt, j * nv + a0, asz, TILE_M)
+                            ai_sb = load_panels(b_i, split, kt0, nkt, i * nv + a0, asz, TILE_M)
+                            aj_sb = load_panels(b_j, split, kt0, nkt, j * nv + a0, asz, TILE_M)
                             if tb > w:
-                                si_sb = load_panel(b_i, kt0, nkt, i * nv + b0, bsz, TILE_M)
-                                sj_sb = load_panel(b_j, kt0, nkt, j * nv + b0, bsz, TILE_M)
-                                accumulate_strips(t1_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt)
-                                accumulate_strips(t2_ps, bsz, asz, si_sb, 0, aj_sb, 0, kt0, nkt)
+                                si_sb = load_panels(b_i, split, kt0, nkt, i * nv + b0, bsz, TILE_M)
+                                sj_sb = load_panels(b_j, split, kt0, nkt, j * nv + b0, bsz, TILE_M)
+                                accumulate_products(t1_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt,
+                                                    split)
+                                accumulate_products(t2_ps, bsz, asz, si_sb, 0, aj_sb, 0, kt0, nkt,
+                                                    split)
                             else:
-                                accumulate_strips(t1_ps, asz, asz, ai_sb, 0, aj_sb, 0, kt0, nkt)
+                                accumulate_products(t1_ps, asz, asz, ai_sb, 0, aj_sb, 0, kt0, nkt,
+                                                    split)
                         if tb > w:
                             tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
                                             3 * ((pair * n_wt + w) * n_at + tb),
@@ -242,12 +247,13 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     Per pair: ``n_at * n_bc * ceil(naux/128)`` matmuls and no transposes; the instruction count
     is ``nki_ops._energy_instructions``.
     """
-    n_kt = b_i.shape[1]
+    split = len(b_i.shape) == 4
+    n_kt = b_i.shape[-2]
     nva = d_col.shape[0]
     nvb = neg_eps_row.shape[1]
     npairs = d_col.shape[1]
-    ni = b_i.shape[2] // nva
-    nj = b_j.shape[2] // nvb
+    ni = b_i.shape[-1] // nva
+    nj = b_j.shape[-1] // nvb
     n_at = (nva + TILE_M - 1) // TILE_M
     n_bc = (nvb + TILE_N - 1) // TILE_N
     kc_tiles = min(n_kt, ENERGY_K_TILES)
@@ -266,24 +272,24 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
             pair = i * nj + j
             if n_kc == 1:
                 # Step 2: the window's strip of B_i (the panel), resident for the pair.
-                pi_sb = load_panel(b_i, 0, n_kt, i * nva, nva, pstride)
+                pi_sb = load_panels(b_i, split, 0, n_kt, i * nva, nva, pstride)
             for bc in nl.static_range(n_bc):
                 b0, bsz = tile_span(bc, TILE_N, nvb)
                 if n_kc == 1:
                     # Step 3: the b chunk's strip, loaded once for every a tile.
-                    sj_sb = load_panel(b_j, 0, n_kt, j * nvb + b0, bsz, TILE_N)
+                    sj_sb = load_panels(b_j, split, 0, n_kt, j * nvb + b0, bsz, TILE_N)
                 for ta in nl.static_range(n_at):
                     a0, asz = tile_span(ta, TILE_M, nva)
                     t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     if n_kc == 1:
-                        accumulate_strips(t_ps, asz, bsz, pi_sb, a0, sj_sb, 0, 0, n_kt)
+                        accumulate_products(t_ps, asz, bsz, pi_sb, a0, sj_sb, 0, 0, n_kt, split)
                     else:
                         # Steps 2-3, streamed: both strip chunks loaded for every tile.
                         for kc in nl.static_range(n_kc):
                             kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                            ai_sb = load_panel(b_i, kt0, nkt, i * nva + a0, asz, TILE_M)
-                            sj_sb = load_panel(b_j, kt0, nkt, j * nvb + b0, bsz, TILE_N)
-                            accumulate_strips(t_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt)
+                            ai_sb = load_panels(b_i, split, kt0, nkt, i * nva + a0, asz, TILE_M)
+                            sj_sb = load_panels(b_j, split, kt0, nkt, j * nvb + b0, bsz, TILE_N)
+                            accumulate_products(t_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt, split)
                     # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
                     c_dcol = ta * npairs + pair
                     direct_row(acc_sb[0:asz, (pair * n_at + ta) * n_bc + bc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._names import NKI_MATMULS
 from ..errors import InputError, NotPositiveDefiniteError
 from ..kernels._tiles import (
     BLOCK,
@@ -324,36 +325,40 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
 
 
 def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
-                         exchange: bool) -> int:
+                         exchange: bool, split: bool = False) -> int:
     """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
     window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
 
-    Per launch ``3 + n_wt`` (denominators, memset, store). Every panel is one DMA. Exchange
-    kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile beyond the window, per
-    diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per off-diagonal one
-    ``2*n_kt`` and 12; more chunks: every tile pair loads its panels per chunk, 2 (diagonal) or
-    4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1 load and per tile
-    ``n_kt`` matmuls and 5; more chunks: per tile 2 loads per chunk, ``n_kt`` matmuls, 5.
+    Per launch ``3 + n_wt`` (denominators, memset, store). Every panel is one DMA (two when
+    ``split``: its bfloat16 high and low parts), every K-tile product one matmul (three when
+    ``split``). Exchange kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile
+    beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per
+    off-diagonal one ``2*n_kt`` and 12; more chunks: every tile pair loads its panels per
+    chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1
+    load and per tile ``n_kt`` matmuls and 5; more chunks: per tile 2 loads per chunk, ``n_kt``
+    matmuls, 5.
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
+    ld, mm = (2, 3) if split else (1, 1)
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
-        diag = n_kt + 9 + (0 if n_kc == 1 else 2 * n_kc)
-        off = 2 * n_kt + 12 + (0 if n_kc == 1 else 4 * n_kc)
+        diag = mm * n_kt + 9 + (0 if n_kc == 1 else ld * 2 * n_kc)
+        off = mm * 2 * n_kt + 12 + (0 if n_kc == 1 else ld * 4 * n_kc)
         tile_pairs = sum(n_at - w for w in range(n_wt))
         per_pair = n_wt * diag + (tile_pairs - n_wt) * off
         if n_kc == 1:
-            per_pair += 2 + 2 * (n_at - n_wt)
+            per_pair += ld * (2 + 2 * (n_at - n_wt))
     else:
         n_bc = ceil_div(nvb, TILE_N)
         if n_kc == 1:
-            per_pair = 1 + n_bc * (1 + n_wt * (n_kt + 5))
+            per_pair = ld + n_bc * (ld + n_wt * (mm * n_kt + 5))
         else:
-            per_pair = n_bc * n_wt * (2 * n_kc + n_kt + 5)
+            per_pair = n_bc * n_wt * (ld * 2 * n_kc + mm * n_kt + 5)
     return 3 + n_wt + ni * nj * per_pair
 
 
-def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool) -> tuple[int, int]:
+def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
+                        split: bool = False) -> tuple[int, int]:
     """``(pairs, window)``: occupied pairs per launch and a tiles per window, so that every
     launch stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` and ``ENERGY_SBUF_BUDGET``.
 
@@ -369,7 +374,7 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool) -> tuple[
         rows = min(nva, window * TILE_M)
         side = max(1, int(np.sqrt(pairs)))  # the squarest chunk has the most i strips
         ni, nj = side, max(1, pairs // side)
-        return (_energy_instructions(ni, nj, nva, nvb, naux, window, exchange)
+        return (_energy_instructions(ni, nj, nva, nvb, naux, window, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
                 and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
@@ -410,22 +415,37 @@ def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int
     return direct, (cols[..., 2] * mirror).sum(axis=(2, 3))
 
 
-def _partition_major(ovl: torch.Tensor) -> np.ndarray:
+def _partition_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
     """``(n, nv, naux)`` -> float32 ``(128, n_kt, n, nv)`` with ``[p, t, i, a] = B_i[a,
     t*128 + p]``: each partition's K tiles side by side, the auxiliary index zero-padded to whole
-    tiles (the pair kernels load a panel of many K tiles in one DMA; padded rows add 0)."""
+    tiles (the pair kernels load a panel of many K tiles in one DMA; padded rows add 0). With
+    ``split``, ``(2, 128, n_kt, n, nv)``: the bfloat16-rounded high part of B and the
+    bfloat16-rounded rest, both computed in fp64 (held as float32, exactly)."""
     n, nv, naux = (int(x) for x in ovl.shape)
     n_kt = ceil_div(naux, TILE_K)
-    padded = np.zeros((n_kt * TILE_K, n, nv), dtype=np.float32)
-    padded[:naux] = np.moveaxis(_f64(ovl), 2, 0)
-    return np.ascontiguousarray(padded.reshape(n_kt, TILE_K, n, nv).transpose(1, 0, 2, 3))
+    b64 = _f64(ovl)
+    parts = [b64]
+    if split:
+        hi = torch.from_numpy(b64).to(torch.bfloat16).to(torch.float64).numpy()
+        lo = torch.from_numpy(b64 - hi).to(torch.bfloat16).to(torch.float64).numpy()
+        parts = [hi, lo]
+    padded = np.zeros((len(parts), n_kt * TILE_K, n, nv), dtype=np.float32)
+    for index, part in enumerate(parts):
+        padded[index, :naux] = np.moveaxis(part, 2, 0)
+    pm = padded.reshape(len(parts), n_kt, TILE_K, n, nv).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(pm if split else pm[0])
 
 
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
-                  weights: torch.Tensor, exchange: bool, *, mode: str) -> torch.Tensor:
+                  weights: torch.Tensor, exchange: bool, *, mode: str,
+                  matmul: str = "fp32") -> torch.Tensor:
     """Weighted pair sums ``[direct, exchange]`` of a block of occupied pairs on the fused
     kernels (the contract of :func:`dfmp2.linalg.torch_ops.mp2_pair_sums`).
+
+    ``matmul``: ``"fp32"`` (float32 products) or ``"bf16x3"`` (B split on the host into
+    bfloat16 high and low parts, ``T = hi*hi + hi*lo + lo*hi`` in float32 PSUM: three bfloat16
+    matmuls, each a quarter of a float32 one on the TensorE).
 
     ovL_i : (ni, nva, naux); ovL_j : (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
     eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs one virtual space. Returns
@@ -441,17 +461,22 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
         ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
     exchange = bool(exchange)
+    if matmul not in NKI_MATMULS:
+        raise InputError(f"mp2_pair_sums: matmul {matmul!r} is not one of "
+                         f"{', '.join(NKI_MATMULS)}")
+    split = matmul == "bf16x3"
     if exchange and not _one_virtual_space(eps_va, eps_vb):
         raise InputError(f"mp2_pair_sums: {_TWO_SPACES}")
     w_ij = _f64(weights)
     direct = ex = 0.0
     if ni == 0 or nj == 0 or nva == 0 or nvb == 0 or naux == 0 or not w_ij.any():
         return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
-    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange)
+    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange, split)
     if window == 0:
         raise InputError(f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange)}")
-    b_i = _partition_major(ovL_i)  # (128, n_kt, ni, nva)
-    b_j = _partition_major(ovL_j)
+    b_i = _partition_major(ovL_i, split)  # ([2,] 128, n_kt, ni, nva)
+    b_j = _partition_major(ovL_j, split)
+    lead = b_i.shape[:-2]  # ([2,] 128, n_kt)
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
@@ -478,9 +503,8 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                 else:  # the window's rows against all of the j side's columns
                     cols, rest_j, nv_rest = slice(a0, a1), slice(0, nvb), a1 - a0
                     neg_row = neg_eps_row
-                n_kt = b_i.shape[1]
-                args = (np.ascontiguousarray(b_i[:, :, i0:i1, cols]).reshape(TILE_K, n_kt, -1),
-                        np.ascontiguousarray(b_j[:, :, j0:j1, rest_j]).reshape(TILE_K, n_kt, -1),
+                args = (np.ascontiguousarray(b_i[..., i0:i1, cols]).reshape(*lead, -1),
+                        np.ascontiguousarray(b_j[..., j0:j1, rest_j]).reshape(*lead, -1),
                         _f32(d_pair - e_a[a0:a1, None]), neg_row)
                 (partials,) = nki_runtime.run_kernel(kernel, args, mode)
                 d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .._names import BACKENDS
+from .._names import BACKENDS, NKI_MATMULS
 from ..errors import (
     BackendUnavailableError,
     InputError,
@@ -118,6 +118,7 @@ class DispatchPolicy:
     nki_emulator : allow dfmp2's NumPy emulator when the real ``nki`` is absent (explicit opt-in).
     require_nki : turn every fallback from nki to pytorch into an error.
     cpu_blas : 'auto', 'torch' or 'numpy': the library of the pytorch backend's CPU products.
+    nki_matmul : 'fp32' or 'bf16x3': the products of the NKI pair kernels (``mp2_pair_sums``).
     """
 
     backend: str = "auto"
@@ -125,10 +126,14 @@ class DispatchPolicy:
     nki_emulator: bool = False
     require_nki: bool = False
     cpu_blas: str = "auto"
+    nki_matmul: str = "fp32"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.nki_matmul not in NKI_MATMULS:
+            raise InputError(f"unknown NKI matmul precision {self.nki_matmul!r}; choose one of "
+                             f"{', '.join(NKI_MATMULS)}")
 
 
 @dataclass
@@ -251,7 +256,8 @@ class Dispatcher(_NamedOps):
         if limit is not None:
             return self._fall_back(op, args, f"shape not supported by the NKI kernel: {limit}")
         try:
-            result = impl.fn(*args, mode=self.nki_mode)
+            extra = {"matmul": self.policy.nki_matmul} if op == "mp2_pair_sums" else {}
+            result = impl.fn(*args, mode=self.nki_mode, **extra)
         except (NotPositiveDefiniteError, InputError):
             raise  # a property of the operands, not of the backend: the caller handles it
         except Exception as exc:  # made visible by _fall_back (WARNING + record) or KernelError

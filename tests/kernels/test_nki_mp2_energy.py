@@ -14,6 +14,7 @@ from dfmp2.errors import InputError
 from dfmp2.linalg import nki_ops
 
 from ._support import ENERGY_RTOL, ceil_div, pair_block
+from tolerances import TOL_NKI_BF16X3_REL
 
 #: kind -> (diagonal_block, exchange): a diagonal block I = J with triangular weights; an
 #: off-diagonal square block I < J of one space (weights 2) with exchange; a rectangular
@@ -45,14 +46,14 @@ def _block(ni, nj, nva, nvb, naux, kind, seed=0):
     return args, torch.from_numpy(weights), exchange
 
 
-def _assert_sums_close(got, args, weights, exchange):
-    """``got`` within ENERGY_RTOL of the oracle, relative to the direct sum with |weights| (a
+def _assert_sums_close(got, args, weights, exchange, rtol=ENERGY_RTOL):
+    """``got`` within ``rtol`` of the oracle, relative to the direct sum with |weights| (a
     scale that signed weights cannot cancel)."""
     want = reference_pair_sums(*args, weights, exchange)
     scale = abs(reference_pair_sums(*args, weights.abs(), False)[0])
     assert got.dtype == torch.float64 and got.shape == (2,)
     err = float(np.abs(got.numpy() - want).max())
-    assert err <= ENERGY_RTOL * scale, f"error {err:.3e} > {ENERGY_RTOL:g} * {scale:.3e}"
+    assert err <= rtol * scale, f"error {err:.3e} > {rtol:g} * {scale:.3e}"
     if not exchange:
         assert float(got[1]) == 0.0
 
@@ -118,6 +119,31 @@ def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux
     assert tr.bytes_moved() - sum(r.nbytes for r in tr.dma_loads()) == 128 * width * 4
     # VectorE reciprocal of the denominators (no ScalarE approximation)
     assert tr.count("activation") == 0
+
+
+@pytest.mark.parametrize("ni,nj,nva,nvb,naux,kind", [CASES[1], CASES[3], CASES[4], CASES[6]])
+@pytest.mark.nki_emulated
+def test_split_precision_products_match_float64(emulator_trace, monkeypatch, ni, nj, nva, nvb,
+                                                naux, kind):
+    """bf16x3: B split on the host into bfloat16 high and low parts, three bfloat16 matmuls per
+    K tile (hi*hi, hi*lo, lo*hi) into one float32 PSUM tile, two panel DMAs where fp32 has one;
+    within TOL_NKI_BF16X3_REL of float64."""
+    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 1000)
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 10 ** 6)
+    args, weights, exchange = _block(ni, nj, nva, nvb, naux, kind)
+    with emulator_trace() as tr:
+        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", matmul="bf16x3")
+    _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL)
+    n_at, n_bc, n_kt = ceil_div(nva, 128), ceil_div(nvb, 512), ceil_div(naux, 128)
+    gemm = n_at * n_at * n_kt if exchange else n_at * n_bc * n_kt
+    matmuls = tr.find("nc_matmul")
+    assert len(matmuls) == 3 * ni * nj * gemm
+    assert all(r.operands["stationary"].dtype == r.operands["moving"].dtype == "bfloat16"
+               and r.operands["dst"].dtype == "float32" for r in matmuls)
+    assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, n_at,
+                                                            exchange, True)
+    with pytest.raises(InputError, match="bf16x9"):
+        nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", matmul="bf16x9")
 
 
 def _oracle_one_pair(args, exchange):
