@@ -336,6 +336,9 @@ def _echo_model(report, reference) -> None:
     if reference:
         line += f"; trnsci {reference[0]} measured {reference[1]:.2f} s"
     click.echo(line)
+    split = report["energy_step_bf16x3"]
+    click.echo(f"energy step with --nki-matmul bf16x3: {split['seconds']:.3f} s modeled "
+               f"({split['kernel_seconds']:.3f} s kernels, {split['launches']} launches)")
 
 
 if __name__ == "__main__":  # pragma: no cover
