@@ -23,10 +23,13 @@ Assumptions (each a rule of thumb of those documents, none verified on hardware)
   (OLD; A2 "roughly N cycles", "roughly 2N"); ScalarE ``activation`` ``max(64, N)`` (A2: the
   same cost with or without scale and bias); no static overhead beyond the 64-cycle minimum.
 - DMA: 16 queues per NeuronCore at 17 B/ns (trn1) or 23 B/ns (trn2) each (DMA, table); a
-  transfer of fewer than 2 KiB per partition runs at that fraction of the bandwidth (DMA: "at
-  least 2-4 KiB per partition" for full bandwidth).
+  transfer whose contiguous runs in HBM (per partition row, recorded by the emulator's trace)
+  are shorter than 2 KiB runs at that fraction of the bandwidth (DMA: "at least 2-4 KiB" of
+  contiguous data per partition for full bandwidth); a casting DMA is priced at the larger of
+  its source and destination bytes.
 - Engines overlap perfectly (the model's time of a launch is its busiest engine's); the
-  serialised sum is reported beside it. Launch overhead: 0.7 ms per launch through torch-xla
+  serialised sum is reported beside it. Matmul flops count whole 128-row K tiles (the host
+  zero-pads the auxiliary index), so the utilization of a ragged naux includes padding. Launch overhead: 0.7 ms per launch through torch-xla
   (measured by trnsci on trn1, ``../shared/reference/trnsci.md``).
 """
 
@@ -83,12 +86,13 @@ def instruction_cost(record, target: Target) -> tuple[str, float, float]:
     ops = record.operands
     name = record.instruction
     if name == "dma_copy":
-        dst = ops["dst"]
-        parts = dst.shape[0] if not dst.buffer.endswith("hbm") else ops["src"].shape[0]
-        per_partition = record.nbytes / max(1, parts)
-        efficiency = min(1.0, per_partition / DMA_FULL_BYTES_PER_PARTITION)
+        # bytes read or written in HBM, whichever is larger (a casting DMA moves both), at the
+        # fraction of the rate its contiguous runs allow (the HBM side's, per partition row)
+        moved = max(record.nbytes, record.attrs.get("src_bytes", 0))
+        run = record.attrs.get("run_bytes", moved)
+        efficiency = min(1.0, run / DMA_FULL_BYTES_PER_PARTITION)
         rate = target.dma_queues * target.dma_bytes_per_ns * 1e9 * efficiency
-        return "dma", record.nbytes / rate, 0.0
+        return "dma", moved / rate, 0.0
     if name == "nc_matmul":
         k, m = ops["stationary"].shape[0], _free(ops["stationary"].shape)
         n = _free(ops["moving"].shape)
@@ -176,11 +180,32 @@ def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng,
     e_vir = torch.from_numpy(rng.uniform(0.1, 3.0, nvir))
     args = (ovl_i, ovl_j, e_i, e_j, e_vir, e_vir, torch.ones((ci, cj), dtype=torch.float64),
             exchange)
-    got, tr = _traced(lambda: nki_ops.mp2_pair_sums(*args, mode="emulator", matmul=matmul))
+    got, tr = _traced(lambda: nki_ops.mp2_pair_sums(*args, mode="emulator", products=matmul))
     want = reference_pair_sums(*args)
     rtol = SPLIT_RTOL if split else FP32_RTOL
     return {"records": tr.records, "launches": len(tr.kernels), "pairs": ci * cj,
             "window_tiles": window, **_check(got.numpy(), want, rtol)}
+
+
+def _launched_pairs(nocc: int, nvir: int, naux: int, split: bool) -> tuple[int, int]:
+    """``(pairs, launches)`` the host launches for the closed-shell pairs i <= j of one
+    occupied block: the launch plan's square chunks, those with no weight skipped, every pair
+    of a launched chunk computed (a diagonal chunk's pairs below the diagonal too), one launch
+    per a-tile window (``nki_ops.mp2_pair_sums``)."""
+    from .linalg import nki_ops
+
+    pairs, window = nki_ops._energy_launch_plan(nvir, nvir, naux, True, split)
+    ci, cj = nki_ops._pair_chunks(nocc, nocc, pairs, True)
+    windows = -(-(-(-nvir // 128)) // window)
+    launched = launches = 0
+    for i0 in range(0, nocc, ci):
+        for j0 in range(0, nocc, cj):
+            i1, j1 = min(nocc, i0 + ci), min(nocc, j0 + cj)
+            if j1 - 1 < i0:
+                continue  # wholly below the diagonal: no weight, not launched
+            launched += (i1 - i0) * (j1 - j0)
+            launches += windows
+    return launched, launches
 
 
 def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int = 7) -> dict:
@@ -189,8 +214,9 @@ def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int =
     fit), and one chunk of pairs of each fused pair kernel (every a-tile window of it, as the
     host launches them), the exchange kernel also with bf16x3 products. The DF-MP2 energy step
     (closed shell, pairs i <= j) is modeled from the exchange kernel's chunk, fp32 and bf16x3:
-    its kernel time per pair times nocc*(nocc+1)/2 pairs, plus the launch overhead of every
-    launch. Returns the JSON-ready report."""
+    its kernel time per pair times the pairs the host launches (``_launched_pairs``: whole
+    chunks, so more than nocc*(nocc+1)/2), plus the overhead of every launch. Returns the
+    JSON-ready report."""
     from .linalg import nki_ops
     from .nki_emulator import install
 
@@ -220,10 +246,11 @@ def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int =
                          ("bf16x3", "mp2_pair_energy_kernel[bf16x3]")):
         chunk = kernels[name]
         chunk["seconds_per_pair"] = chunk["modeled_seconds"] / chunk["pairs"]
-        launches = -(-npairs // chunk["pairs"]) * chunk["launches"]
-        kernel_seconds = chunk["seconds_per_pair"] * npairs
-        steps[matmul] = {"pairs": npairs, "kernel_seconds": kernel_seconds,
-                         "launches": launches, "launch_seconds": launches * LAUNCH_SECONDS,
+        launched, launches = _launched_pairs(nocc, nvir, naux, matmul == "bf16x3")
+        kernel_seconds = chunk["seconds_per_pair"] * launched
+        steps[matmul] = {"pairs": npairs, "launched_pairs": launched,
+                         "kernel_seconds": kernel_seconds, "launches": launches,
+                         "launch_seconds": launches * LAUNCH_SECONDS,
                          "seconds": kernel_seconds + launches * LAUNCH_SECONDS}
     return {
         "ran_on_emulator": True,

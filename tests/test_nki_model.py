@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -54,14 +55,44 @@ def test_vector_and_dma_prices():
     small = Record("tensor_scalar", "vector", {"dst": _op((128, 8)), "data": _op((128, 8))})
     assert nki_model.instruction_cost(small, TRN1)[1] == pytest.approx(64 / 1.12e9)
 
-    def dma(cols):
-        return Record("dma_copy", "dma", {"dst": _op((128, cols)), "src": _op((128, cols), "hbm")},
-                      nbytes=128 * cols * 4)
+    def dma(shape, run_bytes):
+        nbytes = int(np.prod(shape)) * 4
+        return Record("dma_copy", "dma", {"dst": _op(shape), "src": _op(shape, "hbm")},
+                      nbytes=nbytes, attrs={"src_bytes": nbytes, "run_bytes": run_bytes})
 
-    full, quarter = dma(512), dma(128)  # 2 KiB and 512 B per partition
+    full, quarter = dma((128, 512), 2048), dma((128, 128), 512)  # 2 KiB and 512 B runs
     assert nki_model.instruction_cost(full, TRN1)[1] == pytest.approx(128 * 512 * 4 / 272e9)
     assert nki_model.instruction_cost(quarter, TRN1)[1] == pytest.approx(
         4 * 128 * 128 * 4 / 272e9)
+    # a panel of 18 K tiles of 128 columns: 9 KiB per partition, but in runs of 512 B
+    panel = dma((128, 18, 128), 512)
+    assert nki_model.instruction_cost(panel, TRN1)[1] == pytest.approx(
+        4 * 128 * 18 * 128 * 4 / 272e9)
+
+
+def test_the_trace_records_the_contiguous_runs_of_a_strided_panel():
+    """A (128, n_kt, 128) panel read from a (128, n_kt, 1000) partition-major array: runs of
+    128 floats; the whole rows of a (128, 300) array: one run of 300."""
+    from dfmp2.nki_emulator import install, jit, trace
+    from dfmp2.nki_emulator import isa as nisa
+    from dfmp2.nki_emulator import language as nl
+
+    install()
+
+    @jit
+    def k(b3, b2):
+        t = nl.ndarray((128, 4, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:128, 0:4, 0:128], src=b3[0:128, 0:4, 100:228])
+        u = nl.ndarray((128, 300), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=b2)
+        out = nl.ndarray((128, 300), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=u)
+        return out
+
+    with trace() as tr:
+        k(np.ones((128, 4, 1000), np.float32), np.ones((128, 300), np.float32))
+    runs = [r.attrs["run_bytes"] for r in tr.find("dma_copy")]
+    assert runs == [128 * 4, 300 * 4, 300 * 4]
 
 
 def test_a_launch_is_as_long_as_its_busiest_engine():
@@ -90,6 +121,8 @@ def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
         assert kernel["passed"] and kernel["max_abs_error"] >= 0.0
         assert 0.0 < kernel["tensore_utilization"] <= 1.0 and kernel["modeled_seconds"] > 0.0
     assert report["energy_step"]["pairs"] == report["energy_step_bf16x3"]["pairs"] == 15
+    # the host launches whole chunks: here one 5 x 5 chunk, the 10 pairs below i <= j included
+    assert report["energy_step"]["launched_pairs"] == 25
     assert report["energy_step_seconds"] > report["energy_step"]["kernel_seconds"] > 0.0
 
 

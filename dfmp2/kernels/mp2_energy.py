@@ -109,7 +109,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     for a whole pair: one GEMM's worth) and one transpose per tile pair; the instruction count is
     ``nki_ops._energy_instructions``.
     """
-    split = len(b_i.shape) == 4
+    split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
     nv = neg_eps_row.shape[1]
     nrows = d_col.shape[0]
@@ -247,7 +247,7 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     Per pair: ``n_at * n_bc * ceil(naux/128)`` matmuls and no transposes; the instruction count
     is ``nki_ops._energy_instructions``.
     """
-    split = len(b_i.shape) == 4
+    split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
     nva = d_col.shape[0]
     nvb = neg_eps_row.shape[1]

@@ -370,11 +370,9 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
     """
     n_at = ceil_div(nva, TILE_M)
 
-    def fits(pairs, window):
+    def fits(pairs, window):  # a chunk of ci x cj <= pairs orbitals: count all of them
         rows = min(nva, window * TILE_M)
-        side = max(1, int(np.sqrt(pairs)))  # the squarest chunk has the most i strips
-        ni, nj = side, max(1, pairs // side)
-        return (_energy_instructions(ni, nj, nva, nvb, naux, window, exchange, split)
+        return (_energy_instructions(1, pairs, nva, nvb, naux, window, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
                 and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
@@ -438,12 +436,12 @@ def _partition_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
 
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
-                  weights: torch.Tensor, exchange: bool, *, mode: str,
-                  matmul: str = "fp32") -> torch.Tensor:
+                  weights: torch.Tensor, exchange: bool, *, products: str = "fp32",
+                  mode: str) -> torch.Tensor:
     """Weighted pair sums ``[direct, exchange]`` of a block of occupied pairs on the fused
     kernels (the contract of :func:`dfmp2.linalg.torch_ops.mp2_pair_sums`).
 
-    ``matmul``: ``"fp32"`` (float32 products) or ``"bf16x3"`` (B split on the host into
+    ``products``: ``"fp32"`` (float32 products) or ``"bf16x3"`` (B split on the host into
     bfloat16 high and low parts, ``T = hi*hi + hi*lo + lo*hi`` in float32 PSUM: three bfloat16
     matmuls, each a quarter of a float32 one on the TensorE).
 
@@ -461,10 +459,10 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
         ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
     exchange = bool(exchange)
-    if matmul not in NKI_MATMULS:
-        raise InputError(f"mp2_pair_sums: matmul {matmul!r} is not one of "
+    if products not in NKI_MATMULS:
+        raise InputError(f"mp2_pair_sums: products {products!r} is not one of "
                          f"{', '.join(NKI_MATMULS)}")
-    split = matmul == "bf16x3"
+    split = products == "bf16x3"
     if exchange and not _one_virtual_space(eps_va, eps_vb):
         raise InputError(f"mp2_pair_sums: {_TWO_SPACES}")
     w_ij = _f64(weights)
@@ -473,7 +471,8 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
         return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
     pairs, window = _energy_launch_plan(nva, nvb, naux, exchange, split)
     if window == 0:
-        raise InputError(f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange)}")
+        raise InputError(
+            f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange, split)}")
     b_i = _partition_major(ovL_i, split)  # ([2,] 128, n_kt, ni, nva)
     b_j = _partition_major(ovL_j, split)
     lead = b_i.shape[:-2]  # ([2,] 128, n_kt)
@@ -517,13 +516,15 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
 
 
-def _energy_supports_shape(nva: int, nvb: int, naux: int, exchange: bool) -> str | None:
+def _energy_supports_shape(nva: int, nvb: int, naux: int, exchange: bool,
+                           split: bool = False) -> str | None:
     """None, or why one pair and one a tile exceed a launch's bounds."""
-    if _energy_launch_plan(nva, nvb, naux, exchange)[1] > 0:
+    if _energy_launch_plan(nva, nvb, naux, exchange, split)[1] > 0:
         return None
+    products = " with bf16x3 products" if split else ""
     return (f"nvir={nva}x{nvb} with naux={naux}: one pair and one a tile exceed a launch of "
-            f"{_ENERGY_KERNELS[exchange]} ({MAX_ENERGY_INSTRUCTIONS_PER_CALL} instructions, "
-            f"{ENERGY_SBUF_BUDGET // 1024} KiB of SBUF per partition)")
+            f"{_ENERGY_KERNELS[exchange]}{products} ({MAX_ENERGY_INSTRUCTIONS_PER_CALL} "
+            f"instructions, {ENERGY_SBUF_BUDGET // 1024} KiB of SBUF per partition)")
 
 
 #: Why the exchange kernel refuses two sets of virtual energies.
@@ -536,7 +537,7 @@ def _one_virtual_space(eps_va, eps_vb) -> bool:
 
 
 def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
-                     exchange) -> str | None:
+                     exchange, products: str = "fp32") -> str | None:
     if ovL_i.ndim != 3 or ovL_j.ndim != 3:
         return (f"mp2_pair_sums needs 3-D ovL blocks, got {tuple(ovL_i.shape)} and "
                 f"{tuple(ovL_j.shape)}")
@@ -548,7 +549,7 @@ def _energy_supports(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
             tuple(eps_va.shape) == tuple(eps_vb.shape) == (nva,)) and not _one_virtual_space(
             eps_va, eps_vb):
         return _TWO_SPACES  # the pipeline never asks this: its exchange blocks share one space
-    return _energy_supports_shape(nva, nvb, naux, bool(exchange))
+    return _energy_supports_shape(nva, nvb, naux, bool(exchange), products == "bf16x3")
 
 
 #: op name -> shape check taking the op's arguments (without ``mode``): None or the limit hit.

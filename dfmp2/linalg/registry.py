@@ -252,11 +252,11 @@ class Dispatcher(_NamedOps):
         if op in HOST_OPS or self.backend == "pytorch":
             return self._run_host(op, args, mode=HOST_MODE if op in HOST_OPS else "pytorch")
         impl = REGISTRY[(op, "nki")]
-        limit = impl.supports(*args)
+        extra = {"products": self.policy.nki_matmul} if op == "mp2_pair_sums" else {}
+        limit = impl.supports(*args, **extra)
         if limit is not None:
             return self._fall_back(op, args, f"shape not supported by the NKI kernel: {limit}")
         try:
-            extra = {"matmul": self.policy.nki_matmul} if op == "mp2_pair_sums" else {}
             result = impl.fn(*args, mode=self.nki_mode, **extra)
         except (NotPositiveDefiniteError, InputError):
             raise  # a property of the operands, not of the backend: the caller handles it

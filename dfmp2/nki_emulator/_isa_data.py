@@ -76,7 +76,25 @@ def dma_copy(
         ck.write_raw(d, ck.read_raw(s, instr, "src"))
     else:
         ck.write_f32(d, ck.read_f32(s, instr, "src"))
-    _trace.emit(instr, "dma", {"dst": d, "src": s}, nbytes=d.size * d.dtype.itemsize)
+    hbm = s if not s.buffer.on_chip else d
+    _trace.emit(instr, "dma", {"dst": d, "src": s}, nbytes=d.size * d.dtype.itemsize,
+                src_bytes=s.size * s.dtype.itemsize, run_bytes=_contiguous_run_bytes(hbm))
+
+
+def _contiguous_run_bytes(view) -> int:
+    """Device bytes of the longest contiguous run of ``view`` within one row of its first axis
+    (the partition axis of an on-chip view; for an HBM view the rows that land on partitions):
+    the trailing free axes that are contiguous in memory, multiplied out."""
+    data = view._data
+    run, expected = 1, data.itemsize
+    for size, stride in zip(reversed(data.shape[1:]), reversed(data.strides[1:])):
+        if size == 1:
+            continue
+        if stride != expected:
+            break
+        run *= size
+        expected *= size
+    return run * view.dtype.itemsize
 
 
 def tensor_copy(dst, src, engine=E.engine.unknown, name=None):

@@ -132,7 +132,7 @@ def test_split_precision_products_match_float64(emulator_trace, monkeypatch, ni,
     monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 10 ** 6)
     args, weights, exchange = _block(ni, nj, nva, nvb, naux, kind)
     with emulator_trace() as tr:
-        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", matmul="bf16x3")
+        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products="bf16x3")
     _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL)
     n_at, n_bc, n_kt = ceil_div(nva, 128), ceil_div(nvb, 512), ceil_div(naux, 128)
     gemm = n_at * n_at * n_kt if exchange else n_at * n_bc * n_kt
@@ -143,7 +143,7 @@ def test_split_precision_products_match_float64(emulator_trace, monkeypatch, ni,
     assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, n_at,
                                                             exchange, True)
     with pytest.raises(InputError, match="bf16x9"):
-        nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", matmul="bf16x9")
+        nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products="bf16x9")
 
 
 def _oracle_one_pair(args, exchange):
@@ -319,8 +319,10 @@ def test_launch_plan_keeps_every_launch_within_its_bounds(nva, nvb, naux, exchan
     n_at = ceil_div(nva, 128)
     if (nva, naux) == (672, 2304):  # a window of a tiles, and still several pairs per launch
         assert pairs > 1 and window < n_at
-    for square in (True, False):
-        ci, cj = nki_ops._pair_chunks(64, 64, pairs, square)
+    for (ni, nj), square in [((64, 64), True), ((64, 64), False), ((64, 1), False),
+                             ((64, 2), False), ((64, 3), False), ((1, 64), False),
+                             ((47, 1), False)]:
+        ci, cj = nki_ops._pair_chunks(ni, nj, pairs, square)
         for w0 in range(0, n_at, window):  # the exchange kernel sees the columns from w0 on
             rows = min(nva, (w0 + window) * 128) - w0 * 128
             rest = nva - w0 * 128 if exchange else rows
@@ -329,6 +331,18 @@ def test_launch_plan_keeps_every_launch_within_its_bounds(nva, nvb, naux, exchan
                 nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
             assert nki_ops._energy_sbuf_words(rest, nvb, naux, ci * cj, n_wt, exchange) * 4 <= (
                 nki_ops.ENERGY_SBUF_BUDGET)
+
+
+@pytest.mark.nki_emulated
+def test_bf16x3_beyond_its_launch_bound_is_named_not_raised():
+    """Three matmuls per K tile fill a launch sooner: where the fp32 kernel still fits, the
+    bf16x3 one is refused by SUPPORTS with its reason (the registry then falls back visibly),
+    and the op itself names the bound instead of a bare message."""
+    check = nki_ops.SUPPORTS["mp2_pair_sums"]
+    block = torch.zeros(1).expand(1, 2000, 10500)
+    assert check(block, block, None, None, None, None, None, True) is None
+    reason = check(block, block, None, None, None, None, None, True, products="bf16x3")
+    assert "bf16x3" in reason and "one pair and one a tile" in reason
 
 
 @pytest.mark.nki_emulated
