@@ -18,15 +18,26 @@ from .errors import InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
 
 
-def _configure_logging(verbose: int, quiet: bool) -> None:
+def _configure_logging(verbose: int, quiet: bool):
+    """Send the ``dfmp2`` loggers to stderr at the command's verbosity; return a function that
+    puts back what was there (a command run inside Python, e.g. by a test runner or a notebook,
+    leaves no logging set-up behind)."""
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[
         min(verbose, 2)]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     root = logging.getLogger("dfmp2")
+    saved = (root.handlers[:], root.level, root.propagate)
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+    def restore() -> None:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])  # through setLevel: it clears the loggers' isEnabledFor cache
+        root.propagate = saved[2]
+
+    return restore
 
 
 class _TerminalProgress:
@@ -136,7 +147,14 @@ _D = Options.default
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the MP2 total energy.")
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
-    _configure_logging(verbose, quiet)
+    restore_logging = _configure_logging(verbose, quiet)
+    try:
+        _run_command(geometry, json_path, verbose, quiet, options)
+    finally:
+        restore_logging()
+
+
+def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
@@ -154,14 +172,15 @@ def run(geometry, json_path, verbose, quiet, **options):
 
         try:
             result = run_dfmp2(geometry, progress=progress, environment=environment, **options)
-            pending.check()
         finally:
             terminal.close()
+        pending.check()  # also a signal swallowed in a finaliser after the last progress report
     except Interrupted as exc:
-        click.echo(f"error: {exc}; temporary files removed; exit status {128 + exc.signum}",
-                   err=True)
-        raise click.exceptions.Exit(128 + exc.signum) from None
+        raise _interrupted(exc) from None
     except DFMP2Error as exc:
+        if pending.signum is not None:  # the error came while a signal was being delivered
+            raise _interrupted(Interrupted(pending.signum,
+                                           signal.Signals(pending.signum).name)) from None
         raise _fail(exc) from None
     finally:
         restore()
@@ -239,6 +258,11 @@ def _raise_on_signals():
             sys.unraisablehook = previous_hook
 
     return restore, pending
+
+
+def _interrupted(exc: Interrupted) -> click.exceptions.Exit:
+    click.echo(f"error: {exc}; temporary files removed; exit status {128 + exc.signum}", err=True)
+    return click.exceptions.Exit(128 + exc.signum)
 
 
 def _fail(message) -> click.exceptions.Exit:

@@ -89,9 +89,9 @@ def _numpy_gemm(a, b, trans_a: bool = False, trans_b: bool = False, out=None):
 
 
 def _nki_supports(op: str) -> Callable[..., str | None]:
-    def check(*args):
+    def check(*args, **options):
         module = importlib.import_module(".nki_ops", __package__)
-        return module.SUPPORTS[op](*args)
+        return module.SUPPORTS[op](*args, **options)
 
     return check
 
