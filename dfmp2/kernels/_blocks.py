@@ -25,7 +25,6 @@ __all__ = [
     "load_block",
     "load_tile",
     "load_strip",
-    "load_panel",
     "load_panels",
     "matmul_tile",
     "accumulate_strips",
@@ -94,43 +93,33 @@ def load_strip(src_hbm, c0, csz, stride):
     return strip_sb
 
 
-def load_panel(src_pm, kt0, nkt, c0, csz, width):
-    """DMA K tiles ``kt0 : kt0+nkt`` of columns ``c0:c0+csz`` of a partition-major HBM operand
-    into a new SBUF panel, in one ``dma_copy`` (``nkt * csz * 4`` bytes per partition: large
-    transfers, near the DMA's full rate).
+def load_panels(src_tm, split, i, tile0, ntiles, kt0, nkt):
+    """DMA virtual tiles ``tile0 : tile0+ntiles`` of orbital ``i``, K tiles ``kt0 : kt0+nkt``,
+    of a tile-major HBM operand into a new SBUF panel, one ``dma_copy`` (two when ``split``):
+    per partition one contiguous run of ``ntiles * nkt * 512`` bytes when ``nkt`` is every K
+    tile (``nkt * 512`` otherwise), near the DMA's full rate.
 
-    Operands: ``src_pm`` HBM (128, n_kt, C), ``src_pm[p, t, c] = B[t*128 + p, c]`` (the host
-    lays B out so, the auxiliary index zero-padded to whole tiles). Returns the SBUF panel
-    (128, nkt, width), ``[:, t, 0:csz]`` holding K tile ``kt0 + t``; ``nkt * width * 4`` bytes
-    per partition. Preconditions: ``0 <= kt0 < kt0 + nkt <= n_kt``, ``1 <= csz <= width``,
-    ``c0 + csz <= C``.
-    """
-    panel_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=panel_sb[0:TILE_K, 0:nkt, 0:csz],
-                  src=src_pm[0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
-    return panel_sb
-
-
-def load_panels(src_pm, split, kt0, nkt, c0, csz, width):
-    """:func:`load_panel` of a float32 operand, or of both halves of a split one.
-
-    Operands: ``src_pm`` HBM (128, n_kt, C) float32, or with ``split`` (2, 128, n_kt, C):
-    ``[0]`` the bfloat16-representable high part of B and ``[1]`` the low part (B - high, also
-    bfloat16-representable), both held as float32 (the host splits in fp64). Returns
-    ``(hi_sb, lo_sb)``: split, two bfloat16 SBUF panels (128, nkt, width) (the DMA's float32 ->
-    bfloat16 conversion is exact for these values; the two take the bytes of one float32
-    panel), two ``dma_copy``; otherwise one float32 panel, returned twice (lo unused), one
-    ``dma_copy``. Preconditions: those of :func:`load_panel`.
+    Operands: ``src_tm`` HBM (128, n, n_tiles, n_kt, 128) float32 with ``src_tm[p, i, a_t, t,
+    c] = B_i[a_t*128 + c, t*128 + p]`` (the host lays B out so, both indices zero-padded to
+    whole tiles), or with ``split`` (2, ...): ``[0]`` the bfloat16-representable high part of B
+    and ``[1]`` the low part (B - high), both held as float32 (the host splits in fp64).
+    Returns ``(hi_sb, lo_sb)``: SBUF panels (128, ntiles, nkt, 128), ``[:, a, t, :]`` holding
+    virtual tile ``tile0 + a`` of K tile ``kt0 + t``; split, two bfloat16 panels (the float32
+    -> bfloat16 conversion of the DMA is exact for these values; the two take the bytes of one
+    float32 panel); otherwise one float32 panel, returned twice (lo unused). Preconditions:
+    ``0 <= tile0 < tile0 + ntiles <= n_tiles``, ``0 <= kt0 < kt0 + nkt <= n_kt``.
     """
     if split:
-        hi_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=hi_sb[0:TILE_K, 0:nkt, 0:csz],
-                      src=src_pm[0, 0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
-        lo_sb = nl.ndarray((TILE_K, nkt, width), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=lo_sb[0:TILE_K, 0:nkt, 0:csz],
-                      src=src_pm[1, 0:TILE_K, kt0:kt0 + nkt, c0:c0 + csz])
+        hi_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=hi_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
+                      src=src_tm[0, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
+        lo_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=lo_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
+                      src=src_tm[1, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
         return hi_sb, lo_sb
-    panel_sb = load_panel(src_pm, kt0, nkt, c0, csz, width)
+    panel_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=panel_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
+                  src=src_tm[0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
     return panel_sb, panel_sb
 
 
@@ -148,34 +137,38 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def accumulate_strips(dst_ps, psz, fsz, stat_sb, s0, mov_sb, m0, kt0, nkt, opens):
+def accumulate_strips(dst_ps, c0, psz, fsz, stat_sb, s_tile, mov_sb, m_tile, kt0, nkt, opens):
     """Add the products of a chunk of K tiles to a PSUM tile:
-    ``dst_ps[0:psz, 0:fsz] (+)= sum_t stat_sb[:, t, s0:s0+psz].T @ mov_sb[:, t, m0:m0+fsz]``
-    over the tiles ``t < nkt`` of two SBUF panels (:func:`load_panel`) that hold the global K
-    tiles ``kt0 : kt0+nkt`` of the contraction (whole 128-row tiles: the host zero-pads).
+    ``dst_ps[0:psz, c0:c0+fsz] (+)= sum_t stat_sb[:, s_tile, t, 0:psz].T @ mov_sb[:, m_tile, t,
+    0:fsz]`` over the tiles ``t < nkt`` of two SBUF panels (:func:`load_panels`) that hold the
+    global K tiles ``kt0 : kt0+nkt`` of the contraction (whole 128-row tiles: the host pads).
 
-    Preconditions: ``1 <= psz <= 128``, ``1 <= fsz <= 512``, the column ranges inside the
-    panels' widths, ``dst_ps`` a PSUM tile whose ``[0:psz, 0:fsz]`` corner lies in one bank.
-    One ``nc_matmul`` per tile. ``opens``: this call's product for global K tile 0 is the first
-    write of the tile (``accumulate=False``); every other matmul accumulates, so successive
-    chunks and further products (the split-precision terms) add up in PSUM.
+    Preconditions: ``1 <= psz, fsz <= 128``, ``dst_ps`` a PSUM tile whose ``[0:psz,
+    c0:c0+fsz]`` block lies in one bank. One ``nc_matmul`` per tile. ``opens``: this call's
+    product for global K tile 0 is the first write of the block (``accumulate=False``); every
+    other matmul accumulates, so successive chunks and further products (the split-precision
+    terms) add up in PSUM.
     """
     for t in nl.static_range(nkt):
-        nisa.nc_matmul(dst=dst_ps[0:psz, 0:fsz], stationary=stat_sb[0:TILE_K, t, s0:s0 + psz],
-                       moving=mov_sb[0:TILE_K, t, m0:m0 + fsz],
+        nisa.nc_matmul(dst=dst_ps[0:psz, c0:c0 + fsz],
+                       stationary=stat_sb[0:TILE_K, s_tile, t, 0:psz],
+                       moving=mov_sb[0:TILE_K, m_tile, t, 0:fsz],
                        accumulate=kt0 + t > 0 or not opens)
 
 
-def accumulate_products(dst_ps, psz, fsz, stat, s0, mov, m0, kt0, nkt, split):
+def accumulate_products(dst_ps, c0, psz, fsz, stat, s_tile, mov, m_tile, kt0, nkt, split):
     """:func:`accumulate_strips` of one operand pair: float32 panels (``stat``, ``mov`` are
     ``(panel, panel)`` pairs from :func:`load_panels`), or with ``split`` the three bfloat16
-    products ``hi*hi + hi*lo + lo*hi`` accumulated in one float32 PSUM tile (the ``lo*lo`` term,
-    about 2^-16 of the product, is dropped). ``nkt`` or ``3 * nkt`` ``nc_matmul``.
+    products ``hi*hi + hi*lo + lo*hi`` accumulated in one float32 PSUM block (the ``lo*lo``
+    term and the residuals, at most ``3 * 2^-18`` of ``|a||b|``, are dropped). ``nkt`` or
+    ``3 * nkt`` ``nc_matmul``.
     """
-    accumulate_strips(dst_ps, psz, fsz, stat[0], s0, mov[0], m0, kt0, nkt, True)
+    accumulate_strips(dst_ps, c0, psz, fsz, stat[0], s_tile, mov[0], m_tile, kt0, nkt, True)
     if split:
-        accumulate_strips(dst_ps, psz, fsz, stat[0], s0, mov[1], m0, kt0, nkt, False)
-        accumulate_strips(dst_ps, psz, fsz, stat[1], s0, mov[0], m0, kt0, nkt, False)
+        accumulate_strips(dst_ps, c0, psz, fsz, stat[0], s_tile, mov[1], m_tile, kt0, nkt,
+                          False)
+        accumulate_strips(dst_ps, c0, psz, fsz, stat[1], s_tile, mov[0], m_tile, kt0, nkt,
+                          False)
 
 
 def matmul_strip_by_hbm(stat_sb, ssz, stride, mov_hbm, n0, nsz):

@@ -111,16 +111,15 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
+    ni = b_i.shape[-4]
+    nj = b_j.shape[-4]
     nv = neg_eps_row.shape[1]
     nrows = d_col.shape[0]
     npairs = d_col.shape[1]
-    ni = b_i.shape[-1] // nv
-    nj = b_j.shape[-1] // nv
     n_at = (nv + TILE_M - 1) // TILE_M
     n_wt = (nrows + TILE_M - 1) // TILE_M
     kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
-    pstride = n_wt * TILE_M
     ncol = 3 * npairs * n_wt * n_at
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -133,66 +132,49 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
         for j in nl.static_range(nj):
             pair = i * nj + j
             if n_kc == 1:
-                # Step 2: the window's strips of B_i and B_j (the panel), resident for the pair.
-                pi_sb = load_panels(b_i, split, 0, n_kt, i * nv, nrows, pstride)
-                pj_sb = load_panels(b_j, split, 0, n_kt, j * nv, nrows, pstride)
-                for tb in nl.static_range(n_at):
-                    b0, bsz = tile_span(tb, TILE_M, nv)
-                    # Step 3: tile tb's strips: a slice of the panel, or loaded once for all w.
-                    if tb < n_wt:
-                        si_sb, sj_sb, s0 = pi_sb, pj_sb, b0
-                    else:
-                        si_sb = load_panels(b_i, split, 0, n_kt, i * nv + b0, bsz, TILE_M)
-                        sj_sb = load_panels(b_j, split, 0, n_kt, j * nv + b0, bsz, TILE_M)
-                        s0 = 0
-                    for w in nl.static_range(min(tb + 1, n_wt)):
-                        a0, asz = tile_span(w, TILE_M, nv)
-                        t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                        accumulate_products(t1_ps, asz, bsz, pi_sb, a0, sj_sb, s0, 0, n_kt, split)
-                        if tb > w:
-                            t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32,
-                                               buffer=nl.psum)
-                            accumulate_products(t2_ps, bsz, asz, si_sb, s0, pj_sb, a0, 0, n_kt,
-                                                split)
-                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
-                                            3 * ((pair * n_wt + w) * n_at + tb),
-                                            w * npairs + pair, b0, asz, bsz)
-                        else:
-                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
-                                            3 * ((pair * n_wt + w) * n_at + tb),
-                                            w * npairs + pair, b0, asz, bsz)
-            else:
-                # Steps 2-3, streamed: every strip chunk loaded for every tile pair.
-                for w in nl.static_range(n_wt):
+                # Step 2: the window's tiles of B_i and B_j (the panels), resident for the pair.
+                pi_sb = load_panels(b_i, split, i, 0, n_wt, 0, n_kt)
+                pj_sb = load_panels(b_j, split, j, 0, n_wt, 0, n_kt)
+            for tb in nl.static_range(n_at):
+                b0, bsz = tile_span(tb, TILE_M, nv)
+                if n_kc == 1 and tb >= n_wt:
+                    # Step 3: a tile beyond the window, loaded once for every window tile.
+                    si_sb = load_panels(b_i, split, i, tb, 1, 0, n_kt)
+                    sj_sb = load_panels(b_j, split, j, tb, 1, 0, n_kt)
+                for w in nl.static_range(min(tb + 1, n_wt)):
                     a0, asz = tile_span(w, TILE_M, nv)
-                    for tb in nl.static_range(w, n_at):
-                        b0, bsz = tile_span(tb, TILE_M, nv)
-                        t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                        if tb > w:
-                            t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32,
-                                               buffer=nl.psum)
-                        for kc in nl.static_range(n_kc):
-                            kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                            ai_sb = load_panels(b_i, split, kt0, nkt, i * nv + a0, asz, TILE_M)
-                            aj_sb = load_panels(b_j, split, kt0, nkt, j * nv + a0, asz, TILE_M)
-                            if tb > w:
-                                si_sb = load_panels(b_i, split, kt0, nkt, i * nv + b0, bsz, TILE_M)
-                                sj_sb = load_panels(b_j, split, kt0, nkt, j * nv + b0, bsz, TILE_M)
-                                accumulate_products(t1_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt,
-                                                    split)
-                                accumulate_products(t2_ps, bsz, asz, si_sb, 0, aj_sb, 0, kt0, nkt,
-                                                    split)
+                    off = tb > w
+                    t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                    t2_ps = t1_ps
+                    if off:
+                        t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                    for kc in nl.static_range(n_kc):
+                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                        if n_kc == 1:
+                            ai_sb, aj_sb, wa = pi_sb, pj_sb, w
+                            if tb < n_wt:
+                                si_sb, sj_sb, wb = pi_sb, pj_sb, tb
                             else:
-                                accumulate_products(t1_ps, asz, asz, ai_sb, 0, aj_sb, 0, kt0, nkt,
-                                                    split)
-                        if tb > w:
-                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, True,
-                                            3 * ((pair * n_wt + w) * n_at + tb),
-                                            w * npairs + pair, b0, asz, bsz)
+                                wb = 0
                         else:
-                            tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t1_ps, False,
-                                            3 * ((pair * n_wt + w) * n_at + tb),
-                                            w * npairs + pair, b0, asz, bsz)
+                            # Steps 2-3, streamed: both tiles' chunks for every tile pair.
+                            ai_sb = load_panels(b_i, split, i, w, 1, kt0, nkt)
+                            aj_sb = load_panels(b_j, split, j, w, 1, kt0, nkt)
+                            si_sb, sj_sb = ai_sb, aj_sb
+                            if off:
+                                si_sb = load_panels(b_i, split, i, tb, 1, kt0, nkt)
+                                sj_sb = load_panels(b_j, split, j, tb, 1, kt0, nkt)
+                            wa, wb = 0, 0
+                        # T[w, tb] = B_i[:, w]^T B_j[:, tb], and T[tb, w] off the diagonal
+                        accumulate_products(t1_ps, 0, asz, bsz, ai_sb, wa, sj_sb, wb, kt0, nkt,
+                                            split)
+                        if off:
+                            accumulate_products(t2_ps, 0, bsz, asz, si_sb, wb, aj_sb, wa, kt0,
+                                                nkt, split)
+                    # Steps 4-5: the tile pair's direct, mirrored and exchange row sums.
+                    tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off,
+                                   3 * ((pair * n_wt + w) * n_at + tb), w * npairs + pair, b0,
+                                   asz, bsz)
 
     # Step 6: the partial sums are the only data written back to HBM.
     nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
@@ -249,16 +231,17 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
+    ni = b_i.shape[-4]
+    nj = b_j.shape[-4]
     nva = d_col.shape[0]
     nvb = neg_eps_row.shape[1]
     npairs = d_col.shape[1]
-    ni = b_i.shape[-1] // nva
-    nj = b_j.shape[-1] // nvb
     n_at = (nva + TILE_M - 1) // TILE_M
-    n_bc = (nvb + TILE_N - 1) // TILE_N
+    n_bt = (nvb + TILE_M - 1) // TILE_M
+    chunk_tiles = TILE_N // TILE_M
+    n_bc = (n_bt + chunk_tiles - 1) // chunk_tiles
     kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
-    pstride = n_at * TILE_M
     ncol = npairs * n_at * n_bc
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -271,30 +254,34 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
         for j in nl.static_range(nj):
             pair = i * nj + j
             if n_kc == 1:
-                # Step 2: the window's strip of B_i (the panel), resident for the pair.
-                pi_sb = load_panels(b_i, split, 0, n_kt, i * nva, nva, pstride)
+                # Step 2: the window's tiles of B_i (the panel), resident for the pair.
+                pi_sb = load_panels(b_i, split, i, 0, n_at, 0, n_kt)
             for bc in nl.static_range(n_bc):
+                bt0, nbt = tile_span(bc, chunk_tiles, n_bt)
                 b0, bsz = tile_span(bc, TILE_N, nvb)
                 if n_kc == 1:
-                    # Step 3: the b chunk's strip, loaded once for every a tile.
-                    sj_sb = load_panels(b_j, split, 0, n_kt, j * nvb + b0, bsz, TILE_N)
+                    # Step 3: the b chunk's tiles, loaded once for every a tile.
+                    sj_sb = load_panels(b_j, split, j, bt0, nbt, 0, n_kt)
                 for ta in nl.static_range(n_at):
-                    a0, asz = tile_span(ta, TILE_M, nva)
+                    _a0, asz = tile_span(ta, TILE_M, nva)
                     t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    if n_kc == 1:
-                        accumulate_products(t_ps, asz, bsz, pi_sb, a0, sj_sb, 0, 0, n_kt, split)
-                    else:
-                        # Steps 2-3, streamed: both strip chunks loaded for every tile.
-                        for kc in nl.static_range(n_kc):
-                            kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                            ai_sb = load_panels(b_i, split, kt0, nkt, i * nva + a0, asz, TILE_M)
-                            sj_sb = load_panels(b_j, split, kt0, nkt, j * nvb + b0, bsz, TILE_N)
-                            accumulate_products(t_ps, asz, bsz, ai_sb, 0, sj_sb, 0, kt0, nkt, split)
+                    for kc in nl.static_range(n_kc):
+                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                        if n_kc == 1:
+                            ai_sb, wa = pi_sb, ta
+                        else:
+                            # Steps 2-3, streamed: both chunks loaded for every tile.
+                            ai_sb = load_panels(b_i, split, i, ta, 1, kt0, nkt)
+                            sj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
+                            wa = 0
+                        for u in nl.static_range(nbt):
+                            c0, csz = tile_span(u, TILE_M, bsz)
+                            accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, sj_sb, u, kt0,
+                                                nkt, split)
                     # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
                     c_dcol = ta * npairs + pair
-                    direct_row(acc_sb[0:asz, (pair * n_at + ta) * n_bc + bc:
-                                      (pair * n_at + ta) * n_bc + bc + 1],
-                               t_ps[0:asz, 0:bsz], negv_sb, b0,
+                    col = (pair * n_at + ta) * n_bc + bc
+                    direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
                                dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
 
     # Step 5: the partial sums are the only data written back to HBM.

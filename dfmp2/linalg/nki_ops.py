@@ -335,8 +335,8 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per
     off-diagonal one ``2*n_kt`` and 12; more chunks: every tile pair loads its panels per
     chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1
-    load and per tile ``n_kt`` matmuls and 5; more chunks: per tile 2 loads per chunk, ``n_kt``
-    matmuls, 5.
+    load and per a tile 5 epilogue instructions, ``n_kt`` matmuls per (a tile, 128-column b
+    tile); more chunks: per (a tile, b chunk) 2 loads per chunk and 5, the same matmuls.
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
     ld, mm = (2, 3) if split else (1, 1)
@@ -349,11 +349,12 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
         if n_kc == 1:
             per_pair += ld * (2 + 2 * (n_at - n_wt))
     else:
-        n_bc = ceil_div(nvb, TILE_N)
+        n_bc, n_bt = ceil_div(nvb, TILE_N), ceil_div(nvb, TILE_M)
+        matmuls = n_wt * mm * n_kt * n_bt  # one per 128-column tile of every b chunk
         if n_kc == 1:
-            per_pair = ld + n_bc * (ld + n_wt * (mm * n_kt + 5))
+            per_pair = ld + n_bc * ld + n_wt * 5 * n_bc + matmuls
         else:
-            per_pair = n_bc * n_wt * (ld * 2 * n_kc + mm * n_kt + 5)
+            per_pair = n_wt * n_bc * (ld * 2 * n_kc + 5) + matmuls
     return 3 + n_wt + ni * nj * per_pair
 
 
@@ -413,25 +414,28 @@ def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int
     return direct, (cols[..., 2] * mirror).sum(axis=(2, 3))
 
 
-def _partition_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
-    """``(n, nv, naux)`` -> float32 ``(128, n_kt, n, nv)`` with ``[p, t, i, a] = B_i[a,
-    t*128 + p]``: each partition's K tiles side by side, the auxiliary index zero-padded to whole
-    tiles (the pair kernels load a panel of many K tiles in one DMA; padded rows add 0). With
-    ``split``, ``(2, 128, n_kt, n, nv)``: the bfloat16-rounded high part of B and the
-    bfloat16-rounded rest, both computed in fp64 (held as float32, exactly)."""
+def _tile_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
+    """``(n, nv, naux)`` -> float32 ``(128, n, n_tiles, n_kt, 128)`` with ``[p, i, a_t, t, c] =
+    B_i[a_t*128 + c, t*128 + p]``, both indices zero-padded to whole tiles (padded rows and
+    columns add 0): a panel of a few virtual tiles and all K tiles is one contiguous run per
+    partition, so the pair kernels load it in one DMA near full rate. With ``split``,
+    ``(2, 128, ...)``: the bfloat16-rounded high part of B and the bfloat16-rounded rest, both
+    computed in fp64 (held as float32, exactly)."""
     n, nv, naux = (int(x) for x in ovl.shape)
-    n_kt = ceil_div(naux, TILE_K)
+    n_tiles, n_kt = ceil_div(nv, TILE_M), ceil_div(naux, TILE_K)
     b64 = _f64(ovl)
     parts = [b64]
     if split:
         hi = torch.from_numpy(b64).to(torch.bfloat16).to(torch.float64).numpy()
         lo = torch.from_numpy(b64 - hi).to(torch.bfloat16).to(torch.float64).numpy()
         parts = [hi, lo]
-    padded = np.zeros((len(parts), n_kt * TILE_K, n, nv), dtype=np.float32)
+    out = np.zeros((len(parts), TILE_K, n, n_tiles, n_kt, TILE_M), dtype=np.float32)
     for index, part in enumerate(parts):
-        padded[index, :naux] = np.moveaxis(part, 2, 0)
-    pm = padded.reshape(len(parts), n_kt, TILE_K, n, nv).transpose(0, 2, 1, 3, 4)
-    return np.ascontiguousarray(pm if split else pm[0])
+        padded = np.zeros((n, n_tiles * TILE_M, n_kt * TILE_K))
+        padded[:, :nv, :naux] = part
+        # (n, a_t, c, t, p) -> (p, n, a_t, t, c)
+        out[index] = padded.reshape(n, n_tiles, TILE_M, n_kt, TILE_K).transpose(4, 0, 1, 3, 2)
+    return out if split else out[0]
 
 
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
@@ -473,9 +477,8 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     if window == 0:
         raise InputError(
             f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange, split)}")
-    b_i = _partition_major(ovL_i, split)  # ([2,] 128, n_kt, ni, nva)
-    b_j = _partition_major(ovL_j, split)
-    lead = b_i.shape[:-2]  # ([2,] 128, n_kt)
+    b_i = _tile_major(ovL_i, split)  # ([2,] 128, ni, nva tiles, n_kt, 128)
+    b_j = _tile_major(ovL_j, split)
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
@@ -497,13 +500,13 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                 a0, a1 = w0 * TILE_M, min(nva, (w0 + window) * TILE_M)
                 n_wt = ceil_div(a1 - a0, TILE_M)
                 if exchange:  # the window's rows and every later column of the one space
-                    cols, rest_j, nv_rest = slice(a0, nva), slice(a0, nva), nva - a0
+                    tiles_i, tiles_j, nv_rest = slice(w0, None), slice(w0, None), nva - a0
                     neg_row = np.ascontiguousarray(neg_eps_row[:, a0:])
                 else:  # the window's rows against all of the j side's columns
-                    cols, rest_j, nv_rest = slice(a0, a1), slice(0, nvb), a1 - a0
+                    tiles_i, tiles_j, nv_rest = slice(w0, w0 + n_wt), slice(None), a1 - a0
                     neg_row = neg_eps_row
-                args = (np.ascontiguousarray(b_i[..., i0:i1, cols]).reshape(*lead, -1),
-                        np.ascontiguousarray(b_j[..., j0:j1, rest_j]).reshape(*lead, -1),
+                args = (np.ascontiguousarray(b_i[..., i0:i1, tiles_i, :, :]),
+                        np.ascontiguousarray(b_j[..., j0:j1, tiles_j, :, :]),
                         _f32(d_pair - e_a[a0:a1, None]), neg_row)
                 (partials,) = nki_runtime.run_kernel(kernel, args, mode)
                 d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,

@@ -109,7 +109,7 @@ def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux
         assert tr.count("reciprocal") == pairs * tile_pairs
         width = 3 * pairs * n_at * n_at
     else:  # the direct kernel neither transposes nor reduces an exchange term
-        assert tr.count("nc_matmul") == pairs * n_at * n_bc * n_kt
+        assert tr.count("nc_matmul") == pairs * n_at * ceil_div(nvb, 128) * n_kt
         assert transposes == []
         assert tr.count("tensor_reduce") == tr.count("reciprocal") == pairs * n_at * n_bc
         width = pairs * n_at * n_bc
@@ -134,8 +134,8 @@ def test_split_precision_products_match_float64(emulator_trace, monkeypatch, ni,
     with emulator_trace() as tr:
         got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products="bf16x3")
     _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL)
-    n_at, n_bc, n_kt = ceil_div(nva, 128), ceil_div(nvb, 512), ceil_div(naux, 128)
-    gemm = n_at * n_at * n_kt if exchange else n_at * n_bc * n_kt
+    n_at, n_kt = ceil_div(nva, 128), ceil_div(naux, 128)
+    gemm = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 128) * n_kt
     matmuls = tr.find("nc_matmul")
     assert len(matmuls) == 3 * ni * nj * gemm
     assert all(r.operands["stationary"].dtype == r.operands["moving"].dtype == "bfloat16"
@@ -198,7 +198,7 @@ def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunke
     pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
     assert len(tr.kernels) == pairs_run * ceil_div(ceil_div(nva, 128), window)
     n_at, n_kt = ceil_div(nva, 128), ceil_div(600, 128)
-    per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 512) * n_kt
+    per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 128) * n_kt
     assert tr.count("nc_matmul") == pairs_run * per_pair  # windows and chunks add no work
     # the instruction count the host plans with, launch by launch
     assert len(tr.records) == sum(
