@@ -10,9 +10,12 @@ Imported only by the kernel modules, after ``nki`` is importable (the tile const
 code needs stay in :mod:`._tiles`, which never imports ``nki``).
 
 Conventions: a *strip* is an SBUF tensor holding all 128-row K tiles (partition tiles) of an
-operand side by side on the free axis, K tile ``kt`` at free offset ``kt * stride``. Helpers that
-return an SBUF or PSUM tile allocate it themselves at the full tile shape and write only the
-``[0:rows, 0:cols]`` corner the caller names; edge tiles are sliced, never padded.
+operand side by side on the free axis, K tile ``kt`` at free offset ``kt * stride`` (the gemm
+and trsm kernels); a *panel* is an SBUF tensor (128, tiles, K tiles, 128) of the pair kernels'
+tile-major B. Helpers that return an SBUF or PSUM tile allocate it themselves at the full tile
+shape and write only the ``[0:rows, 0:cols]`` corner the caller names; edge tiles are sliced in
+the gemm and trsm kernels, and zero-padded by the host in the pair kernels' B (never read past
+the real rows and columns of a tile).
 """
 
 import nki.isa as nisa

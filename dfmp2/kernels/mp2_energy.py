@@ -52,10 +52,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Parameters
     ----------
-    b_i : HBM float32 (naux, ni * nv)
-        ``B[P, i*nv + a]`` for the occupied orbitals i of the block (naux on partitions).
-    b_j : HBM float32 (naux, nj * nv)
-        The same for the orbitals j.
+    b_i : HBM float32 (128, ni, n_at, n_kt, 128), or (2, 128, ...) split
+        Tile-major B of the orbitals i: ``b_i[p, i, a_t, t, c] = B_i[a_t*128 + c, t*128 + p]``
+        (both indices zero-padded to whole tiles; see ``nki_ops._tile_major``); split, the
+        bfloat16 high and low parts (``--nki-matmul bf16x3``).
+    b_j : the same for the orbitals j.
     d_col : HBM float32 (nrows, ni * nj)
         ``d_col[a, i*nj + j] = e_i + e_j - e_a`` for the window's rows (host fp64, rounded once).
     neg_eps_row : HBM float32 (128, nv)
@@ -72,8 +73,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
         stands for the mirrored tile pair too). Columns with tb < w and partitions beyond a
         ragged tile hold 0.
 
-    Preconditions: nv = ``neg_eps_row.shape[1]`` >= 1, ``b_i.shape[1] = ni * nv``,
-    ``b_j.shape[1] = nj * nv``; ``nrows = d_col.shape[0]`` with ``1 <= nrows <= nv`` and nrows a
+    Preconditions: nv = ``neg_eps_row.shape[1]`` >= 1, ``ceil(nv/128)`` tiles in ``b_i`` and
+    ``b_j``; ``nrows = d_col.shape[0]`` with ``1 <= nrows <= nv`` and nrows a
     multiple of 128 unless nrows == nv; the i and j sides share one virtual space (the same
     orbital energies, so ``D_ab = D_ba``); naux >= 1; every ``D_ab`` nonzero (negative for a
     valid reference). SBUF per partition (fp32 words): nv (``-e_b``) + the accumulator and
@@ -88,11 +89,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
        ``acc_sb`` to 0.
     2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strips of ``B_i`` and
        ``B_j`` (the panels, n_wt tiles side by side) -> SBUF ``pi_sb``, ``pj_sb``
-       (``load_strip_chunk``).
+       (``load_panels``).
     3. Per tile tb: its strips are a slice of the panels (tb in the window) or DMA'd once
        (``si_sb``, ``sj_sb``) for every window tile w <= tb; accumulate in PSUM
        (``accumulate_strips``) ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
-       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. With more chunks, every strip chunk is
+       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. With more chunks, every panel chunk is
        loaded for every tile pair and PSUM keeps accumulating over the chunks. T never leaves
        the chip.
     4. ``tile_pair_sums``: ``mirror_tile`` (``tensor_copy`` PSUM -> SBUF and TensorE
@@ -188,10 +189,10 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Parameters
     ----------
-    b_i : HBM float32 (naux, ni * nva)
-        ``B[P, i*nva + a]`` for the occupied orbitals i of the block and the window's nva rows.
-    b_j : HBM float32 (naux, nj * nvb)
-        ``B[P, j*nvb + b]`` for the orbitals j (their own virtual space, all nvb of them).
+    b_i : HBM float32 (128, ni, ceil(nva/128), n_kt, 128), or (2, 128, ...) split
+        Tile-major B of the orbitals i, the window's tiles only (``nki_ops._tile_major``).
+    b_j : HBM float32 (128, nj, ceil(nvb/128), n_kt, 128), or split
+        The same for the orbitals j (their own virtual space, all of its tiles).
     d_col : HBM float32 (nva, ni * nj)
         ``d_col[a, i*nj + j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
     neg_eps_row : HBM float32 (128, nvb)
@@ -204,8 +205,8 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
         holds, on partition p, the direct sum of row ``a = ta*128 + p`` of pair ``pair = i*nj +
         j`` over the columns b of chunk bc. Partitions beyond a ragged a tile hold 0.
 
-    Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1 with
-    ``b_i.shape[1] = ni * nva`` and ``b_j.shape[1] = nj * nvb``; naux >= 1; every ``D_ab``
+    Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1, the
+    tiles of ``b_i`` and ``b_j`` covering them; every ``D_ab``
     nonzero. SBUF per partition (fp32 words): nvb (``-e_b``) + the accumulator and
     denominators + the strips (naux one chunk: the panel ``ceil(naux/128) * n_at * 128`` and one
     512-column strip; otherwise at most ``2 * 24 * (128 + 512)`` of streamed chunks) + epilogue
@@ -216,10 +217,10 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb``
        (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
     2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strip of ``B_i`` (the
-       panel, all n_at tiles side by side) -> SBUF ``pi_sb`` (``load_strip_chunk``).
+       panel, all n_at tiles side by side) -> SBUF ``pi_sb`` (``load_panels``).
     3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, then for each
        a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the panel
-       (``accumulate_strips``). With more chunks, both strip chunks are loaded for every tile
+       (``accumulate_strips``). With more chunks, both panel chunks are loaded for every tile
        and PSUM keeps accumulating over the chunks. T never leaves the chip.
     4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (``tensor_scalar`` and
        VectorE ``reciprocal``), ``W = T * R``, the row sums of ``W * T`` into the column of

@@ -54,7 +54,8 @@ MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
 #: partition, stays in half of the resident SBUF budget (K <= 4096). Larger K is split and the
 #: partial products added in fp64.
 GEMM_MAX_K = (SBUF_RESIDENT_BUDGET // 2 // (GEMM_M_GROUP * TILE_M * FP32_BYTES)) * TILE_K
-#: SBUF bytes per partition the fused-energy kernel may use: trn1's 192 KiB less 16 KiB of slack.
+#: SBUF bytes per partition the fused-energy kernels may use: all of trn1's usable 176 KiB
+#: (the emulator's 180224 B; the documented capacity is 192 KiB).
 ENERGY_SBUF_BUDGET = 176 * 1024
 #: Largest order of the blocked Cholesky: the trailing update of one step issues
 #: ceil(n/512) * (1 + ceil(n/128)) matmuls in one launch.
