@@ -87,9 +87,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (window tile w
        at free offset w*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
        ``acc_sb`` to 0.
-    2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strips of ``B_i`` and
-       ``B_j`` (the panels, n_wt tiles side by side) -> SBUF ``pi_sb``, ``pj_sb``
-       (``load_panels``).
+    2. When naux is one chunk (<= 24 K tiles): DMA the window's tiles of ``B_i`` (per i) and of
+       ``B_j`` (per pair) -> SBUF panels ``pi_sb``, ``pj_sb`` (``load_panels``).
     3. Per tile tb: its strips are a slice of the panels (tb in the window) or DMA'd once
        (``si_sb``, ``sj_sb``) for every window tile w <= tb; accumulate in PSUM
        (``accumulate_strips``) ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
@@ -130,11 +129,13 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
 
     for i in nl.static_range(ni):
+        if n_kc == 1:
+            # Step 2: the window's tiles of B_i (a panel), resident for every j.
+            pi_sb = load_panels(b_i, split, i, 0, n_wt, 0, n_kt)
         for j in nl.static_range(nj):
             pair = i * nj + j
             if n_kc == 1:
-                # Step 2: the window's tiles of B_i and B_j (the panels), resident for the pair.
-                pi_sb = load_panels(b_i, split, i, 0, n_wt, 0, n_kt)
+                # Step 2: the window's tiles of B_j (a panel), resident for the pair.
                 pj_sb = load_panels(b_j, split, j, 0, n_wt, 0, n_kt)
             for tb in nl.static_range(n_at):
                 b0, bsz = tile_span(tb, TILE_M, nv)
@@ -216,8 +217,8 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     -----
     1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb``
        (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
-    2. When naux is one chunk (<= 24 K tiles): per pair, DMA the window's strip of ``B_i`` (the
-       panel, all n_at tiles side by side) -> SBUF ``pi_sb`` (``load_panels``).
+    2. When naux is one chunk (<= 24 K tiles): per i, DMA the window's tiles of ``B_i`` (the
+       panel) -> SBUF ``pi_sb`` (``load_panels``), resident for every j.
     3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, then for each
        a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the panel
        (``accumulate_strips``). With more chunks, both panel chunks are loaded for every tile
@@ -252,11 +253,11 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
 
     for i in nl.static_range(ni):
+        if n_kc == 1:
+            # Step 2: the window's tiles of B_i (the panel), resident for every j.
+            pi_sb = load_panels(b_i, split, i, 0, n_at, 0, n_kt)
         for j in nl.static_range(nj):
             pair = i * nj + j
-            if n_kc == 1:
-                # Step 2: the window's tiles of B_i (the panel), resident for the pair.
-                pi_sb = load_panels(b_i, split, i, 0, n_at, 0, n_kt)
             for bc in nl.static_range(n_bc):
                 bt0, nbt = tile_span(bc, chunk_tiles, n_bt)
                 b0, bsz = tile_span(bc, TILE_N, nvb)

@@ -330,7 +330,8 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
     window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
 
-    Per launch ``3 + n_wt`` (denominators, memset, store). Every panel is one DMA (two when
+    Per launch ``3 + n_wt`` (denominators, memset, store); with naux one chunk, B_i's panel
+    once per i. Every panel is one DMA (two when
     ``split``: its bfloat16 high and low parts), every K-tile product one matmul (three when
     ``split``). Exchange kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile
     beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per
@@ -341,22 +342,25 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
     ld, mm = (2, 3) if split else (1, 1)
+    per_i = 0
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
         diag = mm * n_kt + 9 + (0 if n_kc == 1 else ld * 2 * n_kc)
         off = mm * 2 * n_kt + 12 + (0 if n_kc == 1 else ld * 4 * n_kc)
         tile_pairs = sum(n_at - w for w in range(n_wt))
         per_pair = n_wt * diag + (tile_pairs - n_wt) * off
-        if n_kc == 1:
-            per_pair += ld * (2 + 2 * (n_at - n_wt))
+        if n_kc == 1:  # B_j's panel and the tiles beyond the window per pair; B_i's per i
+            per_pair += ld * (1 + 2 * (n_at - n_wt))
+            per_i = ld
     else:
         n_bc, n_bt = ceil_div(nvb, TILE_N), ceil_div(nvb, TILE_M)
         matmuls = n_wt * mm * n_kt * n_bt  # one per 128-column tile of every b chunk
-        if n_kc == 1:
-            per_pair = ld + n_bc * ld + n_wt * 5 * n_bc + matmuls
+        if n_kc == 1:  # B_i's panel per i, a b chunk's tiles per pair
+            per_pair = n_bc * ld + n_wt * 5 * n_bc + matmuls
+            per_i = ld
         else:
             per_pair = n_wt * n_bc * (ld * 2 * n_kc + 5) + matmuls
-    return 3 + n_wt + ni * nj * per_pair
+    return 3 + n_wt + ni * nj * per_pair + ni * per_i
 
 
 def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
@@ -372,9 +376,9 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
     """
     n_at = ceil_div(nva, TILE_M)
 
-    def fits(pairs, window):  # a chunk of ci x cj <= pairs orbitals: count all of them
+    def fits(pairs, window):  # any chunk of ci x cj <= pairs: at most `pairs` i and pairs
         rows = min(nva, window * TILE_M)
-        return (_energy_instructions(1, pairs, nva, nvb, naux, window, exchange, split)
+        return (_energy_instructions(pairs, 1, nva, nvb, naux, window, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
                 and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
