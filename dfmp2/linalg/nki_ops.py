@@ -114,8 +114,11 @@ def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
     for k0 in range(0, k, GEMM_MAX_K):
         k1 = min(k, k0 + GEMM_MAX_K)
         n_kt = ceil_div(k1 - k0, TILE_K)
-        nt_call = max(1, min(ceil_div(n, TILE_N), MAX_MATMULS_PER_CALL // n_kt))
-        mt_call = max(1, min(ceil_div(m, TILE_M), MAX_MATMULS_PER_CALL // (n_kt * nt_call)))
+        # M first, in whole groups of GEMM_M_GROUP tiles (each moving tile of B serves a group)
+        mt_call = max(1, min(ceil_div(m, TILE_M), MAX_MATMULS_PER_CALL // n_kt))
+        if mt_call > GEMM_M_GROUP:
+            mt_call -= mt_call % GEMM_M_GROUP
+        nt_call = max(1, min(ceil_div(n, TILE_N), MAX_MATMULS_PER_CALL // (n_kt * mt_call)))
         for m0 in range(0, m, mt_call * TILE_M):
             m1 = min(m, m0 + mt_call * TILE_M)
             a_part = np.ascontiguousarray(a_km[k0:k1, m0:m1])

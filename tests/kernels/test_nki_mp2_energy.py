@@ -171,10 +171,11 @@ def test_pair_sums_at_nvir_2000_and_naux_8000(nki_mode, nva, nvb, exchange):
     assert np.abs(got - want).max() <= ENERGY_RTOL * abs(want[0])
 
 
+@pytest.mark.parametrize("products", ["fp32", "bf16x3"])
 @pytest.mark.parametrize("chunked", [False, True], ids=["panel", "streamed"])
 @pytest.mark.parametrize("kind", ["diagonal", "square", "rect"])
 @pytest.mark.nki_emulated
-def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunked):
+def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunked, products):
     """Small bounds force what large molecules need: several a-tile windows per pair (the
     exchange kernel's later windows see only their own and later columns; tiles beyond a window
     load their strips once for all its rows) and, streamed, several K chunks per contraction
@@ -190,22 +191,27 @@ def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunke
         monkeypatch.setattr(kernels, "ENERGY_K_TILES", 2)
     ni, nj, nva, nvb = (2, 2, 400, 400) if kind != "rect" else (2, 2, 400, 150)
     args, weights, exchange = _block(ni, nj, nva, nvb, 600, kind, seed=12)
-    window = nki_ops._energy_launch_plan(nva, nvb, 600, exchange)[1]
+    split = products == "bf16x3"
+    if split:  # three products per K tile: twice the bound keeps windows of the same size
+        monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL",
+                            2 * nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
+    window = nki_ops._energy_launch_plan(nva, nvb, 600, exchange, split)[1]
     assert 0 < window < ceil_div(nva, 128)
     with emulator_trace() as tr:
-        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
-    _assert_sums_close(got, args, weights, exchange)
+        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products=products)
+    _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL if split else ENERGY_RTOL)
     pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
     assert len(tr.kernels) == pairs_run * ceil_div(ceil_div(nva, 128), window)
     n_at, n_kt = ceil_div(nva, 128), ceil_div(600, 128)
     per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 128) * n_kt
-    assert tr.count("nc_matmul") == pairs_run * per_pair  # windows and chunks add no work
+    # windows and chunks add no work (bf16x3: three products per K tile)
+    assert tr.count("nc_matmul") == pairs_run * per_pair * (3 if split else 1)
     # the instruction count the host plans with, launch by launch
     assert len(tr.records) == sum(
         nki_ops._energy_instructions(1, 1, nva - w0 * 128 if exchange else
                                      min(nva, (w0 + window) * 128) - w0 * 128, nvb, 600,
                                      ceil_div(min(nva, (w0 + window) * 128) - w0 * 128, 128),
-                                     exchange)
+                                     exchange, split)
         for w0 in range(0, n_at, window)) * pairs_run
 
 
