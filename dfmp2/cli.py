@@ -361,8 +361,11 @@ def _echo_model(report, reference) -> None:
         line += f"; trnsci {reference[0]} measured {reference[1]:.2f} s"
     click.echo(line)
     split = report["energy_step_bf16x3"]
-    click.echo(f"energy step with --nki-matmul bf16x3: {split['seconds']:.3f} s modeled "
-               f"({split['kernel_seconds']:.3f} s kernels, {split['launches']} launches)")
+    if split:
+        click.echo(f"energy step with --nki-matmul bf16x3: {split['seconds']:.3f} s modeled "
+                   f"({split['kernel_seconds']:.3f} s kernels, {split['launches']} launches)")
+    for name, reason in report["not_modeled"].items():
+        click.echo(f"{name}: not modeled: {reason}")
 
 
 if __name__ == "__main__":  # pragma: no cover

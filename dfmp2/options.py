@@ -92,6 +92,9 @@ class Options:
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
+        if self.backend == "pytorch" and self.nki_matmul != "fp32":
+            raise InputError(f"--nki-matmul {self.nki_matmul} chooses the NKI pair kernels' "
+                             "products and contradicts --backend pytorch; drop one of them")
         _choice("precision", self.precision, PRECISIONS)
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)

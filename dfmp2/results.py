@@ -123,7 +123,8 @@ class Method:
 @dataclass(frozen=True)
 class BackendInfo:
     """Which backend ran: requested and resolved backend, NKI mode, why, per-op records,
-    the CPU BLAS choice, the precision of the NKI pair kernels' products."""
+    the CPU BLAS choice, the precision of the NKI pair kernels' products (None when no NKI
+    kernel ran)."""
 
     requested: str
     resolved: str
@@ -131,7 +132,7 @@ class BackendInfo:
     resolution: str
     ops: dict
     cpu_blas: dict
-    nki_matmul: str = "fp32"
+    nki_matmul: str | None = None
 
 
 @dataclass(frozen=True)

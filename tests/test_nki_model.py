@@ -145,3 +145,36 @@ def test_cli_rejects_an_impossible_shape_in_one_line():
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "one pair and one a tile" in lines[0]
+
+
+@pytest.mark.parametrize("shape", [(64, 448, 1536), (96, 672, 2304)], ids=["medium", "large"])
+def test_the_pair_kernel_meets_the_modeled_target_at_trnsci_shapes(shape):
+    """Issue 14's target: one chunk of the fused exchange kernel at >= 70% of one trn1
+    NeuronCore's fp32 TensorE peak (modeled) at trnsci's medium and large shapes, checked
+    against float64 on the way."""
+    from dfmp2.nki_emulator import install
+
+    install()
+    chunk = nki_model._pair_chunk(*shape, True, np.random.default_rng(7))
+    assert chunk["passed"]
+    report = nki_model.model_records(chunk["records"], TRN1)
+    assert report["tensore_utilization"] >= 0.70
+    assert report["engines"]["tensor"] == report["modeled_seconds"]  # TensorE-bound
+
+
+def test_bf16x3_past_its_launch_bound_is_named_and_the_fp32_kernels_still_modeled(monkeypatch):
+    from dfmp2.linalg import nki_ops
+
+    real = nki_ops._energy_launch_plan
+
+    def fp32_only(nva, nvb, naux, exchange, split=False):
+        return (1, 0) if split else real(nva, nvb, naux, exchange, split)
+
+    monkeypatch.setattr(nki_ops, "_energy_launch_plan", fp32_only)
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "2", "--nvir", "40", "--naux",
+                                       "60", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert "mp2_pair_energy_kernel[bf16x3]" not in report["kernels"]
+    assert "bf16x3" in report["not_modeled"]["mp2_pair_energy_kernel[bf16x3]"]
+    assert report["energy_step_bf16x3"] is None and report["passed"]

@@ -173,3 +173,7 @@ def test_an_unknown_nki_matmul_is_refused_in_one_line():
     assert result.exit_code == 2 and "tf32" in result.output
     with pytest.raises(dfmp2.errors.InputError, match="nki_matmul"):
         dfmp2.Options(nki_matmul="tf32")
+    contradiction = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend",
+                                              "pytorch", "--nki-matmul", "bf16x3"])
+    lines = contradiction.stderr.strip().splitlines()
+    assert contradiction.exit_code == 1 and len(lines) == 1 and "contradicts" in lines[0]

@@ -144,7 +144,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                     si_sb = load_panels(b_i, split, i, tb, 1, 0, n_kt)
                     sj_sb = load_panels(b_j, split, j, tb, 1, 0, n_kt)
                 for w in nl.static_range(min(tb + 1, n_wt)):
-                    a0, asz = tile_span(w, TILE_M, nv)
+                    _a0, asz = tile_span(w, TILE_M, nv)
                     off = tb > w
                     t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
                     t2_ps = t1_ps

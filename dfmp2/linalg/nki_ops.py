@@ -438,9 +438,9 @@ def _tile_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
         lo = torch.from_numpy(b64 - hi).to(torch.bfloat16).to(torch.float64).numpy()
         parts = [hi, lo]
     out = np.zeros((len(parts), TILE_K, n, n_tiles, n_kt, TILE_M), dtype=np.float32)
+    padded = np.zeros((n, n_tiles * TILE_M, n_kt * TILE_K), dtype=np.float32)
     for index, part in enumerate(parts):
-        padded = np.zeros((n, n_tiles * TILE_M, n_kt * TILE_K))
-        padded[:, :nv, :naux] = part
+        padded[:, :nv, :naux] = part  # rounded to float32 once (exact for the split parts)
         # (n, a_t, c, t, p) -> (p, n, a_t, t, c)
         out[index] = padded.reshape(n, n_tiles, TILE_M, n_kt, TILE_K).transpose(4, 0, 1, 3, 2)
     return out if split else out[0]
@@ -486,7 +486,7 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
         raise InputError(
             f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange, split)}")
     b_i = _tile_major(ovL_i, split)  # ([2,] 128, ni, nva tiles, n_kt, 128)
-    b_j = _tile_major(ovL_j, split)
+    b_j = b_i if ovL_j is ovL_i else _tile_major(ovL_j, split)  # a diagonal block: one layout
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
