@@ -15,14 +15,16 @@ imports; :func:`uninstall` removes the aliases and restores what was there befor
 The emulator is stricter than the official simulator: partition and matmul free-size limits,
 fp32 PSUM matmul output within one 2 KiB bank, the PSUM budget (8 banks per partition) and the
 SBUF budget per partition (:func:`set_target`), reads of never-written memory, ``accumulate``
-misuse, no float64, no tile broadcasting, no PSUM source for ``dma_copy``. Each instruction
-module documents its checks. It never measures performance: traces (:func:`trace`) record
-structure only. The module objects carry ``__dfmp2_emulator__ = True`` so that callers can
-tell them from the real ``nki``.
+misuse, no float64, no tile broadcasting, no PSUM source for ``dma_copy``, and in SPMD grid
+launches (``kernel[2]`` on trn2, :mod:`._jit`) races between programs on shared outputs. Each
+instruction module documents its checks. It never measures performance: traces
+(:func:`trace`) record structure only (``Record.program`` tells the programs of a grid launch
+apart). The module objects carry ``__dfmp2_emulator__ = True`` so that callers can tell them
+from the real ``nki``.
 
-Not emulated: ``.ap`` access patterns, ``view(dtype)``, indirect DMA, fp8/tf32 types, LNC>1
-launches, bitvec/logical operators, the ``nl`` compute wrappers, and every ``nisa`` instruction
-not listed in :mod:`.isa`.
+Not emulated: ``.ap`` access patterns, ``view(dtype)``, indirect DMA, fp8/tf32 types,
+multi-dimensional launch grids, bitvec/logical operators, the ``nl`` compute wrappers, and
+every ``nisa`` instruction not listed in :mod:`.isa`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 All reads go through :func:`read_f32` / :func:`read_raw`, which refuse never-written elements;
 all writes go through :func:`write_f32` / :func:`write_raw`, which cast to the destination dtype,
 mark the elements written and record in PSUM that a non-matmul instruction wrote them.
+
+In a grid launch (``kernel[2]``), the programs run concurrently on hardware with no ordering
+between them, so for a shared_hbm output (an allocation with a ``writer`` array) writing an
+element another program wrote, or reading an element another program wrote, raises.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _state
-from ._context import EmulatorError
+from ._context import EmulatorError, current
 from ._dtypes import float32, from_float32, to_float32
 from ._enums import engine as Engine
 from ._tensor import MemoryRegion, NkiTensor
@@ -110,6 +114,35 @@ def _check_written(t: NkiTensor, instr: str, name: str) -> None:
             f"nisa.{instr}: {name} reads {missing} of {t.size} never-written element(s) of "
             f"{t.name!r} (view {t.shape} of {t._alloc.shape}); nl.ndarray memory is uninitialised"
         )
+    if t._writer is not None:
+        run = current(f"nisa.{instr}")
+        foreign = t._writer != run.program_id
+        if foreign.any():
+            other = int(t._writer[foreign].flat[0])
+            raise EmulatorError(
+                f"nisa.{instr}: {name} of {run.label} reads {int(foreign.sum())} element(s) of "
+                f"the shared_hbm tensor {t.name!r} (view {t.shape} of {t._alloc.shape}) that "
+                f"program {other} wrote; the programs of a grid launch run concurrently with no "
+                "ordering between them"
+            )
+
+
+def _note_writer(t: NkiTensor) -> None:
+    """Record the current program as the writer of ``t``'s elements (grid launches, shared_hbm
+    outputs only), refusing elements another program already wrote."""
+    if t._writer is None:
+        return
+    run = current("write")
+    foreign = (t._writer >= 0) & (t._writer != run.program_id)
+    if foreign.any():
+        other = int(t._writer[foreign].flat[0])
+        raise EmulatorError(
+            f"race on the shared_hbm tensor {t.name!r}: {run.label} writes "
+            f"{int(foreign.sum())} element(s) (view {t.shape} of {t._alloc.shape}) that program "
+            f"{other} also writes; the programs of a grid launch run concurrently, so each must "
+            "write its own part of a shared output"
+        )
+    t._writer[...] = run.program_id
 
 
 def read_f32(t: NkiTensor, instr: str, name: str) -> np.ndarray:
@@ -126,6 +159,7 @@ def read_raw(t: NkiTensor, instr: str, name: str) -> np.ndarray:
 
 def write_f32(t: NkiTensor, values: np.ndarray, psum_state: int = 2) -> None:
     """Cast float32 ``values`` (any shape with ``t.size`` elements) to ``t.dtype`` and store."""
+    _note_writer(t)
     t._data[...] = from_float32(np.asarray(values, dtype=np.float32).reshape(t.shape), t.dtype)
     t._written[...] = True
     if t.buffer is PSUM:
@@ -134,6 +168,7 @@ def write_f32(t: NkiTensor, values: np.ndarray, psum_state: int = 2) -> None:
 
 def write_raw(t: NkiTensor, values: np.ndarray) -> None:
     """Store already-typed ``values`` bit-exactly."""
+    _note_writer(t)
     t._data[...] = np.asarray(values).reshape(t.shape)
     t._written[...] = True
     if t.buffer is PSUM:

@@ -10,6 +10,11 @@ with the compiler's allocator; the budgets are per partition:
   192 KiB or 224 KiB (``_state.SBUF_BYTES_PER_PARTITION``);
 - PSUM: 8 banks of 2 KiB per partition; each allocation takes whole banks (rounded up) and
   starts on a bank boundary.
+
+A grid launch ``kernel[n]`` creates one run per program (see :mod:`._jit`): each has its own
+budgets and instruction count (each physical NeuronCore has its own SBUF, PSUM and instruction
+stream). The ``shared_hbm`` allocations of program ``p > 0`` alias those of program 0, in
+allocation order (:meth:`KernelRun.shared_hbm_allocation`).
 """
 
 from __future__ import annotations
@@ -45,11 +50,34 @@ class KernelRun:
         Kernel function name.
     target : str
         ``"trn1"`` (gen2) or ``"trn2"`` (gen3).
+    program_id : int
+        Index of this program in the launch grid (``nl.program_id(0)``), 0 without a grid.
+    num_programs : int
+        Number of programs in the launch (``nl.num_programs(0)``), 1 without a grid.
+    grid_ndim : int
+        ``nl.program_ndim()``: 0 for a plain call ``kernel(...)``, 1 for ``kernel[n](...)``.
+    first : KernelRun, optional
+        Program 0's run, for programs ``p > 0`` of a grid launch: their ``shared_hbm``
+        allocations alias program 0's.
     """
 
-    def __init__(self, name: str, target: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        target: str,
+        program_id: int = 0,
+        num_programs: int = 1,
+        grid_ndim: int = 0,
+        first: KernelRun | None = None,
+    ) -> None:
         self.name = name
         self.target = target
+        self.program_id = program_id
+        self.num_programs = num_programs
+        self.grid_ndim = grid_ndim
+        self.first = first
+        #: This program's shared_hbm allocations, in allocation order.
+        self.shared_hbm: list[Allocation] = []
         self.sbuf_budget = _state.SBUF_BYTES_PER_PARTITION[target]
         self.usage = _Usage()
         self.counter = 0
@@ -93,12 +121,53 @@ class KernelRun:
             return
         alloc.on_release(_release_callback(usage, key))
 
+    @property
+    def label(self) -> str:
+        """``"program p of kernel[n]"`` in a grid launch of more than one program, else ``""``."""
+        if self.num_programs == 1:
+            return ""
+        return f"program {self.program_id} of kernel[{self.num_programs}]"
+
+    def shared_hbm_allocation(self, alloc: Allocation) -> Allocation:
+        """The allocation a new ``shared_hbm`` tensor ``alloc`` of this program stands for.
+
+        Without a grid of several programs, ``alloc`` itself. In a grid launch, program 0's
+        allocations record which program writes each element; program ``p > 0`` gets program
+        0's allocation of the same rank (its k-th shared_hbm allocation aliases program 0's
+        k-th), after checking that shape and dtype agree.
+        """
+        if self.num_programs > 1:
+            if self.first is None:
+                alloc.track_writers()
+            else:
+                rank = len(self.shared_hbm)
+                mine = f"{alloc.name!r} {alloc.shape} {alloc.dtype.name}"
+                if rank >= len(self.first.shared_hbm):
+                    raise EmulatorError(
+                        f"nl.ndarray: {self.label} makes shared_hbm allocation #{rank} {mine}, "
+                        f"but program 0 made only {len(self.first.shared_hbm)}; every program "
+                        "must allocate the same shared_hbm outputs in the same order"
+                    )
+                first = self.first.shared_hbm[rank]
+                if first.shape != alloc.shape or first.dtype is not alloc.dtype:
+                    raise EmulatorError(
+                        f"nl.ndarray: shared_hbm allocation #{rank} of {self.label} {mine} does "
+                        f"not match program 0's {first.name!r} {first.shape} "
+                        f"{first.dtype.name}; every program must allocate the same shared_hbm "
+                        "outputs in the same order"
+                    )
+                alloc = first
+        self.shared_hbm.append(alloc)
+        return alloc
+
     def count_instruction(self, instruction: str) -> None:
-        """Count one issued instruction; raise past ``_state.MAX_INSTRUCTIONS_PER_LAUNCH``."""
+        """Count one issued instruction; raise past ``_state.MAX_INSTRUCTIONS_PER_LAUNCH``
+        (per program in a grid launch: each physical core runs its own instruction stream)."""
         self.instructions += 1
         if self.instructions > _state.MAX_INSTRUCTIONS_PER_LAUNCH:
+            who = f" ({self.label})" if self.label else ""
             raise EmulatorError(
-                f"nisa.{instruction}: kernel {self.name!r} issued more than "
+                f"nisa.{instruction}: kernel {self.name!r}{who} issued more than "
                 f"{_state.MAX_INSTRUCTIONS_PER_LAUNCH} instructions in one launch (the emulator's "
                 "bound on an unrolled trace; split the work over launches on the host)"
             )

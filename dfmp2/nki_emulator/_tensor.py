@@ -3,7 +3,10 @@
 An :class:`Allocation` owns three NumPy arrays of the same shape: ``data`` (the stored values),
 ``written`` (which elements were ever written; reading an unwritten element is an error) and,
 for PSUM, ``psum_state`` (``0`` never written, ``1`` last written by ``nc_matmul``, ``2`` last
-written by any other instruction; ``nc_matmul`` uses it for its accumulate rules).
+written by any other instruction; ``nc_matmul`` uses it for its accumulate rules). A
+``shared_hbm`` output of a grid launch (``kernel[2]``, see :mod:`._jit`) also has ``writer``: the
+program that wrote each element (int8, ``-1`` never written), which the read and write helpers
+of :mod:`._checks` use to refuse races between programs; it is ``None`` everywhere else.
 
 An :class:`NkiTensor` is a view of an allocation: basic NumPy indexing (integers, slices with
 positive steps, ``...``, :class:`DynSlice` from ``nl.ds``) applied to all three arrays, so
@@ -95,6 +98,11 @@ class Allocation:
         self.data = np.full(shape, uninitialised_fill(dtype), dtype=dtype.storage)
         self.written = np.full(shape, kernel_input, dtype=bool)
         self.psum_state = np.zeros(shape, dtype=np.int8)
+        self.writer: np.ndarray | None = None
+
+    def track_writers(self) -> None:
+        """Start recording which program writes each element (grid launches, shared_hbm)."""
+        self.writer = np.full(self.shape, -1, dtype=np.int8)
 
     def on_release(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once no tensor refers to this allocation any more."""
@@ -155,16 +163,18 @@ class NkiTensor:
         written: np.ndarray,
         psum_state: np.ndarray,
         is_whole: bool,
+        writer: np.ndarray | None = None,
     ) -> None:
         self._alloc = alloc
         self._data = data
         self._written = written
         self._psum_state = psum_state
         self._is_whole = is_whole
+        self._writer = writer
 
     @classmethod
     def whole(cls, alloc: Allocation) -> NkiTensor:
-        return cls(alloc, alloc.data, alloc.written, alloc.psum_state, True)
+        return cls(alloc, alloc.data, alloc.written, alloc.psum_state, True, alloc.writer)
 
     # -- NkiTensor attributes ---------------------------------------------------------------
     @property
@@ -225,7 +235,10 @@ class NkiTensor:
             )
         if 0 in data.shape:
             raise IndexError(f"{self.name}[{index!r}]: empty view of shape {data.shape}")
-        return NkiTensor(self._alloc, data, self._written[items], self._psum_state[items], False)
+        writer = None if self._writer is None else self._writer[items]
+        return NkiTensor(
+            self._alloc, data, self._written[items], self._psum_state[items], False, writer
+        )
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise TypeError(
@@ -250,7 +263,10 @@ class NkiTensor:
                 f"dim {self.shape[0]} and at least 2 dims"
             )
         views = []
-        for arr in (self._data, self._written, self._psum_state):
+        arrays = [self._data, self._written, self._psum_state]
+        if self._writer is not None:
+            arrays.append(self._writer)
+        for arr in arrays:
             view = arr.view()
             try:
                 view.shape = target
@@ -260,7 +276,8 @@ class NkiTensor:
                     "this strided view cannot be reshaped without a copy"
                 ) from None
             views.append(view)
-        return NkiTensor(self._alloc, views[0], views[1], views[2], self._is_whole)
+        writer = views[3] if self._writer is not None else None
+        return NkiTensor(self._alloc, views[0], views[1], views[2], self._is_whole, writer)
 
     # -- helpers for instructions -----------------------------------------------------------
     def partition_start(self) -> int:

@@ -46,6 +46,9 @@ class Record:
         Name of the kernel that issued it.
     attrs : dict
         Instruction details (e.g. ``{"accumulate": True}`` for ``nc_matmul``, ``op`` names).
+    program : int
+        ``nl.program_id(0)`` of the program that issued it: 0 for a plain call, ``p`` for
+        program ``p`` of a grid launch ``kernel[n](...)``.
     """
 
     instruction: str
@@ -54,6 +57,7 @@ class Record:
     nbytes: int = 0
     kernel: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    program: int = 0
 
 
 class Trace:
@@ -63,17 +67,24 @@ class Trace:
         self.records: list[Record] = []
         self.kernels: list[str] = []
 
-    def count(self, instruction: str) -> int:
-        """Number of records of ``instruction`` (e.g. ``"nc_matmul"``)."""
-        return sum(1 for r in self.records if r.instruction == instruction)
+    def count(self, instruction: str, program: int | None = None) -> int:
+        """Number of records of ``instruction`` (e.g. ``"nc_matmul"``), of all programs or only
+        of program ``program`` of a grid launch."""
+        return len(self.find(instruction, program=program))
 
-    def find(self, instruction: str | None = None, engine: str | None = None) -> list[Record]:
-        """Records matching ``instruction`` and/or ``engine`` (None matches all)."""
+    def find(
+        self,
+        instruction: str | None = None,
+        engine: str | None = None,
+        program: int | None = None,
+    ) -> list[Record]:
+        """Records matching ``instruction``, ``engine`` and/or ``program`` (None matches all)."""
         return [
             r
             for r in self.records
             if (instruction is None or r.instruction == instruction)
             and (engine is None or r.engine == engine)
+            and (program is None or r.program == program)
         ]
 
     def dma_stores(self, shape: tuple[int, ...] | None = None) -> list[Record]:
@@ -133,16 +144,18 @@ def emit(
         _state.KERNEL_STACK[-1].count_instruction(instruction)
     if not _state.TRACE_STACK:
         return
-    kernel = _state.KERNEL_STACK[-1].name if _state.KERNEL_STACK else ""
+    run = _state.KERNEL_STACK[-1] if _state.KERNEL_STACK else None
+    kernel = run.name if run is not None else ""
+    program = run.program_id if run is not None else 0
     described = {
         k: operand(v) for k, v in operands.items() if v is not None and hasattr(v, "buffer")
     }
-    record = Record(instruction, engine, described, nbytes, kernel, dict(attrs))
+    record = Record(instruction, engine, described, nbytes, kernel, dict(attrs), program)
     for tr in _state.TRACE_STACK:
         tr.records.append(record)
 
 
 def note_kernel(name: str) -> None:
-    """Tell active traces that kernel ``name`` started."""
+    """Tell active traces that kernel ``name`` started (once per launch, also a grid launch)."""
     for tr in _state.TRACE_STACK:
         tr.kernels.append(name)

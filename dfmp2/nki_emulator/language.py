@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _context, _state, _trace
+from . import _checks, _context, _state, _trace
 from ._context import EmulatorError
 from ._dtypes import (
     as_dtype,
@@ -49,6 +49,7 @@ __all__ = [
     "num_programs",
     "private_hbm",
     "program_id",
+    "program_ndim",
     "psum",
     "sbuf",
     "sequential_range",
@@ -126,6 +127,8 @@ def _allocate(shape: Any, dtype: Any, buffer: Any, name: str, where: str) -> Nki
     run.counter += 1
     alloc = Allocation(shape, dt, buffer, name or f"{buffer.value}_{run.counter}")
     run.register(alloc)
+    if buffer is MemoryRegion.shared_hbm:
+        alloc = run.shared_hbm_allocation(alloc)
     return NkiTensor.whole(alloc)
 
 
@@ -133,7 +136,9 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     """Allocate an uninitialised tensor of ``shape`` and ``dtype`` in ``buffer``.
 
     ``address`` is accepted and ignored (the emulator places every allocation itself).
-    Reading an element before any instruction wrote it raises.
+    Reading an element before any instruction wrote it raises. In a grid launch
+    (``kernel[2]``), the k-th ``shared_hbm`` allocation of every program is the same tensor as
+    program 0's k-th (same shape and dtype required); other buffers are per program.
     """
     return _allocate(shape, dtype, buffer, name, "nl.ndarray")
 
@@ -144,9 +149,7 @@ def zeros(shape, dtype, buffer=sbuf, name=""):
     PSUM filled this way is non-matmul-initialised: ``nc_matmul`` refuses to accumulate onto it.
     """
     tensor = _allocate(shape, dtype, buffer, name, "nl.zeros")
-    tensor._data[...] = 0
-    tensor._written[...] = True
-    tensor._psum_state[...] = 2
+    _checks.write_raw(tensor, np.zeros(tensor.shape, dtype=tensor._data.dtype))
     _trace.emit("memset", "vector", {"dst": tensor}, via="nl.zeros", value=0)
     return tensor
 
@@ -186,14 +189,44 @@ def sequential_range(start, stop=None, step=1):
     return static_range(start, stop, step)
 
 
+# -- SPMD launch grid ------------------------------------------------------------------------
+# NKI 0.3.0 launches ``kernel[n](...)`` as n SPMD programs on the physical NeuronCores of one
+# logical core (LNC=2 on trn2; trn1 has LNC=1). AWS's nki-library kernels read the grid with
+# ``if nl.program_ndim() == 0: n, pid = 1, 0 else: n, pid = nl.num_programs(0),
+# nl.program_id(0)`` and use the values as plain Python ints (range(), min(), f-strings).
+# The emulator supports 1-D grids only.
+
+
+def _is_zero(axis: Any) -> bool:
+    return isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and axis == 0
+
+
 def program_id(axis=0):
-    """Index of this program in the launch grid; the emulator runs LNC=1 only, so 0."""
-    return 0
+    """Index of this program in the launch grid, a Python int: ``p`` in ``0 .. n-1`` for
+    program ``p`` of ``kernel[n](...)``, 0 for a plain call. Only ``axis=0`` (1-D grids)."""
+    run = _context.current("nl.program_id")
+    if not _is_zero(axis):
+        raise EmulatorError(
+            f"nl.program_id(axis={axis!r}): the emulator supports 1-D launch grids only (axis 0)"
+        )
+    return run.program_id
 
 
 def num_programs(axes=0):
-    """Number of programs in the launch grid; the emulator runs LNC=1 only, so 1."""
-    return 1
+    """Number of programs in the launch grid, a Python int: ``n`` for ``kernel[n](...)``, 1 for
+    a plain call. Only ``axes=0`` (1-D grids)."""
+    run = _context.current("nl.num_programs")
+    if not _is_zero(axes):
+        raise EmulatorError(
+            f"nl.num_programs(axes={axes!r}): the emulator supports 1-D launch grids only (axes=0)"
+        )
+    return run.num_programs
+
+
+def program_ndim():
+    """Number of dimensions of the launch grid: 0 for a plain call ``kernel(...)``, 1 for
+    ``kernel[n](...)`` (also for ``kernel[1]``)."""
+    return _context.current("nl.program_ndim").grid_ndim
 
 
 # -- operator objects ----------------------------------------------------------------------

@@ -42,6 +42,7 @@ ALLOWED_NL_CALLS = frozenset(
         "sequential_range",
         "program_id",
         "num_programs",
+        "program_ndim",
         "device_print",
         "no_reorder",
     }

@@ -149,6 +149,8 @@ LANGUAGE: dict[str, list[tuple[str, str]]] = {
     "sequential_range": _RANGE,
     "program_id": [("axis", "0")],
     "num_programs": [("axes", "0")],
+    # ``def program_ndim():`` ("0 if no grid"), read in the later stub 56577332288.
+    "program_ndim": [],
     "add": _BINARY,
     "subtract": _BINARY,
     "multiply": _BINARY,

@@ -145,8 +145,8 @@ def test_jit_with_arguments_simulate_and_grid():
     np.testing.assert_array_equal(k(x), x)
     np.testing.assert_array_equal(simulate(k)(x), x)
     np.testing.assert_array_equal(k[1](x), x)
-    with pytest.raises(NotImplementedError):
-        k[2]
+    with pytest.raises(EmulatorError, match="1-D launch grids"):
+        k[(1, 1)]
 
 
 def test_inputs_are_not_modified_and_trace_names_kernel():
