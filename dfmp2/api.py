@@ -266,7 +266,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         max_memory_mb=opts.max_memory, note=note)
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
-                          nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None)
+                          nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None,
+                          nki_device=la.device_record() if la.backend == "nki" else None)
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
         e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale, ref.e_singles),

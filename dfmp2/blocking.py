@@ -25,6 +25,7 @@ the formulas do not model (integral-library and HDF5 buffers, allocator slack).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,7 +116,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB is too small: with B ({dims} x naux {naux}) "
             f"on disk the metric factors and the smallest blocks still need {need:.1f} MB; "
-            f"give at least {need + 1:.0f} MB"
+            f"give at least {least_max_memory(need)} MB"
         )
     unpack_block = int(max(1, min(_UNPACK_BYTES, free // 4) // square))
     aux_block = int(max(1, min(naux, (free - unpack_block * square) // per_aux,
@@ -152,6 +153,12 @@ def transform_bytes_per_aux(nao: int, nocc: int, nvir: int) -> int:
 def usable_bytes(max_memory_mb: float) -> float:
     """The part of ``max_memory_mb`` the planner's formulas may fill: all but :data:`RESERVE`."""
     return (1.0 - RESERVE) * max_memory_mb * MB
+
+
+def least_max_memory(need_mb: float) -> int:
+    """The smallest whole ``max_memory`` in MB whose usable part holds ``need_mb``."""
+    least = math.ceil(need_mb / (1.0 - RESERVE))
+    return least if usable_bytes(least) >= need_mb * MB else least + 1
 
 
 def pair_block_bytes(b: int, nvir: int, naux: int, b_itemsize: int) -> int:
@@ -217,7 +224,8 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB is too small for the DF-SCF: with its fitted "
             f"integrals (naux {naux} x {npair} AO pairs) on disk, the metric factors and the "
-            f"smallest blocks still need {need:.1f} MB; give at least {need + 1:.0f} MB")
+            f"smallest blocks still need {need:.1f} MB; give at least "
+            f"{least_max_memory(need)} MB")
     fit_pairs = int(min(npair, free // per_pair))
     read_block = int(max(1, min(naux, 128, (free - work) // per_row)))
     return JKPlan(True, fit_pairs, read_block, tensor, metric)

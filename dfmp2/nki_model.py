@@ -165,7 +165,7 @@ def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng,
     """The launches of one chunk of pairs (the launch plan's pairs, every a-tile window) of a
     fused pair kernel on synthetic operands, and their fp64 check."""
     from .energy import reference_pair_sums
-    from .linalg import nki_ops
+    from .linalg import nki_ops, nki_runtime
 
     split = matmul == "bf16x3"
     pairs, window = nki_ops._energy_launch_plan(nvir, nvir, naux, exchange, split)
@@ -179,7 +179,9 @@ def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng,
     e_vir = torch.from_numpy(rng.uniform(0.1, 3.0, nvir))
     args = (ovl_i, ovl_j, e_i, e_j, e_vir, e_vir, torch.ones((ci, cj), dtype=torch.float64),
             exchange)
-    got, tr = _traced(lambda: nki_ops.mp2_pair_sums(*args, mode="emulator", products=matmul))
+    core = nki_runtime.NkiDevice("emulator", lnc=1)  # one physical core's instruction stream
+    got, tr = _traced(lambda: nki_ops.mp2_pair_sums(*args, mode="emulator", products=matmul,
+                                                    device=core))
     want = reference_pair_sums(*args)
     rtol = SPLIT_RTOL if split else FP32_RTOL
     return {"records": tr.records, "launches": len(tr.kernels), "pairs": ci * cj,

@@ -160,6 +160,9 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
     """
     naux = auxmol.nao_nr()
     coeffs = [(torch.from_numpy(sp.occ_coeff), torch.from_numpy(sp.vir_coeff)) for sp in spaces]
+    for occ_coeff, vir_coeff in coeffs:  # read by every block: a device keeps them
+        la.keep_on_device(occ_coeff)
+        la.keep_on_device(vir_coeff)
     nao = mol.nao_nr()
     buffers = Buffers()
     for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block):
@@ -190,6 +193,7 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
     (a trsm per block ran at half the GEMM rate)."""
     nocc = store.nocc
     matrix = fit_matrix(factor, la)
+    la.keep_on_device(matrix)  # read by every block: a device keeps it
     for i0 in range(0, nocc, fit_occ):
         i1 = min(i0 + fit_occ, nocc)
         rows = store.read_ia_slab(i0, i1)  # ((i1-i0)*nvir, naux)
@@ -261,6 +265,8 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
     fused : one ``mp2_pair_sums`` op per block; else ``gemm`` for ``(ia|jb)`` and a separate
     ``pair_sums_from_ovov`` reduction. Sums add in float64.
     """
+    if fused:  # a device backend keeps B there for the stage (one block per store)
+        stores, occ_block = la.place_pair_operands(stores, occ_block)
     tasks = spin_tasks(stores, eps)
     blocks = [list(_task_blocks(t, occ_block)) for t in tasks]
     nblocks = sum(len(b) for b in blocks)

@@ -123,8 +123,9 @@ class Method:
 @dataclass(frozen=True)
 class BackendInfo:
     """Which backend ran: requested and resolved backend, NKI mode, why, per-op records,
-    the CPU BLAS choice, the precision of the NKI pair kernels' products (None when no NKI
-    kernel ran)."""
+    the CPU BLAS choice, the precision of the NKI pair kernels' products and the NKI device's
+    record (target, SPMD programs and cores, host<->device bytes, launches, pair shares per
+    program, where B was during the pair stage; both None when no NKI kernel ran)."""
 
     requested: str
     resolved: str
@@ -133,6 +134,7 @@ class BackendInfo:
     ops: dict
     cpu_blas: dict
     nki_matmul: str | None = None
+    nki_device: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,14 @@ class Result:
             f"  B storage {m.blocks['storage']} ({m.blocks['b_mb']} MB)  "
             f"max memory {m.max_memory_mb} MB",
         ]
+        if (dev := b.nki_device) is not None:
+            lines.append(
+                f"  NKI device {dev['target'] or 'target unknown'} (LNC={dev['lnc']}, "
+                f"{dev['cores']} core(s)): {dev['launches']} launches, {dev['programs']} "
+                f"programs, {dev['uploaded_bytes'] / 1e6:.1f} MB up "
+                f"({dev['resident_bytes'] / 1e6:.1f} MB kept), "
+                f"{dev['downloaded_bytes'] / 1e6:.1f} MB down; pair shares "
+                f"{dev['program_pairs']}; B {dev['b_placement'] or 'not used'}")
         for stage, rec in m.stage_precision.items():
             lines.append(f"  {stage:<12s} {rec['placement']:<13s} {rec['reason']}")
         blas = b.cpu_blas

@@ -383,6 +383,24 @@ def test_the_planner_puts_the_scf_tensor_in_memory_or_on_disk():
         plan_jk(nao, naux, 90, max_shell_pairs=2000)  # the metric's factors alone: 83 MB
 
 
+def test_the_advised_max_memory_is_enough():
+    """The "give at least N MB" of both planners is the least max_memory that plans (the usable
+    part of it, not the whole, must hold what is needed)."""
+    import re
+
+    from dfmp2.blocking import plan_blocks, plan_jk
+    from dfmp2.errors import ResourceError
+
+    for plan in (lambda mb: plan_jk(252, 558, mb, max_shell_pairs=60),
+                 lambda mb: plan_blocks(nao=252, spaces=[(21, 93)], naux=420, max_memory_mb=mb)):
+        with pytest.raises(ResourceError) as err:
+            plan(2)
+        least = int(re.search(r"give at least (\d+) MB", str(err.value)).group(1))
+        plan(least)
+        with pytest.raises(ResourceError):
+            plan(least - 1)
+
+
 def test_the_planners_build_constants_follow_the_code():
     from dfmp2 import blocking, jk
     from dfmp2.linalg import torch_ops

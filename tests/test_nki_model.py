@@ -167,8 +167,8 @@ def test_bf16x3_past_its_launch_bound_is_named_and_the_fp32_kernels_still_modele
 
     real = nki_ops._energy_launch_plan
 
-    def fp32_only(nva, nvb, naux, exchange, split=False):
-        return (1, 0) if split else real(nva, nvb, naux, exchange, split)
+    def fp32_only(nva, nvb, naux, exchange, split=False, programs=1):
+        return (1, 0) if split else real(nva, nvb, naux, exchange, split, programs)
 
     monkeypatch.setattr(nki_ops, "_energy_launch_plan", fp32_only)
     result = CliRunner().invoke(main, ["nki-model", "--nocc", "2", "--nvir", "40", "--naux",

@@ -177,3 +177,46 @@ def test_an_unknown_nki_matmul_is_refused_in_one_line():
                                               "pytorch", "--nki-matmul", "bf16x3"])
     lines = contradiction.stderr.strip().splitlines()
     assert contradiction.exit_code == 1 and len(lines) == 1 and "contradicts" in lines[0]
+
+
+@pytest.mark.parametrize("outcore", [False, True], ids=["in-core", "out-of-core"])
+def test_b_stays_on_the_device_for_the_pair_stage(tmp_path, outcore):
+    """The run's device record: B placed on the device once (from memory or from the HDF5
+    store), the pair work split over trn2's two programs, the fit's and transform's reused
+    operands kept; the energy as with per-launch uploads."""
+    from dfmp2.linalg import nki_ops
+
+    out = tmp_path / "b.json"
+    extra = ["--force-outcore"] if outcore else []
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "benzene.xyz"), "--backend", "nki",
+                                       "--nki-emulator", "--require-nki", "-v", "--json",
+                                       str(out), *extra])
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    device = record["extras"]["backend"]["nki_device"]
+    sizes = record["extras"]["sizes"]
+    assert (device["target"], device["lnc"], device["b_placement"]) == ("trn2", 2, "device")
+    if outcore:
+        assert record["extras"]["method"]["blocks"]["storage"] == "hdf5"
+    b_bytes = nki_ops.resident_b_bytes(sizes["nocc"], sizes["nvir"], sizes["naux_fit"])
+    assert device["resident_bytes"] >= b_bytes
+    pairs = sum(device["program_pairs"])
+    assert pairs >= sizes["npairs"] and min(device["program_pairs"]) > 0
+    assert device["programs"] > device["launches"]  # kernel[2] launches
+    assert "NKI device trn2 (LNC=2" in result.stdout and "B device" in result.stdout
+    ref = dfmp2.run(str(INPUTS / "benzene.xyz"), backend="pytorch")
+    assert record["properties"]["mp2_correlation_energy"] == pytest.approx(ref.e_corr,
+                                                                           abs=TOL_FP32)
+
+
+def test_b_over_the_device_budget_is_uploaded_per_launch(monkeypatch):
+    from dfmp2.linalg import nki_runtime
+
+    monkeypatch.setattr(nki_runtime, "RESIDENT_FRACTION", 1e-9)
+    run = dfmp2.run(str(INPUTS / "water.xyz"), backend="nki", nki_emulator=True,
+                    require_nki=True)
+    device = run.backend.nki_device
+    assert device["b_placement"].startswith("uploaded per launch: B takes")
+    assert device["resident_bytes"] == 0
+    ref = dfmp2.run(str(INPUTS / "water.xyz"), backend="pytorch")
+    assert run.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP32)

@@ -30,7 +30,7 @@ def _fake_nki(monkeypatch, mode="emulator", reason=None, gemm_limit=None, gemm_r
     def probe(simulator=False, emulator=False):
         return (mode, None) if reason is None else (None, reason)
 
-    def gemm(a, b, trans_a=False, trans_b=False, out=None, *, mode):
+    def gemm(a, b, trans_a=False, trans_b=False, out=None, *, mode, device=None):
         calls.append(("gemm", mode))
         if gemm_raises:
             raise RuntimeError("kernel exploded")

@@ -37,6 +37,7 @@ __all__ = [
     "store_psum",
     "row_dot",
     "load_pair_denominators",
+    "program_pairs",
     "reciprocal_denominators",
     "weighted_row_sums",
     "direct_row",
@@ -237,28 +238,46 @@ def row_dot(dst_sb, x_sb, y_sb, rsz, fsz):
     nisa.tensor_reduce(dst=dst_sb, op=nl.add, data=prod_sb[0:rsz, 0:fsz], axis=1, keepdims=True)
 
 
-def load_pair_denominators(d_col, neg_eps_row):
-    """DMA the host-computed parts of the MP2 denominators of a block of pairs into SBUF.
+def load_pair_denominators(d_col, neg_eps_row, p0, p1):
+    """DMA the host-computed parts of the MP2 denominators of pairs ``p0 : p1`` into SBUF.
 
     Operands: HBM ``d_col`` (nva, npairs), ``d_col[a, pair] = e_i + e_j - e_a``, and HBM
     ``neg_eps_row`` (128, nvb), ``-e_b`` on every partition. Returns ``(negv_sb, dcol_sb)``:
-    SBUF (128, nvb) holding ``neg_eps_row``, and SBUF (128, ceil(nva/128) * npairs) holding
-    a tile ``ta`` of ``d_col`` (rows ``ta*128 : ta*128 + asz``) on partitions ``0:asz`` at free
-    offset ``ta * npairs``. Preconditions: ``nva, nvb, npairs >= 1``. ``1 + ceil(nva/128)``
-    ``dma_copy``.
+    SBUF (128, nvb) holding ``neg_eps_row``, and SBUF (128, ceil(nva/128) * (p1 - p0)) holding
+    a tile ``ta`` of ``d_col[:, p0:p1]`` (rows ``ta*128 : ta*128 + asz``) on partitions
+    ``0:asz`` at free offset ``ta * (p1 - p0)``. Preconditions: ``nva, nvb >= 1``,
+    ``0 <= p0 < p1 <= npairs``. ``1 + ceil(nva/128)`` ``dma_copy``.
     """
     nva = d_col.shape[0]
-    npairs = d_col.shape[1]
+    npp = p1 - p0
     nvb = neg_eps_row.shape[1]
     n_at = (nva + TILE_M - 1) // TILE_M
     negv_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=negv_sb[0:TILE_M, 0:nvb], src=neg_eps_row[0:TILE_M, 0:nvb])
-    dcol_sb = nl.ndarray((TILE_M, n_at * npairs), dtype=nl.float32, buffer=nl.sbuf)
+    dcol_sb = nl.ndarray((TILE_M, n_at * npp), dtype=nl.float32, buffer=nl.sbuf)
     for ta in nl.static_range(n_at):
         a0, asz = tile_span(ta, TILE_M, nva)
-        nisa.dma_copy(dst=dcol_sb[0:asz, ta * npairs:(ta + 1) * npairs],
-                      src=d_col[a0:a0 + asz, 0:npairs])
+        nisa.dma_copy(dst=dcol_sb[0:asz, ta * npp:(ta + 1) * npp],
+                      src=d_col[a0:a0 + asz, p0:p1])
     return negv_sb, dcol_sb
+
+
+def program_pairs(npairs):
+    """``(p0, p1)``: the pairs of this SPMD program, a contiguous share of ``npairs``.
+
+    A launch without a grid (``nl.program_ndim() == 0``) is one program with every pair; a
+    ``kernel[n]`` launch (LNC=2 on trn2: the two physical cores of a logical NeuronCore) gives
+    program ``k`` the pairs ``k*q : min((k+1)*q, npairs)``, ``q = ceil(npairs / n)``: the
+    host launches ``n`` programs only when every one gets a pair (``npairs >= n``). No
+    operand: the caller sizes its SBUF accumulator and writes its HBM output columns by it.
+    """
+    if nl.program_ndim() == 0:
+        nprog, pid = 1, 0
+    else:
+        nprog, pid = nl.num_programs(0), nl.program_id(0)
+    share = (npairs + nprog - 1) // nprog
+    p0 = pid * share
+    return p0, min(npairs, p0 + share)
 
 
 def reciprocal_denominators(negv_sb, b0, dcol_sb, asz, bsz):
@@ -266,14 +285,15 @@ def reciprocal_denominators(negv_sb, b0, dcol_sb, asz, bsz):
 
     Operands: ``negv_sb`` SBUF (128, >= b0+bsz) holding ``-e_b`` (see
     :func:`load_pair_denominators`); ``dcol_sb`` (asz, 1) SBUF view of ``e_i + e_j - e_a``.
-    Preconditions: ``1 <= asz <= 128``, ``bsz >= 1``, every denominator nonzero. ``D`` by
-    ``tensor_scalar(add)`` with the (P, 1) operand (SBUF ``d_sb``), ``R`` by VectorE
-    ``reciprocal`` (no ScalarE approximation); returns SBUF ``r_sb`` (128, bsz), rows ``0:asz``
-    written; 2 instructions.
+    Preconditions: ``1 <= asz <= 128``, ``bsz >= 1``, every denominator nonzero. ``D`` on the
+    ScalarE (``activation(copy)`` with the (P, 1) ``bias``: the identity, no approximated
+    function, one fp32 add; it takes the add off the VectorE), ``R`` by VectorE ``reciprocal``
+    (no ScalarE approximation); returns SBUF ``r_sb`` (128, bsz), rows ``0:asz`` written; 2
+    instructions.
     """
     d_sb = nl.ndarray((TILE_M, bsz), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=d_sb[0:asz, 0:bsz], data=negv_sb[0:asz, b0:b0 + bsz], op0=nl.add,
-                       operand0=dcol_sb)
+    nisa.activation(dst=d_sb[0:asz, 0:bsz], op=nl.copy, data=negv_sb[0:asz, b0:b0 + bsz],
+                    bias=dcol_sb)
     r_sb = nl.ndarray((TILE_M, bsz), dtype=nl.float32, buffer=nl.sbuf)
     nisa.reciprocal(dst=r_sb[0:asz, 0:bsz], data=d_sb[0:asz, 0:bsz])
     return r_sb
@@ -310,14 +330,15 @@ def direct_row(dst_sb, t_blk, negv_sb, b0, dcol_sb, asz, bsz):
 
 def mirror_tile(t_ps, psz, fsz):
     """The transpose of the PSUM tile corner ``t_ps[0:psz, 0:fsz]`` into a new PSUM tile
-    (128, 128), corner ``[0:fsz, 0:psz]``: ``tensor_copy`` PSUM -> SBUF (the TensorE transposes
-    SBUF data only), then ``nc_transpose`` on the TensorE.
+    (128, 128), corner ``[0:fsz, 0:psz]``: the ScalarE evacuates PSUM -> SBUF
+    (``activation(copy)``, the identity: exact; the TensorE transposes SBUF data only, and the
+    VectorE is the epilogue's busiest engine), then ``nc_transpose`` on the TensorE.
 
     Preconditions: ``1 <= psz, fsz <= 128``. Returns ``(t_sb, tt_ps)``: the SBUF copy (128,
     128) and the transposed PSUM tile; 2 instructions.
     """
     t_sb = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=t_sb[0:psz, 0:fsz], src=t_ps[0:psz, 0:fsz])
+    nisa.activation(dst=t_sb[0:psz, 0:fsz], op=nl.copy, data=t_ps[0:psz, 0:fsz])
     tt_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=tt_ps[0:fsz, 0:psz], data=t_sb[0:psz, 0:fsz],
                       engine=nisa.engine.tensor)

@@ -34,6 +34,7 @@ from ._blocks import (
     direct_row,
     load_pair_denominators,
     load_panels,
+    program_pairs,
     tile_pair_sums,
     tile_span,
 )
@@ -71,7 +72,10 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
         direct sum of column p of ``T[tb, w]`` (0 when tb == w); the exchange sum
         ``sum_b T_ab T_ba / D_ab`` over b in tile tb (the host doubles it for tb > w, which
         stands for the mirrored tile pair too). Columns with tb < w and partitions beyond a
-        ragged tile hold 0.
+        ragged tile hold 0. Launched as ``kernel[n]`` (SPMD: trn2's LNC=2 runs the two
+        programs on the two physical cores of a logical NeuronCore), program k computes and
+        writes the columns of its share of the pairs only (``program_pairs``: contiguous pair
+        indices ``pair = i*nj + j``); the programs together write every column.
 
     Preconditions: nv = ``neg_eps_row.shape[1]`` >= 1, ``ceil(nv/128)`` tiles in ``b_i`` and
     ``b_j``; ``nrows = d_col.shape[0]`` with ``1 <= nrows <= nv`` and nrows a
@@ -84,11 +88,12 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Steps
     -----
-    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb`` (window tile w
-       at free offset w*ni*nj; ``load_pair_denominators``); ``memset`` SBUF accumulator
-       ``acc_sb`` to 0.
-    2. When naux is one chunk (<= 24 K tiles): DMA the window's tiles of ``B_i`` (per i) and of
-       ``B_j`` (per pair) -> SBUF panels ``pi_sb``, ``pj_sb`` (``load_panels``).
+    1. This program's pairs ``p0 : p1`` (``program_pairs``; all of them without a grid). DMA
+       ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col[:, p0:p1]`` -> SBUF ``dcol_sb`` (window
+       tile w at free offset w*(p1-p0); ``load_pair_denominators``); ``memset`` SBUF
+       accumulator ``acc_sb`` (the program's columns) to 0.
+    2. When naux is one chunk (<= 24 K tiles): DMA the window's tiles of ``B_i`` (per i met)
+       and of ``B_j`` (per pair) -> SBUF panels ``pi_sb``, ``pj_sb`` (``load_panels``).
     3. Per tile tb: its strips are a slice of the panels (tb in the window) or DMA'd once
        (``si_sb``, ``sj_sb``) for every window tile w <= tb; accumulate in PSUM
        (``accumulate_strips``) ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
@@ -102,7 +107,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
        (``reciprocal_denominators``); ``W = T[w, tb] * R`` and its direct row sums
        (``weighted_row_sums``); the exchange row sums of ``W * tt`` (``row_dot``); for tb > w
        the direct sums of the mirrored tile, ``tt * R * tt`` (D is symmetric in a and b).
-    6. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
+    6. ``dma_copy`` SBUF ``acc_sb`` -> the program's columns of HBM ``partials`` (the only
+       write to HBM).
 
     Per pair, with n_kt = ceil(naux/128) and tile pairs ``n_wt * n_at - n_wt*(n_wt-1)/2``:
     ``n_kt`` matmuls per diagonal and ``2*n_kt`` per off-diagonal tile pair (``n_at^2 * n_kt``
@@ -111,7 +117,6 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
-    ni = b_i.shape[-4]
     nj = b_j.shape[-4]
     nv = neg_eps_row.shape[1]
     nrows = d_col.shape[0]
@@ -121,65 +126,69 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
     ncol = 3 * npairs * n_wt * n_at
+    per_pair = 3 * n_wt * n_at  # accumulator columns of one pair
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
+    p0, p1 = program_pairs(npairs)  # this program's pairs (all of them without a grid)
 
-    # Step 1: denominators' parts and the accumulator (SBUF).
-    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row)
-    acc_sb = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
+    # Step 1: denominators' parts and the accumulator of this program's pairs (SBUF).
+    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row, p0, p1)
+    npp = p1 - p0
+    acc_sb = nl.ndarray((TILE_M, npp * per_pair), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sb[0:TILE_M, 0:npp * per_pair], value=0.0)
 
-    for i in nl.static_range(ni):
-        if n_kc == 1:
+    for pair in nl.static_range(p0, p1):
+        i = pair // nj
+        j = pair - i * nj
+        lp = pair - p0  # the pair's place in this program's accumulator and denominators
+        if n_kc == 1 and (pair == p0 or j == 0):
             # Step 2: the window's tiles of B_i (a panel), resident for every j.
             pi_sb = load_panels(b_i, split, i, 0, n_wt, 0, n_kt)
-        for j in nl.static_range(nj):
-            pair = i * nj + j
-            if n_kc == 1:
-                # Step 2: the window's tiles of B_j (a panel), resident for the pair.
-                pj_sb = load_panels(b_j, split, j, 0, n_wt, 0, n_kt)
-            for tb in nl.static_range(n_at):
-                b0, bsz = tile_span(tb, TILE_M, nv)
-                if n_kc == 1 and tb >= n_wt:
-                    # Step 3: a tile beyond the window, loaded once for every window tile.
-                    si_sb = load_panels(b_i, split, i, tb, 1, 0, n_kt)
-                    sj_sb = load_panels(b_j, split, j, tb, 1, 0, n_kt)
-                for w in nl.static_range(min(tb + 1, n_wt)):
-                    _a0, asz = tile_span(w, TILE_M, nv)
-                    off = tb > w
-                    t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                    t2_ps = t1_ps
-                    if off:
-                        t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
-                    for kc in nl.static_range(n_kc):
-                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                        if n_kc == 1:
-                            ai_sb, aj_sb, wa = pi_sb, pj_sb, w
-                            if tb < n_wt:
-                                si_sb, sj_sb, wb = pi_sb, pj_sb, tb
-                            else:
-                                wb = 0
+        if n_kc == 1:
+            # Step 2: the window's tiles of B_j (a panel), resident for the pair.
+            pj_sb = load_panels(b_j, split, j, 0, n_wt, 0, n_kt)
+        for tb in nl.static_range(n_at):
+            b0, bsz = tile_span(tb, TILE_M, nv)
+            if n_kc == 1 and tb >= n_wt:
+                # Step 3: a tile beyond the window, loaded once for every window tile.
+                si_sb = load_panels(b_i, split, i, tb, 1, 0, n_kt)
+                sj_sb = load_panels(b_j, split, j, tb, 1, 0, n_kt)
+            for w in nl.static_range(min(tb + 1, n_wt)):
+                _a0, asz = tile_span(w, TILE_M, nv)
+                off = tb > w
+                t1_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                t2_ps = t1_ps
+                if off:
+                    t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                for kc in nl.static_range(n_kc):
+                    kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                    if n_kc == 1:
+                        ai_sb, aj_sb, wa = pi_sb, pj_sb, w
+                        if tb < n_wt:
+                            si_sb, sj_sb, wb = pi_sb, pj_sb, tb
                         else:
-                            # Steps 2-3, streamed: both tiles' chunks for every tile pair.
-                            ai_sb = load_panels(b_i, split, i, w, 1, kt0, nkt)
-                            aj_sb = load_panels(b_j, split, j, w, 1, kt0, nkt)
-                            si_sb, sj_sb = ai_sb, aj_sb
-                            if off:
-                                si_sb = load_panels(b_i, split, i, tb, 1, kt0, nkt)
-                                sj_sb = load_panels(b_j, split, j, tb, 1, kt0, nkt)
-                            wa, wb = 0, 0
-                        # T[w, tb] = B_i[:, w]^T B_j[:, tb], and T[tb, w] off the diagonal
-                        accumulate_products(t1_ps, 0, asz, bsz, ai_sb, wa, sj_sb, wb, kt0, nkt,
-                                            split)
+                            wb = 0
+                    else:
+                        # Steps 2-3, streamed: both tiles' chunks for every tile pair.
+                        ai_sb = load_panels(b_i, split, i, w, 1, kt0, nkt)
+                        aj_sb = load_panels(b_j, split, j, w, 1, kt0, nkt)
+                        si_sb, sj_sb = ai_sb, aj_sb
                         if off:
-                            accumulate_products(t2_ps, 0, bsz, asz, si_sb, wb, aj_sb, wa, kt0,
-                                                nkt, split)
-                    # Steps 4-5: the tile pair's direct, mirrored and exchange row sums.
-                    tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off,
-                                   3 * ((pair * n_wt + w) * n_at + tb), w * npairs + pair, b0,
-                                   asz, bsz)
+                            si_sb = load_panels(b_i, split, i, tb, 1, kt0, nkt)
+                            sj_sb = load_panels(b_j, split, j, tb, 1, kt0, nkt)
+                        wa, wb = 0, 0
+                    # T[w, tb] = B_i[:, w]^T B_j[:, tb], and T[tb, w] off the diagonal
+                    accumulate_products(t1_ps, 0, asz, bsz, ai_sb, wa, sj_sb, wb, kt0, nkt,
+                                        split)
+                    if off:
+                        accumulate_products(t2_ps, 0, bsz, asz, si_sb, wb, aj_sb, wa, kt0,
+                                            nkt, split)
+                # Steps 4-5: the tile pair's direct, mirrored and exchange row sums.
+                tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off,
+                               3 * ((lp * n_wt + w) * n_at + tb), w * npp + lp, b0, asz, bsz)
 
-    # Step 6: the partial sums are the only data written back to HBM.
-    nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
+    # Step 6: the partial sums are the only data written back to HBM (this program's columns).
+    nisa.dma_copy(dst=partials[0:TILE_M, p0 * per_pair:p1 * per_pair],
+                  src=acc_sb[0:TILE_M, 0:npp * per_pair])
     return partials
 
 
@@ -204,7 +213,9 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     partials : shared HBM float32 (128, ni * nj * n_at * n_bc)
         n_at = ceil(nva/128), n_bc = ceil(nvb/512). Column ``(pair * n_at + ta) * n_bc + bc``
         holds, on partition p, the direct sum of row ``a = ta*128 + p`` of pair ``pair = i*nj +
-        j`` over the columns b of chunk bc. Partitions beyond a ragged a tile hold 0.
+        j`` over the columns b of chunk bc. Partitions beyond a ragged a tile hold 0. As
+        ``kernel[n]``, each program computes and writes the columns of its share of the pairs
+        (``program_pairs``).
 
     Preconditions: nva = ``d_col.shape[0]`` >= 1, nvb = ``neg_eps_row.shape[1]`` >= 1, the
     tiles of ``b_i`` and ``b_j`` covering them; every ``D_ab``
@@ -215,10 +226,11 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Steps
     -----
-    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col`` -> SBUF ``dcol_sb``
+    1. This program's pairs ``p0 : p1`` (``program_pairs``; all without a grid). DMA
+       ``neg_eps_row`` -> SBUF ``negv_sb`` and ``d_col[:, p0:p1]`` -> SBUF ``dcol_sb``
        (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
-    2. When naux is one chunk (<= 24 K tiles): per i, DMA the window's tiles of ``B_i`` (the
-       panel) -> SBUF ``pi_sb`` (``load_panels``), resident for every j.
+    2. When naux is one chunk (<= 24 K tiles): per i met, DMA the window's tiles of ``B_i``
+       (the panel) -> SBUF ``pi_sb`` (``load_panels``), resident for every j.
     3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, then for each
        a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the panel
        (``accumulate_strips``). With more chunks, both panel chunks are loaded for every tile
@@ -226,14 +238,14 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (``tensor_scalar`` and
        VectorE ``reciprocal``), ``W = T * R``, the row sums of ``W * T`` into the column of
        ``acc_sb``.
-    5. ``dma_copy`` SBUF ``acc_sb`` -> HBM ``partials`` (the only write to HBM).
+    5. ``dma_copy`` SBUF ``acc_sb`` -> the program's columns of HBM ``partials`` (the only
+       write to HBM).
 
     Per pair: ``n_at * n_bc * ceil(naux/128)`` matmuls and no transposes; the instruction count
     is ``nki_ops._energy_instructions``.
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
-    ni = b_i.shape[-4]
     nj = b_j.shape[-4]
     nva = d_col.shape[0]
     nvb = neg_eps_row.shape[1]
@@ -245,47 +257,52 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
     ncol = npairs * n_at * n_bc
+    per_pair = n_at * n_bc  # accumulator columns of one pair
     partials = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
+    p0, p1 = program_pairs(npairs)  # this program's pairs (all of them without a grid)
 
-    # Step 1: denominators' parts and the accumulator (SBUF).
-    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row)
-    acc_sb = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
+    # Step 1: denominators' parts and the accumulator of this program's pairs (SBUF).
+    negv_sb, dcol_sb = load_pair_denominators(d_col, neg_eps_row, p0, p1)
+    npp = p1 - p0
+    acc_sb = nl.ndarray((TILE_M, npp * per_pair), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc_sb[0:TILE_M, 0:npp * per_pair], value=0.0)
 
-    for i in nl.static_range(ni):
-        if n_kc == 1:
+    for pair in nl.static_range(p0, p1):
+        i = pair // nj
+        j = pair - i * nj
+        lp = pair - p0  # the pair's place in this program's accumulator and denominators
+        if n_kc == 1 and (pair == p0 or j == 0):
             # Step 2: the window's tiles of B_i (the panel), resident for every j.
             pi_sb = load_panels(b_i, split, i, 0, n_at, 0, n_kt)
-        for j in nl.static_range(nj):
-            pair = i * nj + j
-            for bc in nl.static_range(n_bc):
-                bt0, nbt = tile_span(bc, chunk_tiles, n_bt)
-                b0, bsz = tile_span(bc, TILE_N, nvb)
-                if n_kc == 1:
-                    # Step 3: the b chunk's tiles, loaded once for every a tile.
-                    sj_sb = load_panels(b_j, split, j, bt0, nbt, 0, n_kt)
-                for ta in nl.static_range(n_at):
-                    _a0, asz = tile_span(ta, TILE_M, nva)
-                    t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
-                    for kc in nl.static_range(n_kc):
-                        kt0, nkt = tile_span(kc, kc_tiles, n_kt)
-                        if n_kc == 1:
-                            ai_sb, wa = pi_sb, ta
-                        else:
-                            # Steps 2-3, streamed: both chunks loaded for every tile.
-                            ai_sb = load_panels(b_i, split, i, ta, 1, kt0, nkt)
-                            sj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
-                            wa = 0
-                        for u in nl.static_range(nbt):
-                            c0, csz = tile_span(u, TILE_M, bsz)
-                            accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, sj_sb, u, kt0,
-                                                nkt, split)
-                    # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
-                    c_dcol = ta * npairs + pair
-                    col = (pair * n_at + ta) * n_bc + bc
-                    direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
-                               dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
+        for bc in nl.static_range(n_bc):
+            bt0, nbt = tile_span(bc, chunk_tiles, n_bt)
+            b0, bsz = tile_span(bc, TILE_N, nvb)
+            if n_kc == 1:
+                # Step 3: the b chunk's tiles, loaded once for every a tile.
+                sj_sb = load_panels(b_j, split, j, bt0, nbt, 0, n_kt)
+            for ta in nl.static_range(n_at):
+                _a0, asz = tile_span(ta, TILE_M, nva)
+                t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                for kc in nl.static_range(n_kc):
+                    kt0, nkt = tile_span(kc, kc_tiles, n_kt)
+                    if n_kc == 1:
+                        ai_sb, wa = pi_sb, ta
+                    else:
+                        # Steps 2-3, streamed: both chunks loaded for every tile.
+                        ai_sb = load_panels(b_i, split, i, ta, 1, kt0, nkt)
+                        sj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
+                        wa = 0
+                    for u in nl.static_range(nbt):
+                        c0, csz = tile_span(u, TILE_M, bsz)
+                        accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, sj_sb, u, kt0,
+                                            nkt, split)
+                # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
+                c_dcol = ta * npp + lp
+                col = (lp * n_at + ta) * n_bc + bc
+                direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
+                           dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
 
-    # Step 5: the partial sums are the only data written back to HBM.
-    nisa.dma_copy(dst=partials[0:TILE_M, 0:ncol], src=acc_sb[0:TILE_M, 0:ncol])
+    # Step 5: the partial sums are the only data written back to HBM (this program's columns).
+    nisa.dma_copy(dst=partials[0:TILE_M, p0 * per_pair:p1 * per_pair],
+                  src=acc_sb[0:TILE_M, 0:npp * per_pair])
     return partials

@@ -46,7 +46,7 @@ __all__ = [
 
 #: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
 MAX_MATMULS_PER_CALL = 2048
-#: Upper bound on the occupied pairs of one fused-energy launch.
+#: Upper bound on the occupied pairs of one SPMD program of a fused-energy launch.
 MAX_PAIRS_PER_CALL = 64
 #: Upper bound on the nki.isa instructions of one fused-energy launch (bounds the trace).
 MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
@@ -80,6 +80,15 @@ def _out(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(array, dtype=np.float64)).to(like.device)
 
 
+def _device(mode: str, device: nki_runtime.NkiDevice | None) -> nki_runtime.NkiDevice:
+    """The run's device, or a fresh one for one op call."""
+    if device is None:
+        return nki_runtime.NkiDevice(mode)
+    if device.mode != mode:
+        raise InputError(f"an NKI device in {device.mode} mode was passed with mode={mode!r}")
+    return device
+
+
 def _require_2d(name: str, tensor) -> None:
     if tensor.ndim != 2:
         raise InputError(f"{name} must be 2-D, got shape {tuple(tensor.shape)}")
@@ -98,9 +107,11 @@ def _gemm_shapes(a, b, trans_a, trans_b) -> tuple[int, int, int]:
 
 
 # -- gemm -------------------------------------------------------------------------------------
-def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
+def _gemm_f32(a_km, b_kn, device: nki_runtime.NkiDevice) -> np.ndarray:
     """``a_km.T @ b_kn`` by the gemm kernel in launches of bounded trace; float64 result.
 
+    ``a_km`` (k, m) and ``b_kn`` (k, n): float32 NumPy arrays (each launch uploads its slices)
+    or :class:`~dfmp2.linalg.nki_runtime.DeviceArray` (on the device already, sliced there).
     Chunks are whole tiles (K by 128, M by 128, N by 512), so the total matmul count equals
     ceil(M/128) * ceil(N/512) * ceil(K/128) however the work is split.
     """
@@ -109,7 +120,7 @@ def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
     c_mn = np.zeros((m, n), dtype=np.float64)
     if m == 0 or n == 0 or k == 0:
         return c_mn
-    nki_runtime.prepare(mode)
+    nki_runtime.prepare(device.mode)
     kernel = nki_runtime.load_kernel("gemm", "gemm_kernel")
     for k0 in range(0, k, GEMM_MAX_K):
         k1 = min(k, k0 + GEMM_MAX_K)
@@ -121,26 +132,45 @@ def _gemm_f32(a_km: np.ndarray, b_kn: np.ndarray, mode: str) -> np.ndarray:
         nt_call = max(1, min(ceil_div(n, TILE_N), MAX_MATMULS_PER_CALL // (n_kt * mt_call)))
         for m0 in range(0, m, mt_call * TILE_M):
             m1 = min(m, m0 + mt_call * TILE_M)
-            a_part = np.ascontiguousarray(a_km[k0:k1, m0:m1])
+            a_part = _part(a_km, (slice(k0, k1), slice(m0, m1)))
             for n0 in range(0, n, nt_call * TILE_N):
                 n1 = min(n, n0 + nt_call * TILE_N)
-                b_part = np.ascontiguousarray(b_kn[k0:k1, n0:n1])
-                (c_part,) = nki_runtime.run_kernel(kernel, (a_part, b_part), mode)
+                b_part = _part(b_kn, (slice(k0, k1), slice(n0, n1)))
+                (c_part,) = device.launch(kernel, (a_part, b_part))
                 c_mn[m0:m1, n0:n1] += c_part
     return c_mn
 
 
+def _part(array, index):
+    """A launch operand: a device-side slice, or a contiguous host copy (uploaded)."""
+    if isinstance(array, nki_runtime.DeviceArray):
+        return array.take(index)
+    return np.ascontiguousarray(array[index])
+
+
+def _operand(tensor: torch.Tensor, transpose: bool, device: nki_runtime.NkiDevice):
+    """The float32 kernel layout of ``tensor`` (``tensor.T`` with ``transpose``): kept on the
+    device when the run placed it there (:meth:`NkiDevice.kept`), else a host array."""
+    kept = device.kept(tensor, transpose, lambda: _f32(tensor.T if transpose else tensor))
+    return kept if kept is not None else _f32(tensor.T if transpose else tensor)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
-         out: torch.Tensor | None = None, *, mode: str) -> torch.Tensor:
+         out: torch.Tensor | None = None, *, mode: str,
+         device: nki_runtime.NkiDevice | None = None) -> torch.Tensor:
     """``op(a) @ op(b)`` on the NKI gemm kernel (fp32 operands, fp32 PSUM accumulation).
 
     a : (m, k), or (k, m) with ``trans_a``; b : (k, n), or (n, k) with ``trans_b``.
-    Returns (m, n) float64 on ``a``'s device, copied into ``out`` when given.
+    Returns (m, n) float64 on ``a``'s device, copied into ``out`` when given. ``device``: the
+    run's :class:`~dfmp2.linalg.nki_runtime.NkiDevice` (operands the run keeps on it, such as
+    the fit's ``L^{-T}`` and the transform's coefficients, are uploaded once); None, a fresh
+    one for this call.
     """
     _gemm_shapes(a, b, trans_a, trans_b)
-    a_km = _f32(a if trans_a else a.T)  # the kernel takes A transposed: K on partitions
-    b_kn = _f32(b.T if trans_b else b)
-    result = _out(_gemm_f32(a_km, b_kn, mode), a)
+    device = _device(mode, device)
+    a_km = _operand(a, not trans_a, device)  # the kernel takes A transposed: K on partitions
+    b_kn = _operand(b, trans_b, device)
+    result = _out(_gemm_f32(a_km, b_kn, device), a)
     return result if out is None else out.copy_(result)
 
 
@@ -169,7 +199,8 @@ def _trtri(l_bb: np.ndarray) -> np.ndarray:
     return torch.linalg.solve_triangular(torch.from_numpy(l_bb), eye, upper=False).numpy()
 
 
-def cholesky(a_nn: torch.Tensor, *, mode: str) -> torch.Tensor:
+def cholesky(a_nn: torch.Tensor, *, mode: str,
+             device: nki_runtime.NkiDevice | None = None) -> torch.Tensor:
     """Lower Cholesky factor ``l`` (``a = l @ l.T``) by right-looking blocks of 128.
 
     Per block J: the host factors ``A_JJ`` (potrf) and inverts ``L_JJ`` (trtri) in fp64; one
@@ -182,6 +213,7 @@ def cholesky(a_nn: torch.Tensor, *, mode: str) -> torch.Tensor:
     n = int(a_nn.shape[0])
     if a_nn.shape[1] != n:
         raise InputError(f"cholesky needs a square matrix, got shape {tuple(a_nn.shape)}")
+    device = _device(mode, device)
     work = _f64(a_nn).copy()
     l_nn = np.zeros((n, n), dtype=np.float64)
     kernel = None
@@ -195,9 +227,8 @@ def cholesky(a_nn: torch.Tensor, *, mode: str) -> torch.Tensor:
             nki_runtime.prepare(mode)
             kernel = nki_runtime.load_kernel("trsm", "cholesky_step_kernel")
         linv_t = _f32(_trtri(l_jj).T)
-        l_col_t, a_next = nki_runtime.run_kernel(
-            kernel, (linv_t, _f32(work[j1:, j0:j1].T), _f32(work[j1:, j1:])), mode
-        )
+        l_col_t, a_next = device.launch(
+            kernel, (linv_t, _f32(work[j1:, j0:j1].T), _f32(work[j1:, j1:])))
         l_nn[j1:, j0:j1] = l_col_t.T
         work[j1:, j1:] = a_next
     return _out(l_nn, a_nn)
@@ -212,7 +243,8 @@ def _cholesky_supports(a_nn) -> str | None:
     return None
 
 
-def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
+def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str,
+         device: nki_runtime.NkiDevice | None = None) -> torch.Tensor:
     """``x = b @ l^{-T}`` (``x @ l.T = b``) by blocked forward substitution on ``X^T = L^{-1} B^T``.
 
     Per block row J of 128: the host inverts ``L_JJ`` in fp64; the first block is one gemm
@@ -228,6 +260,7 @@ def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
         raise InputError(
             f"trsm needs l (n, n) and b (m, n), got l {tuple(l_nn.shape)} and b {tuple(b_mn.shape)}"
         )
+    device = _device(mode, device)
     l64 = _f64(l_nn)
     diagonal = np.diagonal(l64)
     if n and np.any(diagonal == 0.0):
@@ -250,10 +283,10 @@ def trsm(l_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
             c1 = min(m, c0 + cols)
             rhs_t = np.ascontiguousarray(b_t[j0:j1, c0:c1])
             if j0 == 0:
-                (x_part,) = nki_runtime.run_kernel(first, (linv_t, rhs_t), mode)
+                (x_part,) = device.launch(first, (linv_t, rhs_t))
             else:
                 x_prev = np.ascontiguousarray(x_t[:j0, c0:c1])
-                (x_part,) = nki_runtime.run_kernel(step, (linv_t, panel_t, x_prev, rhs_t), mode)
+                (x_part,) = device.launch(step, (linv_t, panel_t, x_prev, rhs_t))
             x_t[j0:j1, c0:c1] = x_part
     return _out(x_t.T, b_mn)
 
@@ -267,13 +300,16 @@ def _trsm_supports(l_nn, b_mn) -> str | None:
     return None
 
 
-def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str) -> torch.Tensor:
+def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor, *, mode: str,
+         device: nki_runtime.NkiDevice | None = None) -> torch.Tensor:
     """``b_mn <- b_mn @ u_nn`` in place (u_nn upper triangular): the column blocks of
-    :func:`dfmp2.linalg.torch_ops.upper_product_in_place`, each one gemm-kernel product."""
+    :func:`dfmp2.linalg.torch_ops.upper_product_in_place`, each one gemm-kernel product (the
+    blocks of ``u_nn`` stay on the device when the run keeps ``u_nn`` there)."""
     _require_2d("u_nn", u_nn)
     _require_2d("b_mn", b_mn)
+    device = _device(mode, device)
     return torch_ops.upper_product_in_place(
-        b_mn, u_nn, lambda a, b, out: gemm(a, b, out=out, mode=mode))
+        b_mn, u_nn, lambda a, b, out: gemm(a, b, out=out, mode=mode, device=device))
 
 
 def _trmm_supports(u_nn, b_mn) -> str | None:
@@ -329,9 +365,12 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
 
 
 def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
-                         exchange: bool, split: bool = False) -> int:
+                         exchange: bool, split: bool = False, programs: int = 1,
+                         program: int = 0) -> int:
     """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
-    window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`).
+    window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`),
+    issued by SPMD program ``program`` of ``programs`` (its share of the pairs,
+    :func:`_program_share`; B_i's panel once for every i its pairs meet).
 
     Per launch ``3 + n_wt`` (denominators, memset, store); with naux one chunk, B_i's panel
     once per i. Every panel is one DMA (two when
@@ -363,27 +402,39 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
             per_i = ld
         else:
             per_pair = n_wt * n_bc * (ld * 2 * n_kc + 5) + matmuls
-    return 3 + n_wt + ni * nj * per_pair + ni * per_i
+    p0, p1 = _program_share(ni * nj, programs, program)
+    rows_i = (p1 - 1) // nj - p0 // nj + 1 if p1 > p0 else 0  # B_i panels: one per i met
+    return 3 + n_wt + (p1 - p0) * per_pair + rows_i * per_i
+
+
+def _program_share(npairs: int, programs: int, program: int) -> tuple[int, int]:
+    """``(p0, p1)``: the pairs of SPMD program ``program`` of ``programs`` in one launch, as the
+    kernels split them (``dfmp2.kernels._blocks.program_pairs``)."""
+    share = ceil_div(npairs, programs)
+    p0 = min(npairs, program * share)
+    return p0, min(npairs, p0 + share)
 
 
 def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
-                        split: bool = False) -> tuple[int, int]:
+                        split: bool = False, programs: int = 1) -> tuple[int, int]:
     """``(pairs, window)``: occupied pairs per launch and a tiles per window, so that every
-    launch stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` and ``ENERGY_SBUF_BUDGET``.
+    SPMD program of a launch of ``programs`` stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL``
+    and ``ENERGY_SBUF_BUDGET`` (each runs on its own core, with its own SBUF).
 
     The widest window that fits one pair (all a tiles when they fit: the fewest strip loads;
     checked at the first window, the largest, which meets the most later tiles), then as many
-    pairs per launch as fit with it, at most ``MAX_PAIRS_PER_CALL`` (fewer launches, less
-    dispatch). ``window == 0`` when even one pair and one a tile exceed a bound
+    pairs per launch as fit with it, at most ``MAX_PAIRS_PER_CALL`` per program (fewer
+    launches, less dispatch). ``window == 0`` when even one pair and one a tile exceed a bound
     (``_energy_supports`` names it).
     """
     n_at = ceil_div(nva, TILE_M)
 
-    def fits(pairs, window):  # any chunk of ci x cj <= pairs: at most `pairs` i and pairs
+    def fits(pairs, window):  # a program's share of any chunk of ci x cj <= pairs
+        share = ceil_div(pairs, programs)  # at most `share` pairs, each maybe a new i
         rows = min(nva, window * TILE_M)
-        return (_energy_instructions(pairs, 1, nva, nvb, naux, window, exchange, split)
+        return (_energy_instructions(share, 1, nva, nvb, naux, window, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
-                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, pairs, window,
+                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, share, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
 
     window = n_at
@@ -392,7 +443,7 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
     if window == 0:
         return 1, 0
     pairs = 1
-    while pairs < MAX_PAIRS_PER_CALL and fits(pairs + 1, window):
+    while pairs < MAX_PAIRS_PER_CALL * programs and fits(pairs + 1, window):
         pairs += 1
     return pairs, window
 
@@ -446,27 +497,124 @@ def _tile_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
     return out if split else out[0]
 
 
-def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
+class DeviceBlock:
+    """Occupied orbitals ``i0 : i1`` of a :class:`ResidentB`: the operand ``mp2_pair_sums``
+    takes in place of a host block ``(n, nvir, naux)`` when B is on the device.
+
+    ``shape``/``ndim`` as the host block's; :meth:`host` reads the host block (for a fallback
+    to another backend)."""
+
+    def __init__(self, resident: ResidentB, i0: int, i1: int) -> None:
+        self.resident, self.i0, self.i1 = resident, i0, i1
+        self.shape = (i1 - i0, resident.nvir, resident.naux)
+        self.ndim = 3
+
+    def host(self) -> torch.Tensor:
+        return self.resident.store.read_b(self.i0, self.i1)
+
+    def tiles(self, rows: slice, tiles: slice, split: bool):
+        """Device-side slice ``[..., i0 + rows, tiles, :, :]`` of the tile-major B."""
+        if split != self.resident.split:
+            raise InputError("mp2_pair_sums: B was placed on the device for "
+                             f"{'bf16x3' if self.resident.split else 'fp32'} products")
+        start = self.i0 + rows.start
+        index = (Ellipsis, slice(start, start + rows.stop - rows.start), tiles,
+                 slice(None), slice(None))
+        return self.resident.array.take(index)
+
+
+class ResidentB:
+    """The fitted B of one store in device memory for the pair stage: tile-major
+    (``_tile_major``; ``(2, ...)`` for bf16x3), uploaded once, in occupied chunks of at most
+    ``upload_mb`` so the host never holds more than one chunk's layout.
+
+    store : has ``nocc`` and ``read_b(i0, i1) -> (n, nvir, naux)``. ``read_b`` here returns a
+    :class:`DeviceBlock`."""
+
+    def __init__(self, store, device: nki_runtime.NkiDevice, split: bool,
+                 upload_mb: float = 256.0) -> None:
+        self.store, self.split = store, split
+        self.nocc = int(store.nocc)
+        _n, self.nvir, self.naux = (int(x) for x in store.read_b(0, 1).shape)
+        shape = _tile_major_shape(self.nocc, self.nvir, self.naux, split)
+        self.array = device.allocate(shape)
+        per_orbital = int(np.prod(shape)) * FP32_BYTES // max(1, self.nocc)
+        step = max(1, int(upload_mb * 1e6) // max(1, per_orbital))
+        for i0 in range(0, self.nocc, step):
+            i1 = min(self.nocc, i0 + step)
+            index = (slice(None),) * (2 if split else 1) + (slice(i0, i1),)
+            device.write(self.array, index, _tile_major(store.read_b(i0, i1), split))
+
+    def read_b(self, i0: int, i1: int) -> DeviceBlock:
+        return DeviceBlock(self, i0, i1)
+
+
+def _tile_major_shape(n: int, nv: int, naux: int, split: bool) -> tuple[int, ...]:
+    shape = (TILE_K, n, ceil_div(nv, TILE_M), ceil_div(naux, TILE_K), TILE_M)
+    return (2,) + shape if split else shape
+
+
+def resident_b_bytes(nocc: int, nvir: int, naux: int, products: str = "fp32") -> int:
+    """Device bytes of one store's B as :class:`ResidentB` holds it."""
+    return int(np.prod(_tile_major_shape(nocc, nvir, naux, products == "bf16x3"))) * FP32_BYTES
+
+
+def place_b(stores, device: nki_runtime.NkiDevice, products: str = "fp32"):
+    """``(stores, None)`` with each store's B placed on the device (:class:`ResidentB`; None
+    stays None) when all of them fit ``device.resident_budget``; else ``(stores, why not)``
+    unchanged (each block is then uploaded by the launches that use it)."""
+    present = [st for st in stores if st is not None and int(st.nocc) > 0]
+    sizes = []
+    for st in present:
+        _n, nvir, naux = (int(x) for x in st.read_b(0, 1).shape)
+        sizes.append(resident_b_bytes(int(st.nocc), nvir, naux, products))
+    total = sum(sizes) + device.ledger.resident_bytes
+    if total > device.resident_budget:
+        return stores, (f"B takes {total / 2**30:.2f} GiB on the device, over the "
+                        f"{device.resident_budget / 2**30:.2f} GiB kept for resident operands; "
+                        "each block is uploaded by its launches")
+    split = products == "bf16x3"
+    return [st if st is None or int(st.nocc) == 0 else ResidentB(st, device, split)
+            for st in stores], None
+
+
+class _HostB:
+    """A host block laid out tile-major once per op call; its launch slices are uploaded by
+    each launch (the ledger counts them)."""
+
+    def __init__(self, ovl: torch.Tensor, split: bool) -> None:
+        self.array = _tile_major(ovl, split)
+
+    def tiles(self, rows: slice, tiles: slice, split: bool) -> np.ndarray:
+        return np.ascontiguousarray(self.array[..., rows, tiles, :, :])
+
+
+def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
                   weights: torch.Tensor, exchange: bool, *, products: str = "fp32",
-                  mode: str) -> torch.Tensor:
+                  mode: str, device: nki_runtime.NkiDevice | None = None) -> torch.Tensor:
     """Weighted pair sums ``[direct, exchange]`` of a block of occupied pairs on the fused
     kernels (the contract of :func:`dfmp2.linalg.torch_ops.mp2_pair_sums`).
 
     ``products``: ``"fp32"`` (float32 products) or ``"bf16x3"`` (B split on the host into
     bfloat16 high and low parts, ``T = hi*hi + hi*lo + lo*hi`` in float32 PSUM: three bfloat16
-    matmuls, each a quarter of a float32 one on the TensorE).
+    matmuls, each a quarter of a float32 one on the TensorE). ``device``: the run's
+    :class:`~dfmp2.linalg.nki_runtime.NkiDevice` (its mode must be ``mode``); None, a fresh one
+    for this call.
 
-    ovL_i : (ni, nva, naux); ovL_j : (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
-    eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs one virtual space. Returns
-    float64 ``[sum_ij w_ij sum_ab T_ab^2/D, sum_ij w_ij sum_ab T_ab T_ba/D]`` (the second 0.0
-    without exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else the
-    ``mp2_pair_direct_kernel``. The (ia|jb) GEMM and the reduction to per-partition partial
+    ovL_i : (ni, nva, naux) host tensor, or a :class:`DeviceBlock` of B already on the device
+    (:func:`place_b`); ovL_j : (nj, nvb, naux) likewise; eps_i (ni,), eps_j (nj,), eps_va
+    (nva,), eps_vb (nvb,); weights (ni, nj) float64; ``exchange`` needs one virtual space.
+    Returns float64 ``[sum_ij w_ij sum_ab T_ab^2/D, sum_ij w_ij sum_ab T_ab T_ba/D]`` (the
+    second 0.0 without exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else
+    the ``mp2_pair_direct_kernel``. The (ia|jb) GEMM and the reduction to per-partition partial
     sums run in fp32 on the device; the host adds the partial sums and applies the weights in
     fp64. Launches (``_energy_launch_plan``): chunks of pairs (square chunks when the weights
-    are upper triangular) and, when one pair is too large for a launch, windows of a tiles; a
-    chunk whose weights are all 0 is not launched, and pairs of weight 0 inside a launched chunk
-    add nothing. Any nvir and naux run; raises :class:`InputError` on inconsistent shapes.
+    are upper triangular), each split over the device's SPMD programs (``kernel[2]`` on trn2)
+    and the chunks spread over its NeuronCores (trn1: two), and, when one pair is too large for
+    a launch, windows of a tiles; a chunk whose weights are all 0 is not launched, and pairs of
+    weight 0 inside a launched chunk add nothing. Any nvir and naux run; raises
+    :class:`InputError` on inconsistent shapes.
     """
     ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
         ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
@@ -477,16 +625,20 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     split = products == "bf16x3"
     if exchange and not _one_virtual_space(eps_va, eps_vb):
         raise InputError(f"mp2_pair_sums: {_TWO_SPACES}")
+    device = _device(mode, device)
     w_ij = _f64(weights)
     direct = ex = 0.0
     if ni == 0 or nj == 0 or nva == 0 or nvb == 0 or naux == 0 or not w_ij.any():
-        return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
-    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange, split)
+        return torch.tensor([direct, ex], dtype=torch.float64, device=_torch_device(eps_i))
+    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange, split, device.lnc)
     if window == 0:
         raise InputError(
             f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange, split)}")
-    b_i = _tile_major(ovL_i, split)  # ([2,] 128, ni, nva tiles, n_kt, 128)
-    b_j = b_i if ovL_j is ovL_i else _tile_major(ovL_j, split)  # a diagonal block: one layout
+    src_i = ovL_i if isinstance(ovL_i, DeviceBlock) else _HostB(ovL_i, split)
+    if ovL_j is ovL_i:
+        src_j = src_i  # a diagonal block: one layout
+    else:
+        src_j = ovL_j if isinstance(ovL_j, DeviceBlock) else _HostB(ovL_j, split)
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
@@ -502,6 +654,9 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
             if not weight.any():
                 continue  # e.g. a chunk below the diagonal of a diagonal block
             d_pair = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1)
+            npairs = weight.size
+            grid = device.lnc if npairs >= device.lnc else 1
+            core = device.ledger.launches % device.cores  # launches take the cores in turn
             direct_ij = np.zeros(weight.shape)
             ex_ij = np.zeros(weight.shape)
             for w0 in range(0, n_at, window):
@@ -513,18 +668,25 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                 else:  # the window's rows against all of the j side's columns
                     tiles_i, tiles_j, nv_rest = slice(w0, w0 + n_wt), slice(None), a1 - a0
                     neg_row = neg_eps_row
-                args = (np.ascontiguousarray(b_i[..., i0:i1, tiles_i, :, :]),
-                        np.ascontiguousarray(b_j[..., j0:j1, tiles_j, :, :]),
+                args = (src_i.tiles(slice(i0, i1), tiles_i, split),
+                        src_j.tiles(slice(j0, j1), tiles_j, split),
                         _f32(d_pair - e_a[a0:a1, None]), neg_row)
-                (partials,) = nki_runtime.run_kernel(kernel, args, mode)
+                (partials,) = device.launch(kernel, args, grid=grid, core=core)
                 d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,
                                               exchange)
                 direct_ij += d_part
                 ex_ij += x_part
+            for program in range(grid):
+                p0, p1 = _program_share(npairs, grid, program)
+                device.ledger.program_pairs[core * device.lnc + program] += p1 - p0
             used = weight != 0.0  # a skipped pair adds nothing, even a non-finite one
             direct += float((weight[used] * direct_ij[used]).sum())
             ex += float((weight[used] * ex_ij[used]).sum())
-    return torch.tensor([direct, ex], dtype=torch.float64, device=ovL_i.device)
+    return torch.tensor([direct, ex], dtype=torch.float64, device=_torch_device(eps_i))
+
+
+def _torch_device(tensor: torch.Tensor):
+    return tensor.device if isinstance(tensor, torch.Tensor) else "cpu"
 
 
 def _energy_supports_shape(nva: int, nvb: int, naux: int, exchange: bool,

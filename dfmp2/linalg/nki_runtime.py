@@ -19,12 +19,24 @@ import importlib
 import importlib.util
 import re
 import sys
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..errors import BackendUnavailableError, InputError
 
-__all__ = ["MODES", "MIN_NKI_VERSION", "probe", "prepare", "load_kernel", "run_kernel"]
+__all__ = [
+    "MODES",
+    "MIN_NKI_VERSION",
+    "TARGETS",
+    "DeviceArray",
+    "Ledger",
+    "NkiDevice",
+    "probe",
+    "prepare",
+    "load_kernel",
+    "run_kernel",
+]
 
 MODES = ("hardware", "simulator", "emulator")
 MIN_NKI_VERSION = (0, 3, 0)
@@ -151,39 +163,231 @@ def load_kernel(module_name: str, kernel_name: str):
 
 
 def run_kernel(kernel, arrays: tuple[np.ndarray, ...], mode: str) -> tuple[np.ndarray, ...]:
-    """Launch ``kernel`` on C-contiguous float32 arrays in ``mode``; return its outputs as a
-    tuple of float32 NumPy arrays (a single output becomes a 1-tuple)."""
-    for index, array in enumerate(arrays):
-        if array.dtype != np.float32 or not array.flags.c_contiguous:
-            raise InputError(
-                f"kernel argument {index} must be C-contiguous float32, got {array.dtype} "
-                f"(contiguous={array.flags.c_contiguous})"
-            )
-    if mode == "emulator":
-        result = kernel(*arrays)
-    elif mode == "simulator":
-        nki = importlib.import_module("nki")
-        result = nki.simulate(kernel)(*arrays)
-    elif mode == "hardware":
-        result = _run_on_xla(kernel, arrays)
-    else:
-        raise InputError(f"unknown NKI execution mode {mode!r}; expected one of {', '.join(MODES)}")
-    outputs = result if isinstance(result, tuple) else (result,)
-    return tuple(np.asarray(out, dtype=np.float32) for out in outputs)
+    """Launch ``kernel`` once on C-contiguous float32 arrays in ``mode`` (a fresh
+    :class:`NkiDevice`, so every array is uploaded); return its outputs as float32 arrays."""
+    return NkiDevice(mode).launch(kernel, arrays)
 
 
-def _run_on_xla(kernel, arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """Hardware launch: torch tensors on the XLA device in, NumPy arrays out (untested here)."""
-    import torch
-    import torch_xla
+#: Per target: ``lnc``, the SPMD programs of one launch (trn2 runs LNC=2: a logical NeuronCore
+#: spans two physical cores, told apart by ``nl.program_id``; trn1 has LNC=1), ``cores``, the
+#: NeuronCores the host spreads launches over (trn1: the chip's two cores, one launch each;
+#: trn2: the one logical core), and ``hbm_bytes``, the device memory of those cores (trn1: 32
+#: GiB per chip, 16 per core; trn2: 96 GiB per chip of 8 physical cores, 24 per logical core).
+TARGETS = {
+    "trn1": {"lnc": 1, "cores": 2, "hbm_bytes": 32 * 1024**3},
+    "trn2": {"lnc": 2, "cores": 1, "hbm_bytes": 24 * 1024**3},
+}
+#: Share of the cores' device memory that operands kept resident for a run may take (the rest
+#: holds the compiled kernels, launch inputs and outputs).
+RESIDENT_FRACTION = 0.5
 
-    if hasattr(torch_xla, "device"):
-        device = torch_xla.device()
-    else:  # older torch-xla
-        import torch_xla.core.xla_model as xm
 
-        device = xm.xla_device()
-    args = tuple(torch.from_numpy(array).to(device) for array in arrays)
-    result = kernel(*args)
-    outputs = result if isinstance(result, tuple) else (result,)
-    return tuple(out.cpu().numpy() for out in outputs)
+@dataclass
+class Ledger:
+    """What one run moved between host and device, and what it launched.
+
+    uploaded_bytes / downloaded_bytes : host -> device and device -> host bytes (float32 data as
+    launched; in emulator and simulator modes, what hardware would move). resident_bytes :
+    bytes of the operands placed on the device once for the run (a part of uploaded_bytes).
+    launches : kernel launches; programs : SPMD programs over all launches; core_launches :
+    launches per NeuronCore; program_pairs : occupied pairs of the fused energy kernels per
+    (core, program) slot, in order ``core * lnc + program`` (the balance of the pair work).
+    """
+
+    uploaded_bytes: int = 0
+    downloaded_bytes: int = 0
+    resident_bytes: int = 0
+    launches: int = 0
+    programs: int = 0
+    core_launches: list[int] = field(default_factory=list)
+    program_pairs: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class DeviceArray:
+    """A float32 array in device memory (a torch tensor on the XLA device in hardware mode;
+    the NumPy array itself in emulator and simulator modes, whose "device" is host memory).
+
+    Made by :meth:`NkiDevice.upload` or :meth:`NkiDevice.allocate`; :meth:`take` slices it on
+    the device (no host transfer)."""
+
+    def __init__(self, data, shape: tuple[int, ...]) -> None:
+        self.data = data
+        self.shape = tuple(int(s) for s in shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
+    def take(self, index) -> DeviceArray:
+        """The sub-array ``self[index]``, made contiguous on the device."""
+        part = self.data[index]
+        if isinstance(part, np.ndarray):
+            part = np.ascontiguousarray(part)
+        else:  # a torch tensor on the XLA device
+            part = part.contiguous()
+        return DeviceArray(part, tuple(part.shape))
+
+
+class NkiDevice:
+    """The NKI device of one run: execution mode, target, launches and the transfer ledger.
+
+    Parameters
+    ----------
+    mode : one of :data:`MODES`.
+    target : 'trn1' or 'trn2' (:data:`TARGETS`); None: the emulated target in emulator mode,
+        else unknown (one program per launch, one core, trn1's memory: the cautious choice
+        until a hardware day sets it).
+    lnc : SPMD programs per launch, instead of the target's (1 models one physical core).
+
+    Every operand a launch takes as a NumPy array is uploaded for that launch and counted; a
+    :class:`DeviceArray` is already on the device. Nothing here is global: the dispatcher
+    makes one per run.
+    """
+
+    def __init__(self, mode: str, target: str | None = None, lnc: int | None = None) -> None:
+        if mode not in MODES:
+            raise InputError(f"unknown NKI execution mode {mode!r}; expected one of "
+                             f"{', '.join(MODES)}")
+        if target is None and mode == "emulator":
+            target = importlib.import_module("dfmp2.nki_emulator").get_target()
+        if target is not None and target not in TARGETS:
+            raise InputError(f"unknown NKI target {target!r}; expected one of "
+                             f"{', '.join(TARGETS)}")
+        self.mode = mode
+        self.target = target
+        spec = TARGETS[target] if target else {"lnc": 1, "cores": 1,
+                                               "hbm_bytes": TARGETS["trn1"]["hbm_bytes"] // 2}
+        self.lnc = spec["lnc"] if lnc is None else int(lnc)
+        if not 1 <= self.lnc <= spec["lnc"]:
+            raise InputError(f"LNC={lnc} on {target or 'an unknown target'} (at most "
+                             f"{spec['lnc']})")
+        self.cores = spec["cores"]
+        self.resident_budget = int(spec["hbm_bytes"] * RESIDENT_FRACTION)
+        self.ledger = Ledger(core_launches=[0] * self.cores,
+                             program_pairs=[0] * (self.cores * self.lnc))
+        self._xla = None
+        self._kept: dict[int, list] = {}  # storage address -> [tensor, version, {layout: array}]
+
+    # -- operands kept for the run ------------------------------------------------------------
+    def keep(self, tensor) -> None:
+        """Mark a host torch tensor that many launches of the run read (the fit's ``L^{-T}``,
+        the transform's coefficients): the kernel layouts of it and of its views are uploaded
+        once, on first use (:meth:`kept`), and reused while the tensor is unchanged. The
+        tensor is referenced until the device is dropped."""
+        self._kept[tensor.untyped_storage().data_ptr()] = [tensor, tensor._version, {}]
+
+    def kept(self, tensor, transpose: bool, make) -> DeviceArray | None:
+        """The device copy of ``make()`` (the float32 kernel layout of ``tensor``, transposed
+        or not) when ``tensor`` is a kept tensor or a view of one; None otherwise, or when the
+        copy would pass :attr:`resident_budget` (the launch then uploads it). A change to the
+        kept tensor (its version counter) drops the copies made before it."""
+        entry = self._kept.get(tensor.untyped_storage().data_ptr())
+        if entry is None:
+            return None
+        base, version, layouts = entry
+        if base._version != version:  # written in place since: the old layouts are stale
+            layouts.clear()
+            entry[1] = base._version
+        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), transpose)
+        if key not in layouts:
+            nbytes = tensor.numel() * 4
+            if self.ledger.resident_bytes + nbytes > self.resident_budget:
+                return None
+            layouts[key] = self.upload(make())
+        return layouts[key]
+
+    # -- placement --------------------------------------------------------------------------
+    def upload(self, array: np.ndarray) -> DeviceArray:
+        """Place a C-contiguous float32 array on the device for the run (counted once)."""
+        _check_f32("upload", array)
+        self.ledger.uploaded_bytes += array.nbytes
+        self.ledger.resident_bytes += array.nbytes
+        return DeviceArray(self._to_device(array), array.shape)
+
+    def allocate(self, shape: tuple[int, ...]) -> DeviceArray:
+        """A zero float32 array on the device (no host transfer), filled by :meth:`write`."""
+        if self.mode == "hardware":
+            import torch
+
+            data = torch.zeros(shape, dtype=torch.float32, device=self._xla_device())
+        else:
+            data = np.zeros(shape, dtype=np.float32)
+        self.ledger.resident_bytes += int(np.prod(shape)) * 4
+        return DeviceArray(data, shape)
+
+    def write(self, target: DeviceArray, index, array: np.ndarray) -> None:
+        """Upload ``array`` into ``target[index]`` (counted)."""
+        _check_f32("write", array)
+        self.ledger.uploaded_bytes += array.nbytes
+        target.data[index] = self._to_device(array)
+
+    # -- launch -----------------------------------------------------------------------------
+    def launch(self, kernel, args: tuple, grid: int = 1, core: int = 0) -> tuple[np.ndarray, ...]:
+        """Run ``kernel`` on ``args`` (C-contiguous float32 NumPy arrays, uploaded for this
+        launch, or :class:`DeviceArray`) as ``grid`` SPMD programs (``kernel[grid]``, at most
+        :attr:`lnc`) on NeuronCore ``core``; return its outputs as float32 NumPy arrays."""
+        if not 1 <= grid <= self.lnc:
+            raise InputError(f"a launch of {grid} programs on {self.target or 'this device'} "
+                             f"(LNC={self.lnc})")
+        if not 0 <= core < self.cores:
+            raise InputError(f"NeuronCore {core} of {self.cores}")
+        data = []
+        for index, arg in enumerate(args):
+            if isinstance(arg, DeviceArray):
+                data.append(arg.data)
+                continue
+            _check_f32(f"kernel argument {index}", arg)
+            self.ledger.uploaded_bytes += arg.nbytes
+            data.append(self._to_device(arg))
+        target = kernel[grid] if grid > 1 else kernel
+        if self.mode == "emulator":
+            result = target(*data)
+        elif self.mode == "simulator":
+            result = importlib.import_module("nki").simulate(target)(*data)
+        else:
+            result = target(*data)
+        outputs = result if isinstance(result, tuple) else (result,)
+        host = tuple(np.asarray(out if isinstance(out, np.ndarray) else out.cpu().numpy(),
+                                dtype=np.float32) for out in outputs)
+        self.ledger.downloaded_bytes += sum(out.nbytes for out in host)
+        self.ledger.launches += 1
+        self.ledger.programs += grid
+        self.ledger.core_launches[core] += 1
+        return host
+
+    def as_dict(self) -> dict:
+        """The record of the run's device use (for the result and JSON)."""
+        return {"mode": self.mode, "target": self.target, "lnc": self.lnc, "cores": self.cores,
+                "resident_budget_bytes": self.resident_budget, **self.ledger.as_dict()}
+
+    def _to_device(self, array: np.ndarray):
+        if self.mode != "hardware":
+            return array
+        import torch
+
+        return torch.from_numpy(array).to(self._xla_device())
+
+    def _xla_device(self):
+        """The XLA device of hardware mode (untested here: no Neuron device)."""
+        if self._xla is None:
+            import torch_xla
+
+            if hasattr(torch_xla, "device"):
+                self._xla = torch_xla.device()
+            else:  # older torch-xla
+                import torch_xla.core.xla_model as xm
+
+                self._xla = xm.xla_device()
+        return self._xla
+
+
+def _check_f32(where: str, array) -> None:
+    if not isinstance(array, np.ndarray) or array.dtype != np.float32 \
+            or not array.flags.c_contiguous:
+        dtype = getattr(array, "dtype", type(array).__name__)
+        contiguous = getattr(getattr(array, "flags", None), "c_contiguous", False)
+        raise InputError(f"{where} must be a C-contiguous float32 array, got {dtype} "
+                         f"(contiguous={contiguous})")

@@ -198,6 +198,17 @@ class _NamedOps:
         return self.call("pair_sums_from_ovov", ovov, eps_i, eps_j, eps_va, eps_vb, weights,
                          exchange)
 
+    def keep_on_device(self, tensor) -> None:
+        """Mark a tensor many op calls of the run read, so a device backend uploads it once
+        (host backends: nothing to do)."""
+
+    def place_pair_operands(self, stores, occ_block: int):
+        """``(stores, occ_block)`` the pair stage reads ``mp2_pair_sums`` operands from, in
+        blocks of ``occ_block`` occupied orbitals: a device backend places B on the device once
+        (then one block spans each store: the op plans its own launches); host backends return
+        both as they are."""
+        return stores, occ_block
+
 
 @dataclass
 class Dispatcher(_NamedOps):
@@ -217,6 +228,8 @@ class Dispatcher(_NamedOps):
     records: dict[str, OpRecord] = field(init=False, default_factory=dict)
     cpu_blas: CpuBlas = field(init=False)
     host_backend: dict[str, str] = field(init=False)
+    nki_device: object = field(init=False, default=None)
+    residency: str | None = field(init=False, default=None)
 
     def __post_init__(self):
         self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
@@ -235,6 +248,7 @@ class Dispatcher(_NamedOps):
         if mode is not None:
             self.backend, self.nki_mode = "nki", mode
             self.resolution = f"{requested}: NKI kernels run in {mode} mode"
+            self.nki_device = importlib.import_module(".nki_runtime", __package__).NkiDevice(mode)
         elif requested == "nki" or self.policy.require_nki:
             raise BackendUnavailableError(f"the nki backend cannot run: {reason}")
         else:
@@ -257,7 +271,7 @@ class Dispatcher(_NamedOps):
         if limit is not None:
             return self._fall_back(op, args, f"shape not supported by the NKI kernel: {limit}")
         try:
-            result = impl.fn(*args, mode=self.nki_mode, **extra)
+            result = impl.fn(*args, mode=self.nki_mode, device=self.nki_device, **extra)
         except (NotPositiveDefiniteError, InputError):
             raise  # a property of the operands, not of the backend: the caller handles it
         except Exception as exc:  # made visible by _fall_back (WARNING + record) or KernelError
@@ -288,10 +302,38 @@ class Dispatcher(_NamedOps):
                 else reason
         return result
 
+    def keep_on_device(self, tensor) -> None:
+        """On NKI: the run's device uploads ``tensor`` (and the views of it the kernels take)
+        once, instead of once per launch."""
+        if self.nki_device is not None:
+            self.nki_device.keep(tensor)
+
+    def place_pair_operands(self, stores, occ_block: int):
+        """On NKI: every store's B placed on the device once for the pair stage when all fit
+        the device's budget (:func:`nki_ops.place_b`), read in one block per store; else
+        ``(stores, occ_block)`` as given. :attr:`residency` records which ("device", or why
+        the blocks are uploaded per launch)."""
+        if self.nki_device is None:
+            return stores, occ_block
+        nki_ops = importlib.import_module(".nki_ops", __package__)
+        placed, why_not = nki_ops.place_b(stores, self.nki_device, self.policy.nki_matmul)
+        self.residency = "device" if why_not is None else f"uploaded per launch: {why_not}"
+        if why_not is not None:
+            return stores, occ_block
+        return placed, max(1, max(int(st.nocc) for st in placed if st is not None))
+
+    def device_record(self) -> dict | None:
+        """The NKI device's record of the run (transfers, launches, programs, where B was
+        during the pair stage), or None when no NKI device was used."""
+        if self.nki_device is None:
+            return None
+        return {**self.nki_device.as_dict(), "b_placement": self.residency}
+
     def _run_host(self, op: str, args: tuple, mode: str):
         """Run ``op`` on the host backend chosen for it (numpy's BLAS or torch; CUDA operands
         always torch) and record that backend; ``mode`` 'host' for host-only or on-host calls,
-        else the backend's name."""
+        else the backend's name. Operands on the device (``host()``) are read back first."""
+        args = tuple(arg.host() if hasattr(arg, "host") else arg for arg in args)
         backend = self.host_backend[op]
         if backend == "numpy" and args[0].device.type != "cpu":
             backend = "pytorch"

@@ -63,3 +63,21 @@ def pair_block(ni, nj, nva, nvb, naux, diagonal_block, seed, same_space=False):
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def one_core():
+    """An emulator device of one program per launch (one physical core's instruction stream),
+    for tests that count a launch's instructions against the single-program plan."""
+    from dfmp2.linalg import nki_runtime
+
+    return nki_runtime.NkiDevice("emulator", lnc=1)
+
+
+def launch_instructions(ni, nj, nv_rest, nvb, naux, n_wt, exchange, split=False, lnc=2):
+    """Instructions of one fused-energy launch over ni x nj pairs on a device of ``lnc``
+    programs per launch (``kernel[lnc]`` when every program gets a pair), all programs."""
+    from dfmp2.linalg import nki_ops
+
+    grid = lnc if ni * nj >= lnc else 1
+    return sum(nki_ops._energy_instructions(ni, nj, nv_rest, nvb, naux, n_wt, exchange, split,
+                                            grid, p) for p in range(grid))

@@ -18,9 +18,10 @@ BLOCKS_FILE = "_blocks.py"
 
 #: nki.isa instructions the kernels may issue.
 ALLOWED_ISA = {"nc_matmul", "nc_transpose", "dma_copy", "tensor_copy", "tensor_tensor",
-               "tensor_scalar", "reciprocal", "tensor_reduce", "memset"}
-#: nki.language names the kernels may call (allocation and loops; no experimental wrappers).
-ALLOWED_NL_CALLS = {"ndarray", "static_range"}
+               "tensor_scalar", "reciprocal", "tensor_reduce", "memset", "activation"}
+#: nki.language names the kernels may call (allocation, loops and the SPMD program queries;
+#: no experimental wrappers).
+ALLOWED_NL_CALLS = {"ndarray", "static_range", "program_ndim", "num_programs", "program_id"}
 #: Plain Python calls the compiler resolves at trace time.
 ALLOWED_BUILTINS = {"min"}
 FORBIDDEN_NODES = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,

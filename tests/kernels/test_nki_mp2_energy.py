@@ -13,7 +13,7 @@ from dfmp2.energy import pair_weights, reference_pair_sums
 from dfmp2.errors import InputError
 from dfmp2.linalg import nki_ops
 
-from ._support import ENERGY_RTOL, ceil_div, pair_block
+from ._support import ENERGY_RTOL, ceil_div, launch_instructions, one_core, pair_block
 from tolerances import TOL_NKI_BF16X3_REL
 
 #: kind -> (diagonal_block, exchange): a diagonal block I = J with triangular weights; an
@@ -98,7 +98,8 @@ def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux
     pairs = ni * nj
     n_at, n_bc, n_kt = ceil_div(nva, 128), ceil_div(nvb, 512), ceil_div(naux, 128)
     assert tr.kernels == [KERNEL[exchange]]
-    assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, n_at, exchange)
+    # trn2 (the emulator's default): kernel[2], each program its share of the pairs
+    assert len(tr.records) == launch_instructions(ni, nj, nva, nvb, naux, n_at, exchange)
     transposes = tr.find("nc_transpose")
     tile_pairs = n_at * (n_at + 1) // 2
     if exchange:  # T[ta, tb] and T[tb, ta] once each per tile pair ta <= tb: n_at^2 tiles
@@ -114,11 +115,17 @@ def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux
         assert tr.count("tensor_reduce") == tr.count("reciprocal") == pairs * n_at * n_bc
         width = pairs * n_at * n_bc
     # the only store to HBM is the small block of partial sums: no (ia|jb) tile leaves the chip
-    stores = tr.dma_stores()
-    assert len(stores) == 1 and stores[0].operands["dst"].shape == (128, width)
+    stores = tr.dma_stores()  # one per program: its share of the columns
+    assert len(stores) == (2 if pairs >= 2 else 1)
+    assert [r.program for r in stores] == list(range(len(stores)))
+    assert sum(r.operands["dst"].shape[1] for r in stores) == width
     assert tr.bytes_moved() - sum(r.nbytes for r in tr.dma_loads()) == 128 * width * 4
-    # VectorE reciprocal of the denominators (no ScalarE approximation)
-    assert tr.count("activation") == 0
+    # VectorE reciprocal of the denominators (no ScalarE approximation); the ScalarE runs only
+    # the identity: the denominators' add and, exchange kernel, the PSUM evacuation
+    activations = tr.find("activation")
+    assert activations and all(r.attrs["op"] == "nl.copy" and r.engine == "scalar"
+                               for r in activations)
+    assert len(activations) == tr.count("reciprocal") + len(transposes)
 
 
 @pytest.mark.parametrize("ni,nj,nva,nvb,naux,kind", [CASES[1], CASES[3], CASES[4], CASES[6]])
@@ -140,8 +147,7 @@ def test_split_precision_products_match_float64(emulator_trace, monkeypatch, ni,
     assert len(matmuls) == 3 * ni * nj * gemm
     assert all(r.operands["stationary"].dtype == r.operands["moving"].dtype == "bfloat16"
                and r.operands["dst"].dtype == "float32" for r in matmuls)
-    assert len(tr.records) == nki_ops._energy_instructions(ni, nj, nva, nvb, naux, n_at,
-                                                            exchange, True)
+    assert len(tr.records) == launch_instructions(ni, nj, nva, nvb, naux, n_at, exchange, True)
     with pytest.raises(InputError, match="bf16x9"):
         nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products="bf16x9")
 
@@ -198,7 +204,8 @@ def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunke
     window = nki_ops._energy_launch_plan(nva, nvb, 600, exchange, split)[1]
     assert 0 < window < ceil_div(nva, 128)
     with emulator_trace() as tr:
-        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products=products)
+        got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products=products,
+                                    device=one_core())
     _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL if split else ENERGY_RTOL)
     pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
     assert len(tr.kernels) == pairs_run * ceil_div(ceil_div(nva, 128), window)
@@ -220,7 +227,7 @@ def test_pair_sums_launch_count(emulator_trace, monkeypatch):
     monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
     args, weights, exchange = _block(5, 5, 140, 140, 130, "diagonal", seed=7)
     with emulator_trace() as tr:
-        nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator")
+        nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", device=one_core())
     # chunks {0,1}, {2,3}, {4}: 3 diagonal chunk pairs + 3 above the diagonal, 3 skipped
     assert tr.kernels == ["mp2_pair_energy_kernel"] * 6
     assert tr.count("nc_matmul") == (4 + 4 + 1 + 4 + 2 + 2) * 2 * 2 * 2  # pairs * n_at^2 * n_kt
@@ -235,7 +242,7 @@ def test_zero_weight_chunks_are_not_launched(emulator_trace, monkeypatch):
     weights[0:2, 2:4] = 0.0  # 2x2 chunks: (0:2, 2:4) and (2:4, 0:2) carry no weight
     weights[2:4, 0:2] = 0.0
     with emulator_trace() as tr:
-        got = nki_ops.mp2_pair_sums(*args, weights, False, mode="emulator")
+        got = nki_ops.mp2_pair_sums(*args, weights, False, mode="emulator", device=one_core())
     assert tr.kernels == ["mp2_pair_direct_kernel"] * 2
     assert tr.count("nc_matmul") == 2 * 4 * 2 * 1 * 2
     _assert_sums_close(got, args, weights, False)

@@ -114,13 +114,18 @@ NKI_OPTIONS = {"products"}
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.nki_emulated
 def test_host_wrappers_have_the_torch_ops_signature_plus_mode(op):
+    """The torch op's parameters, then keyword-only ``mode`` (required) and ``device`` (the
+    run's NkiDevice, default None)."""
     ours = inspect.signature(getattr(nki_ops, op))
     theirs = inspect.signature(getattr(torch_ops, op))
     params = list(ours.parameters.values())
-    assert params[-1].name == "mode" and params[-1].kind is inspect.Parameter.KEYWORD_ONLY
-    assert params[-1].default is inspect.Parameter.empty
+    mode, device = params[-2:]
+    assert mode.name == "mode" and mode.kind is inspect.Parameter.KEYWORD_ONLY
+    assert mode.default is inspect.Parameter.empty
+    assert device.name == "device" and device.kind is inspect.Parameter.KEYWORD_ONLY
+    assert device.default is None
     # keyword-only options of the NKI kernels themselves (the pair kernels' bf16x3 products)
-    mine = [(p.name, p.kind, p.default) for p in params[:-1]
+    mine = [(p.name, p.kind, p.default) for p in params[:-2]
             if not (p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in NKI_OPTIONS)]
     # `matmul` is the pytorch backend's injected CPU BLAS choice, not part of the op contract
     contract = [p for p in theirs.parameters.values() if p.name != "matmul"]
