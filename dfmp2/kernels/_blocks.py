@@ -29,6 +29,8 @@ __all__ = [
     "load_tile",
     "load_strip",
     "load_panels",
+    "stream_buffers",
+    "load_panels_into",
     "matmul_tile",
     "accumulate_strips",
     "accumulate_products",
@@ -113,18 +115,37 @@ def load_panels(src_tm, split, i, tile0, ntiles, kt0, nkt):
     float32 panel); otherwise one float32 panel, returned twice (lo unused). Preconditions:
     ``0 <= tile0 < tile0 + ntiles <= n_tiles``, ``0 <= kt0 < kt0 + nkt <= n_kt``.
     """
+    hi_sb, lo_sb = stream_buffers(split, ntiles, nkt)
+    load_panels_into(hi_sb, lo_sb, 0, src_tm, split, i, tile0, ntiles, kt0, nkt)
+    return hi_sb, lo_sb
+
+
+def stream_buffers(split, ntiles, nkt):
+    """New SBUF panels ``(hi_sb, lo_sb)`` (128, ntiles, nkt, 128) for :func:`load_panels_into`:
+    two bfloat16 panels when ``split``, else one float32 panel returned twice. Allocated once
+    with two tiles' slots, they double-buffer a stream of tiles: the kernel loads tile t+1 into
+    one slot while the engines still read tile t from the other (explicit, so the overlap does
+    not depend on the compiler's allocator)."""
     if split:
         hi_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=hi_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
-                      src=src_tm[0, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
         lo_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=lo_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
-                      src=src_tm[1, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
         return hi_sb, lo_sb
     panel_sb = nl.ndarray((TILE_K, ntiles, nkt, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=panel_sb[0:TILE_K, 0:ntiles, 0:nkt, 0:TILE_M],
-                  src=src_tm[0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
     return panel_sb, panel_sb
+
+
+def load_panels_into(hi_sb, lo_sb, slot, src_tm, split, i, tile0, ntiles, kt0, nkt):
+    """:func:`load_panels` into existing SBUF panels (from :func:`stream_buffers`), at tile
+    slots ``slot : slot+ntiles``: one ``dma_copy`` (two when ``split``). Preconditions: those
+    of :func:`load_panels`, and the slots within the panels."""
+    if split:
+        nisa.dma_copy(dst=hi_sb[0:TILE_K, slot:slot + ntiles, 0:nkt, 0:TILE_M],
+                      src=src_tm[0, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
+        nisa.dma_copy(dst=lo_sb[0:TILE_K, slot:slot + ntiles, 0:nkt, 0:TILE_M],
+                      src=src_tm[1, 0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
+        return
+    nisa.dma_copy(dst=hi_sb[0:TILE_K, slot:slot + ntiles, 0:nkt, 0:TILE_M],
+                  src=src_tm[0:TILE_K, i, tile0:tile0 + ntiles, kt0:kt0 + nkt, 0:TILE_M])
 
 
 def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):

@@ -34,7 +34,9 @@ from ._blocks import (
     direct_row,
     load_pair_denominators,
     load_panels,
+    load_panels_into,
     program_pairs,
+    stream_buffers,
     tile_pair_sums,
     tile_span,
 )
@@ -136,6 +138,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     acc_sb = nl.ndarray((TILE_M, npp * per_pair), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc_sb[0:TILE_M, 0:npp * per_pair], value=0.0)
 
+    streamed = n_kc == 1 and n_at > n_wt  # tiles beyond the window pass through two slots
+    if streamed:
+        st_i = stream_buffers(split, 2, n_kt)
+        st_j = stream_buffers(split, 2, n_kt)
+
     for pair in nl.static_range(p0, p1):
         i = pair // nj
         j = pair - i * nj
@@ -146,12 +153,18 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
         if n_kc == 1:
             # Step 2: the window's tiles of B_j (a panel), resident for the pair.
             pj_sb = load_panels(b_j, split, j, 0, n_wt, 0, n_kt)
+        if streamed:
+            # Step 3: the first tile beyond the window, into its slot.
+            load_panels_into(st_i[0], st_i[1], n_wt % 2, b_i, split, i, n_wt, 1, 0, n_kt)
+            load_panels_into(st_j[0], st_j[1], n_wt % 2, b_j, split, j, n_wt, 1, 0, n_kt)
         for tb in nl.static_range(n_at):
             b0, bsz = tile_span(tb, TILE_M, nv)
-            if n_kc == 1 and tb >= n_wt:
-                # Step 3: a tile beyond the window, loaded once for every window tile.
-                si_sb = load_panels(b_i, split, i, tb, 1, 0, n_kt)
-                sj_sb = load_panels(b_j, split, j, tb, 1, 0, n_kt)
+            if streamed and tb >= n_wt and tb + 1 < n_at:
+                # Step 3: prefetch tile tb+1 into the other slot while tile tb is computed
+                # (each tile beyond the window loaded once for every window tile).
+                nxt = (tb + 1) % 2
+                load_panels_into(st_i[0], st_i[1], nxt, b_i, split, i, tb + 1, 1, 0, n_kt)
+                load_panels_into(st_j[0], st_j[1], nxt, b_j, split, j, tb + 1, 1, 0, n_kt)
             for w in nl.static_range(min(tb + 1, n_wt)):
                 _a0, asz = tile_span(w, TILE_M, nv)
                 off = tb > w
@@ -166,7 +179,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                         if tb < n_wt:
                             si_sb, sj_sb, wb = pi_sb, pj_sb, tb
                         else:
-                            wb = 0
+                            si_sb, sj_sb, wb = st_i, st_j, tb % 2
                     else:
                         # Steps 2-3, streamed: both tiles' chunks for every tile pair.
                         ai_sb = load_panels(b_i, split, i, w, 1, kt0, nkt)
@@ -267,6 +280,14 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     acc_sb = nl.ndarray((TILE_M, npp * per_pair), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc_sb[0:TILE_M, 0:npp * per_pair], value=0.0)
 
+    if n_kc == 1:
+        # Step 3: the b chunks stream through two slots of chunk_tiles tiles each; the first
+        # chunk of this program's first pair is loaded here, every later one one step ahead.
+        sj_sb = stream_buffers(split, 2 * chunk_tiles, n_kt)
+        _b, nbt0 = tile_span(0, chunk_tiles, n_bt)
+        load_panels_into(sj_sb[0], sj_sb[1], 0, b_j, split, p0 - (p0 // nj) * nj, 0, nbt0, 0,
+                         n_kt)
+
     for pair in nl.static_range(p0, p1):
         i = pair // nj
         j = pair - i * nj
@@ -277,24 +298,31 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
         for bc in nl.static_range(n_bc):
             bt0, nbt = tile_span(bc, chunk_tiles, n_bt)
             b0, bsz = tile_span(bc, TILE_N, nvb)
-            if n_kc == 1:
-                # Step 3: the b chunk's tiles, loaded once for every a tile.
-                sj_sb = load_panels(b_j, split, j, bt0, nbt, 0, n_kt)
+            step = lp * n_bc + bc  # this chunk's place in the program's stream
+            if n_kc == 1 and (bc + 1 < n_bc or pair + 1 < p1):
+                # Step 3: prefetch the next chunk (this pair's next, or the next pair's first)
+                # into the other slot while this one is computed.
+                nj_next = j if bc + 1 < n_bc else (pair + 1) - ((pair + 1) // nj) * nj
+                nbc_next = bc + 1 if bc + 1 < n_bc else 0
+                nbt0_next, nbt_next = tile_span(nbc_next, chunk_tiles, n_bt)
+                load_panels_into(sj_sb[0], sj_sb[1], ((step + 1) % 2) * chunk_tiles, b_j, split,
+                                 nj_next, nbt0_next, nbt_next, 0, n_kt)
+            slot = (step % 2) * chunk_tiles
             for ta in nl.static_range(n_at):
                 _a0, asz = tile_span(ta, TILE_M, nva)
                 t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for kc in nl.static_range(n_kc):
                     kt0, nkt = tile_span(kc, kc_tiles, n_kt)
                     if n_kc == 1:
-                        ai_sb, wa = pi_sb, ta
+                        ai_sb, wa, bj_sb, wb = pi_sb, ta, sj_sb, slot
                     else:
                         # Steps 2-3, streamed: both chunks loaded for every tile.
                         ai_sb = load_panels(b_i, split, i, ta, 1, kt0, nkt)
-                        sj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
-                        wa = 0
+                        bj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
+                        wa, wb = 0, 0
                     for u in nl.static_range(nbt):
                         c0, csz = tile_span(u, TILE_M, bsz)
-                        accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, sj_sb, u, kt0,
+                        accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, bj_sb, wb + u, kt0,
                                             nkt, split)
                 # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
                 c_dcol = ta * npp + lp

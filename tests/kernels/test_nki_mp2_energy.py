@@ -364,3 +364,24 @@ def test_pair_chunks_fill_the_launch_budget():
     assert nki_ops._pair_chunks(5, 7, 16, False) == (4, 4)
     assert nki_ops._pair_chunks(10, 10, 64, True) == (8, 8)
     assert nki_ops._pair_chunks(1, 1, 64, True) == (1, 1)
+
+
+@pytest.mark.nki_emulated
+def test_b_chunks_are_double_buffered(emulator_trace):
+    """The direct kernel's b chunks stream through two SBUF slots: each chunk's DMA is issued
+    one step ahead, before the matmuls of the chunk before it (the next pair's first chunk
+    too), and every chunk is still loaded once per pair."""
+    args, weights, _exchange = _block(1, 2, 130, 600, 140, "rect", seed=3)
+    with emulator_trace() as tr:
+        got = nki_ops.mp2_pair_sums(*args, weights, False, mode="emulator", device=one_core())
+    _assert_sums_close(got, args, weights, False)
+    order = [(r.instruction, r.operands["src"].shape[1] if r.instruction == "dma_copy"
+              and len(r.operands["src"].shape) == 4 else None) for r in tr.records]
+    chunks = [k for k, (name, tiles) in enumerate(order) if name == "dma_copy" and tiles in (4, 1)]
+    matmuls = [k for k, (name, _t) in enumerate(order) if name == "nc_matmul"]
+    # two pairs x (a 4-tile and a 1-tile chunk); the a panel is 2 tiles wide
+    assert [order[k][1] for k in chunks] == [4, 1, 4, 1]
+    first_chunk_matmuls = matmuls[: 2 * 4 * 2]  # 2 a tiles x 4 b tiles x 2 K tiles
+    assert chunks[1] < first_chunk_matmuls[0]  # chunk 1 in flight while chunk 0 is used
+    # the next pair's first chunk is loaded before the last chunk of this pair is multiplied
+    assert chunks[2] < matmuls[2 * 4 * 2]
