@@ -366,25 +366,26 @@ def mirror_tile(t_ps, psz, fsz):
     return t_sb, tt_ps
 
 
-def tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off, col, c_dcol, b0, asz, bsz):
+def tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, tt_ps, off, col, c_dcol, b0, asz, bsz):
     """Steps 4-5 of ``mp2_energy.mp2_pair_energy_kernel`` for one tile pair (w, tb): the direct,
     mirrored-direct and exchange row sums into SBUF ``acc_sb[0:asz, col:col+3]``.
 
-    Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]`` and ``t2_ps[0:bsz, 0:asz] = T[tb, w]``
-    (the same tile as ``t1_ps`` on the diagonal, ``off`` False, asz == bsz); SBUF ``negv_sb``
-    (-e_b) and
-    ``dcol_sb`` (column ``c_dcol``: e_i + e_j - e_a of the window tile). Preconditions:
-    ``1 <= asz, bsz <= 128``. The mirrored tile's exchange sum equals the tile's own (one
-    virtual space, D symmetric), so column ``col + 2`` stands for both and the host doubles it
-    off the diagonal; on the diagonal column ``col + 1`` is left as set (0). 9 instructions on
-    the diagonal, 12 off it.
+    Operands: PSUM ``t1_ps[0:asz, 0:bsz] = T[w, tb]``; off the diagonal (``off``) PSUM
+    ``tt_ps[0:asz, 0:bsz] = T[tb, w]^T`` (the mirrored tile, computed in this layout by the
+    TensorE: element (a, b) is T_ba, the exchange partner of T_ab); on the diagonal ``tt_ps``
+    is ``t1_ps`` and asz == bsz, and the partners come from a TensorE transpose of it
+    (:func:`mirror_tile`). SBUF ``negv_sb`` (-e_b) and ``dcol_sb`` (column ``c_dcol``: e_i + e_j
+    - e_a of the window tile). Preconditions: ``1 <= asz, bsz <= 128``. The mirrored tile's
+    exchange sum equals the tile's own (one virtual space, D symmetric), so column ``col + 2``
+    stands for both and the host doubles it off the diagonal; on the diagonal column ``col +
+    1`` is left as set (0). 9 instructions on the diagonal, 10 off it.
     """
-    # Step 4: the exchange partners T_ba of T[w, tb], by a TensorE transpose of T[tb, w].
-    t2_sb, tt_ps = mirror_tile(t2_ps, bsz, asz)
     if off:
         t1_blk = t1_ps[0:asz, 0:bsz]
     else:
-        t1_blk = t2_sb[0:asz, 0:bsz]
+        # Step 4: the exchange partners within the diagonal tile, by a TensorE transpose.
+        t1_sb, tt_ps = mirror_tile(t1_ps, asz, asz)
+        t1_blk = t1_sb[0:asz, 0:bsz]
     # Step 5: R, then the direct and exchange row sums of the tile pair.
     r_sb = reciprocal_denominators(negv_sb, b0, dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
     w_sb = weighted_row_sums(acc_sb[0:asz, col:col + 1], t1_blk, r_sb, asz, bsz)

@@ -13,8 +13,10 @@ not a flag):
 
 - :func:`mp2_pair_energy_kernel`: direct and exchange sums of one virtual space (nva == nvb,
   the same orbital energies), by 128 x 128 tile pairs (ta <= tb) of T: each tile pair needs both
-  ``T[ta, tb]`` and ``T[tb, ta]`` for its direct sums, and the exchange partner of one is the
-  TensorE transpose of the other, so nothing is computed twice and no T row is held whole.
+  ``T[ta, tb]`` and ``T[tb, ta]`` for its direct sums, and the exchange partners of one are the
+  elements of the other transposed, so the TensorE forms the second directly in that layout
+  (its operands' roles swapped): nothing is computed twice, nothing off the diagonal is
+  transposed, and no T row is held whole.
 - :func:`mp2_pair_direct_kernel`: the direct sum only, of rectangular blocks (nva != nvb
   allowed; the αβ blocks of an open shell), by (128-row, 512-column) tiles of T.
 
@@ -96,16 +98,19 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
        accumulator ``acc_sb`` (the program's columns) to 0.
     2. When naux is one chunk (<= 24 K tiles): DMA the window's tiles of ``B_i`` (per i met)
        and of ``B_j`` (per pair) -> SBUF panels ``pi_sb``, ``pj_sb`` (``load_panels``).
-    3. Per tile tb: its strips are a slice of the panels (tb in the window) or DMA'd once
-       (``si_sb``, ``sj_sb``) for every window tile w <= tb; accumulate in PSUM
-       (``accumulate_strips``) ``t1_ps = T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w,
-       ``t2_ps = T[tb, w] = B_i[:, tb]^T B_j[:, w]``. With more chunks, every panel chunk is
-       loaded for every tile pair and PSUM keeps accumulating over the chunks. T never leaves
-       the chip.
-    4. ``tile_pair_sums``: ``mirror_tile`` (``tensor_copy`` PSUM -> SBUF and TensorE
-       ``nc_transpose`` -> PSUM ``tt_ps`` = ``T[tb, w]^T``, of t1 itself when tb == w): the
-       exchange partner T_ba of every element of ``T[w, tb]``, in its (a, b) layout.
-    5. ``R = 1 / (-e_b + d_col[a])`` by ``tensor_scalar(add)`` and VectorE ``reciprocal``
+    3. Per tile tb: its strips are a slice of the panels (tb in the window) or streamed once
+       for every window tile w <= tb through two SBUF slots (``st_i``, ``st_j``; tile tb+1 is
+       DMA'd while tile tb is used); accumulate in PSUM (``accumulate_strips``) ``t1_ps =
+       T[w, tb] = B_i[:, w]^T B_j[:, tb]`` and, for tb > w, the mirrored tile in its
+       transposed layout, ``t2_ps = T[tb, w]^T = B_j[:, w]^T B_i[:, tb]``: element (a, b) is
+       T_ba, the exchange partner of T_ab, and both stationaries are window tiles w < tb, full
+       128 columns wide (the ragged last tile is stationary only on its diagonal). With more
+       chunks, every panel chunk is loaded for every tile pair and PSUM keeps accumulating over
+       the chunks. T never leaves the chip.
+    4. ``tile_pair_sums``: on the diagonal (tb == w) the partners come from ``mirror_tile``
+       (ScalarE ``activation(copy)`` PSUM -> SBUF and TensorE ``nc_transpose`` -> PSUM).
+    5. ``R = 1 / (-e_b + d_col[a])`` by ScalarE ``activation(copy, bias)`` and VectorE
+       ``reciprocal``
        (``reciprocal_denominators``); ``W = T[w, tb] * R`` and its direct row sums
        (``weighted_row_sums``); the exchange row sums of ``W * tt`` (``row_dot``); for tb > w
        the direct sums of the mirrored tile, ``tt * R * tt`` (D is symmetric in a and b).
@@ -114,8 +119,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Per pair, with n_kt = ceil(naux/128) and tile pairs ``n_wt * n_at - n_wt*(n_wt-1)/2``:
     ``n_kt`` matmuls per diagonal and ``2*n_kt`` per off-diagonal tile pair (``n_at^2 * n_kt``
-    for a whole pair: one GEMM's worth) and one transpose per tile pair; the instruction count is
-    ``nki_ops._energy_instructions``.
+    for a whole pair: one GEMM's worth) and one transpose per diagonal tile; the instruction
+    count is ``nki_ops._energy_instructions``.
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
     n_kt = b_i.shape[-2]
@@ -189,11 +194,13 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                             si_sb = load_panels(b_i, split, i, tb, 1, kt0, nkt)
                             sj_sb = load_panels(b_j, split, j, tb, 1, kt0, nkt)
                         wa, wb = 0, 0
-                    # T[w, tb] = B_i[:, w]^T B_j[:, tb], and T[tb, w] off the diagonal
+                    # T[w, tb] = B_i[:, w]^T B_j[:, tb], and off the diagonal the mirrored
+                    # tile already transposed, T[tb, w]^T = B_j[:, w]^T B_i[:, tb]: both
+                    # stationaries are window tiles w < tb, so full 128 columns wide
                     accumulate_products(t1_ps, 0, asz, bsz, ai_sb, wa, sj_sb, wb, kt0, nkt,
                                         split)
                     if off:
-                        accumulate_products(t2_ps, 0, bsz, asz, si_sb, wb, aj_sb, wa, kt0,
+                        accumulate_products(t2_ps, 0, asz, bsz, aj_sb, wa, si_sb, wb, kt0,
                                             nkt, split)
                 # Steps 4-5: the tile pair's direct, mirrored and exchange row sums.
                 tile_pair_sums(acc_sb, negv_sb, dcol_sb, t1_ps, t2_ps, off,

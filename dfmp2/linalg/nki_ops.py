@@ -377,7 +377,7 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     ``split``: its bfloat16 high and low parts), every K-tile product one matmul (three when
     ``split``). Exchange kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile
     beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per
-    off-diagonal one ``2*n_kt`` and 12; more chunks: every tile pair loads its panels per
+    off-diagonal one ``2*n_kt`` and 10; more chunks: every tile pair loads its panels per
     chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1
     load and per a tile 5 epilogue instructions, ``n_kt`` matmuls per (a tile, 128-column b
     tile); more chunks: per (a tile, b chunk) 2 loads per chunk and 5, the same matmuls.
@@ -388,7 +388,7 @@ def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
         diag = mm * n_kt + 9 + (0 if n_kc == 1 else ld * 2 * n_kc)
-        off = mm * 2 * n_kt + 12 + (0 if n_kc == 1 else ld * 4 * n_kc)
+        off = mm * 2 * n_kt + 10 + (0 if n_kc == 1 else ld * 4 * n_kc)
         tile_pairs = sum(n_at - w for w in range(n_wt))
         per_pair = n_wt * diag + (tile_pairs - n_wt) * off
         if n_kc == 1:  # B_j's panel and the tiles beyond the window per pair; B_i's per i
