@@ -355,15 +355,17 @@ def _echo_model(report, reference) -> None:
                    f"{k['tensore_utilization']:>7.0%}")
     step = report["energy_step"]
     line = (f"energy step (closed shell, {step['pairs']} pairs): "
-            f"{report['energy_step_seconds']:.3f} s modeled ({step['kernel_seconds']:.3f} s "
-            f"kernels, {step['launches']} launches)")
+            f"{report['energy_step_seconds']:.3f} s modeled on {step['cores']} cores "
+            f"({step['kernel_seconds']:.3f} s of kernels on one, {step['launches']} launches, "
+            f"B uploaded once: {step['b_upload_bytes'] / 1e6:.0f} MB)")
     if reference:
         line += f"; trnsci {reference[0]} measured {reference[1]:.2f} s"
     click.echo(line)
     split = report["energy_step_bf16x3"]
     if split:
         click.echo(f"energy step with --nki-matmul bf16x3: {split['seconds']:.3f} s modeled "
-                   f"({split['kernel_seconds']:.3f} s kernels, {split['launches']} launches)")
+                   f"on {split['cores']} cores ({split['kernel_seconds']:.3f} s of kernels on "
+                   f"one, {split['launches']} launches)")
     for name, reason in report["not_modeled"].items():
         click.echo(f"{name}: not modeled: {reason}")
 

@@ -67,6 +67,12 @@ MIN_CYCLES = 64
 DMA_FULL_BYTES_PER_PARTITION = 2048
 #: Host dispatch per kernel launch through torch-xla (trnsci, trn1).
 LAUNCH_SECONDS = 0.7e-3
+#: How the host spreads the pair work (``nki_runtime.TARGETS``): trn1 sends launches of one
+#: program to its two NeuronCores in turn; trn2 launches ``kernel[2]`` on one LNC=2 logical
+#: core (two physical cores), halving each launch's pairs per core. Either way two cores share
+#: the kernel time (evenly: the host's shares differ by at most one pair per launch); dispatch
+#: stays serial on one host thread.
+CORES = {"trn1": {"lnc": 1, "cores": 2}, "trn2": {"lnc": 2, "cores": 2}}
 #: Tolerances of the float64 checks, relative to the largest reference value: gemm and fp32
 #: pair sums (float32 accumulation), and the bf16x3 pair sums (a product misses at most
 #: 3 * 2^-18 of |a||b|; see tests/tolerances.py, TOL_NKI_BF16X3_REL).
@@ -188,14 +194,16 @@ def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng,
             "window_tiles": window, **_check(got.numpy(), want, rtol)}
 
 
-def _launched_pairs(nocc: int, nvir: int, naux: int, split: bool) -> tuple[int, int]:
+def _launched_pairs(nocc: int, nvir: int, naux: int, split: bool,
+                    programs: int = 1) -> tuple[int, int]:
     """``(pairs, launches)`` the host launches for the closed-shell pairs i <= j of one
-    occupied block: the launch plan's square chunks, those with no weight skipped, every pair
-    of a launched chunk computed (a diagonal chunk's pairs below the diagonal too), one launch
-    per a-tile window (``nki_ops.mp2_pair_sums``)."""
+    occupied block (B on the device: one block spans the occupied space): the launch plan's
+    square chunks for launches of ``programs`` SPMD programs, those with no weight skipped,
+    every pair of a launched chunk computed (a diagonal chunk's pairs below the diagonal too),
+    one launch per a-tile window (``nki_ops.mp2_pair_sums``)."""
     from .linalg import nki_ops
 
-    pairs, window = nki_ops._energy_launch_plan(nvir, nvir, naux, True, split)
+    pairs, window = nki_ops._energy_launch_plan(nvir, nvir, naux, True, split, programs)
     ci, cj = nki_ops._pair_chunks(nocc, nocc, pairs, True)
     windows = nki_ops.ceil_div(nki_ops.ceil_div(nvir, nki_ops.TILE_M), window)
     launched = launches = 0
@@ -215,9 +223,11 @@ def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int =
     fit), and one chunk of pairs of each fused pair kernel (every a-tile window of it, as the
     host launches them), the exchange kernel also with bf16x3 products. The DF-MP2 energy step
     (closed shell, pairs i <= j) is modeled from the exchange kernel's chunk, fp32 and bf16x3:
-    its kernel time per pair times the pairs the host launches (``_launched_pairs``: whole
-    chunks, so more than nocc*(nocc+1)/2), plus the overhead of every launch. Returns the
-    JSON-ready report."""
+    its kernel time per pair (one physical core's instruction stream) times the pairs the host
+    launches (``_launched_pairs``: whole chunks, so more than nocc*(nocc+1)/2), shared by the
+    two cores the host uses (:data:`CORES`; ``seconds_one_core`` without the sharing), plus the
+    overhead of every launch; B is uploaded once (``b_upload_bytes``). Returns the JSON-ready
+    report."""
     from .linalg import nki_ops
     from .nki_emulator import install
 
@@ -256,12 +266,17 @@ def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int =
             continue
         chunk = kernels[name]
         chunk["seconds_per_pair"] = chunk["modeled_seconds"] / chunk["pairs"]
-        launched, launches = _launched_pairs(nocc, nvir, naux, matmul == "bf16x3")
+        launched, launches = _launched_pairs(nocc, nvir, naux, matmul == "bf16x3",
+                                             CORES[target]["lnc"])
         kernel_seconds = chunk["seconds_per_pair"] * launched
+        cores = CORES[target]["cores"]
         steps[matmul] = {"pairs": npairs, "launched_pairs": launched,
                          "kernel_seconds": kernel_seconds, "launches": launches,
                          "launch_seconds": launches * LAUNCH_SECONDS,
-                         "seconds": kernel_seconds + launches * LAUNCH_SECONDS}
+                         "seconds_one_core": kernel_seconds + launches * LAUNCH_SECONDS,
+                         "cores": cores,
+                         "seconds": kernel_seconds / cores + launches * LAUNCH_SECONDS,
+                         "b_upload_bytes": nki_ops.resident_b_bytes(nocc, nvir, naux, matmul)}
     return {
         "ran_on_emulator": True,
         "target": target,

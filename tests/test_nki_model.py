@@ -123,7 +123,24 @@ def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
     assert report["energy_step"]["pairs"] == report["energy_step_bf16x3"]["pairs"] == 15
     # the host launches whole chunks: here one 5 x 5 chunk, the 10 pairs below i <= j included
     assert report["energy_step"]["launched_pairs"] == 25
-    assert report["energy_step_seconds"] > report["energy_step"]["kernel_seconds"] > 0.0
+    step = report["energy_step"]
+    # two cores share the kernel time (trn2: kernel[2]); B is uploaded once
+    assert step["cores"] == 2
+    assert report["energy_step_seconds"] == pytest.approx(
+        step["kernel_seconds"] / 2 + step["launch_seconds"])
+    assert step["seconds_one_core"] > report["energy_step_seconds"]
+    from dfmp2.linalg import nki_ops
+
+    assert step["b_upload_bytes"] == nki_ops.resident_b_bytes(5, 150, 300)
+    assert "B uploaded once" in result.stdout
+
+
+def test_trn2_launches_hold_twice_the_pairs():
+    """LNC=2: each program keeps within the per-launch bounds, so a launch takes up to twice
+    the pairs of a trn1 launch and the energy step needs fewer launches."""
+    one = nki_model._launched_pairs(64, 448, 1536, False, 1)
+    two = nki_model._launched_pairs(64, 448, 1536, False, 2)
+    assert two[1] < one[1] and two[0] >= 64 * 65 // 2
 
 
 def test_cli_exits_non_zero_when_a_kernel_misses_float64(monkeypatch):
