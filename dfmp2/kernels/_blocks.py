@@ -31,6 +31,7 @@ __all__ = [
     "load_panels",
     "stream_buffers",
     "load_panels_into",
+    "load_chunk_pair",
     "matmul_tile",
     "accumulate_strips",
     "accumulate_products",
@@ -160,6 +161,15 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     nisa.nc_matmul(dst=dst_ps[0:ssz, 0:nsz], stationary=stat_sb[0:ksz, s0:s0 + ssz],
                    moving=mov_sb[0:ksz, n0:n0 + nsz], accumulate=False)
     return dst_ps
+
+
+def load_chunk_pair(buf_i, buf_j, slot, b_i, b_j, split, i, j, tile, kt0, nkt):
+    """K tiles ``kt0 : kt0+nkt`` of virtual tile ``tile`` of ``B_i`` and of ``B_j`` (tile-major
+    HBM, :func:`load_panels`) into tile slot ``slot`` of two SBUF stream buffers
+    (:func:`stream_buffers`, ``nkt`` within their K extent): two ``dma_copy`` (four when
+    ``split``)."""
+    load_panels_into(buf_i[0], buf_i[1], slot, b_i, split, i, tile, 1, kt0, nkt)
+    load_panels_into(buf_j[0], buf_j[1], slot, b_j, split, j, tile, 1, kt0, nkt)
 
 
 def accumulate_strips(dst_ps, c0, psz, fsz, stat_sb, s_tile, mov_sb, m_tile, kt0, nkt, opens):

@@ -36,6 +36,7 @@ from ._blocks import (
     direct_row,
     load_pair_denominators,
     load_panels,
+    load_chunk_pair,
     load_panels_into,
     program_pairs,
     stream_buffers,
@@ -105,7 +106,8 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
        transposed layout, ``t2_ps = T[tb, w]^T = B_j[:, w]^T B_i[:, tb]``: element (a, b) is
        T_ba, the exchange partner of T_ab, and both stationaries are window tiles w < tb, full
        128 columns wide (the ragged last tile is stationary only on its diagonal). With more
-       chunks, every panel chunk is loaded for every tile pair and PSUM keeps accumulating over
+       K chunks, every chunk of both tiles is loaded for every tile pair through two SBUF
+       slots (chunk kc+1 DMA'd while chunk kc is multiplied) and PSUM keeps accumulating over
        the chunks. T never leaves the chip.
     4. ``tile_pair_sums``: on the diagonal (tb == w) the partners come from ``mirror_tile``
        (ScalarE ``activation(copy)`` PSUM -> SBUF and TensorE ``nc_transpose`` -> PSUM).
@@ -147,6 +149,11 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
     if streamed:
         st_i = stream_buffers(split, 2, n_kt)
         st_j = stream_buffers(split, 2, n_kt)
+    if n_kc > 1:  # K chunks of both tiles of a tile pair pass through two slots each
+        ka_i = stream_buffers(split, 2, kc_tiles)
+        ka_j = stream_buffers(split, 2, kc_tiles)
+        kb_i = stream_buffers(split, 2, kc_tiles)
+        kb_j = stream_buffers(split, 2, kc_tiles)
 
     for pair in nl.static_range(p0, p1):
         i = pair // nj
@@ -177,6 +184,12 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                 t2_ps = t1_ps
                 if off:
                     t2_ps = nl.ndarray((TILE_M, TILE_M), dtype=nl.float32, buffer=nl.psum)
+                if n_kc > 1:
+                    # Steps 2-3, streamed: the tile pair's first K chunk into slot 0.
+                    _k0, nkt0 = tile_span(0, kc_tiles, n_kt)
+                    load_chunk_pair(ka_i, ka_j, 0, b_i, b_j, split, i, j, w, 0, nkt0)
+                    if off:
+                        load_chunk_pair(kb_i, kb_j, 0, b_i, b_j, split, i, j, tb, 0, nkt0)
                 for kc in nl.static_range(n_kc):
                     kt0, nkt = tile_span(kc, kc_tiles, n_kt)
                     if n_kc == 1:
@@ -186,14 +199,20 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
                         else:
                             si_sb, sj_sb, wb = st_i, st_j, tb % 2
                     else:
-                        # Steps 2-3, streamed: both tiles' chunks for every tile pair.
-                        ai_sb = load_panels(b_i, split, i, w, 1, kt0, nkt)
-                        aj_sb = load_panels(b_j, split, j, w, 1, kt0, nkt)
-                        si_sb, sj_sb = ai_sb, aj_sb
+                        # Steps 2-3, streamed: prefetch chunk kc+1 into the other slot while
+                        # chunk kc is multiplied (each chunk loaded once per tile pair).
+                        if kc + 1 < n_kc:
+                            kt1, nkt1 = tile_span(kc + 1, kc_tiles, n_kt)
+                            nxt = (kc + 1) % 2
+                            load_chunk_pair(ka_i, ka_j, nxt, b_i, b_j, split, i, j, w, kt1,
+                                            nkt1)
+                            if off:
+                                load_chunk_pair(kb_i, kb_j, nxt, b_i, b_j, split, i, j, tb,
+                                                kt1, nkt1)
+                        ai_sb, aj_sb, si_sb, sj_sb = ka_i, ka_j, ka_i, ka_j
                         if off:
-                            si_sb = load_panels(b_i, split, i, tb, 1, kt0, nkt)
-                            sj_sb = load_panels(b_j, split, j, tb, 1, kt0, nkt)
-                        wa, wb = 0, 0
+                            si_sb, sj_sb = kb_i, kb_j
+                        wa, wb = kc % 2, kc % 2
                     # T[w, tb] = B_i[:, w]^T B_j[:, tb], and off the diagonal the mirrored
                     # tile already transposed, T[tb, w]^T = B_j[:, w]^T B_i[:, tb]: both
                     # stationaries are window tiles w < tb, so full 128 columns wide
@@ -251,13 +270,16 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
        (``load_pair_denominators``); ``memset`` SBUF accumulator ``acc_sb`` to 0.
     2. When naux is one chunk (<= 24 K tiles): per i met, DMA the window's tiles of ``B_i``
        (the panel) -> SBUF ``pi_sb`` (``load_panels``), resident for every j.
-    3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, then for each
-       a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the panel
-       (``accumulate_strips``). With more chunks, both panel chunks are loaded for every tile
-       and PSUM keeps accumulating over the chunks. T never leaves the chip.
-    4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (``tensor_scalar`` and
-       VectorE ``reciprocal``), ``W = T * R``, the row sums of ``W * T`` into the column of
-       ``acc_sb``.
+    3. Per b chunk bc (<= 512 columns): DMA ``B_j[:, bc]`` -> SBUF ``sj_sb`` once, through two
+       slots (the next chunk, or the next pair's first, DMA'd while this one is used), then for
+       each a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T B_j[:, bc]`` in PSUM from the
+       panel (``accumulate_strips``). With more K chunks, both operands' chunks are loaded for
+       every tile through two slots each (chunk kc+1 DMA'd while chunk kc is multiplied) and
+       PSUM keeps accumulating over the chunks. T never leaves the chip. The ragged last a tile
+       is a narrow stationary here (these αβ blocks have no mirrored tile to swap roles with).
+    4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (ScalarE
+       ``activation(copy, bias)`` and VectorE ``reciprocal``), ``W = T * R``, the row sums of
+       ``W * T`` into the column of ``acc_sb``.
     5. ``dma_copy`` SBUF ``acc_sb`` -> the program's columns of HBM ``partials`` (the only
        write to HBM).
 
@@ -287,6 +309,9 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     acc_sb = nl.ndarray((TILE_M, npp * per_pair), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc_sb[0:TILE_M, 0:npp * per_pair], value=0.0)
 
+    if n_kc > 1:  # K chunks of the a tile and of the b chunk pass through two slots each
+        ka_sb = stream_buffers(split, 2, kc_tiles)
+        kb_sb = stream_buffers(split, 2 * chunk_tiles, kc_tiles)
     if n_kc == 1:
         # Step 3: the b chunks stream through two slots of chunk_tiles tiles each; the first
         # chunk of this program's first pair is loaded here, every later one one step ahead.
@@ -318,15 +343,26 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
             for ta in nl.static_range(n_at):
                 _a0, asz = tile_span(ta, TILE_M, nva)
                 t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
+                if n_kc > 1:
+                    # Steps 2-3, streamed: the first K chunk of both operands into slot 0.
+                    _k0, nkt0 = tile_span(0, kc_tiles, n_kt)
+                    load_panels_into(ka_sb[0], ka_sb[1], 0, b_i, split, i, ta, 1, 0, nkt0)
+                    load_panels_into(kb_sb[0], kb_sb[1], 0, b_j, split, j, bt0, nbt, 0, nkt0)
                 for kc in nl.static_range(n_kc):
                     kt0, nkt = tile_span(kc, kc_tiles, n_kt)
                     if n_kc == 1:
                         ai_sb, wa, bj_sb, wb = pi_sb, ta, sj_sb, slot
                     else:
-                        # Steps 2-3, streamed: both chunks loaded for every tile.
-                        ai_sb = load_panels(b_i, split, i, ta, 1, kt0, nkt)
-                        bj_sb = load_panels(b_j, split, j, bt0, nbt, kt0, nkt)
-                        wa, wb = 0, 0
+                        # Steps 2-3, streamed: prefetch chunk kc+1 into the other slots while
+                        # chunk kc is multiplied (each chunk loaded once per tile).
+                        if kc + 1 < n_kc:
+                            kt1, nkt1 = tile_span(kc + 1, kc_tiles, n_kt)
+                            nxt = (kc + 1) % 2
+                            load_panels_into(ka_sb[0], ka_sb[1], nxt, b_i, split, i, ta, 1, kt1,
+                                             nkt1)
+                            load_panels_into(kb_sb[0], kb_sb[1], nxt * chunk_tiles, b_j, split,
+                                             j, bt0, nbt, kt1, nkt1)
+                        ai_sb, wa, bj_sb, wb = ka_sb, kc % 2, kb_sb, (kc % 2) * chunk_tiles
                     for u in nl.static_range(nbt):
                         c0, csz = tile_span(u, TILE_M, bsz)
                         accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, bj_sb, wb + u, kt0,
