@@ -22,7 +22,14 @@ instruction module documents its checks. It never measures performance: traces
 apart). The module objects carry ``__dfmp2_emulator__ = True`` so that callers can tell them
 from the real ``nki``.
 
-Not emulated: ``.ap`` access patterns, ``view(dtype)``, indirect DMA, fp8/tf32 types,
+Dynamic loops (``nl.dynamic_range``, ``nisa.VirtualRegister`` and the ``nisa.register_*``
+instructions) and ``.ap`` access patterns on HBM tensors with a ``scalar_offset`` (as
+``nisa.dma_copy`` operands) are emulated: the body of a dynamic loop runs once per iteration
+but counts once toward the launch's instruction bound (``Record.static``); see
+:func:`.language.dynamic_range`, :mod:`._register` and :meth:`._tensor.NkiTensor.ap`.
+
+Not emulated: ``.ap`` on SBUF/PSUM tensors, ``.ap`` with ``vector_offset`` (indirect DMA) or a
+``dtype`` reinterpretation, dynamic ``while`` loops, ``view(dtype)``, fp8/tf32 types,
 multi-dimensional launch grids, bitvec/logical operators, the ``nl`` compute wrappers, and
 every ``nisa`` instruction not listed in :mod:`.isa`.
 """

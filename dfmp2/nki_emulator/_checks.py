@@ -7,6 +7,11 @@ mark the elements written and record in PSUM that a non-matmul instruction wrote
 In a grid launch (``kernel[2]``), the programs run concurrently on hardware with no ordering
 between them, so for a shared_hbm output (an allocation with a ``writer`` array) writing an
 element another program wrote, or reading an element another program wrote, raises.
+
+Access patterns (``t.ap(...)``, :class:`~._tensor.ApView`, ``nisa.dma_copy`` only) go through
+:func:`read_ap_raw` / :func:`write_ap_raw`: the same never-written and race checks on the
+elements the pattern selects, after :func:`ap_flat_indices` resolved the dynamic offset and
+checked that every selected element lies inside the tensor.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from . import _state
 from ._context import EmulatorError, current
 from ._dtypes import float32, from_float32, to_float32
 from ._enums import engine as Engine
-from ._tensor import MemoryRegion, NkiTensor
+from ._register import VirtualRegister, register_value
+from ._tensor import ApView, MemoryRegion, NkiTensor
 
 SBUF = MemoryRegion.sbuf
 PSUM = MemoryRegion.psum
@@ -28,6 +34,11 @@ ON_CHIP = (SBUF, PSUM)
 
 def tensor(x: Any, instr: str, name: str) -> NkiTensor:
     """Return ``x`` if it is an emulated tensor, else raise naming the parameter."""
+    if isinstance(x, ApView):
+        raise EmulatorError(
+            f"nisa.{instr}: {name} is an access pattern {x.describe()}; the emulator accepts "
+            ".ap() views only as nisa.dma_copy src or dst"
+        )
     if not isinstance(x, NkiTensor):
         raise TypeError(
             f"nisa.{instr}: {name} must be an NKI tensor (nl.ndarray or a view), "
@@ -108,22 +119,31 @@ def writable(t: NkiTensor, instr: str, name: str = "dst") -> NkiTensor:
 
 
 def _check_written(t: NkiTensor, instr: str, name: str) -> None:
-    if not t._written.all():
-        missing = int((~t._written).sum())
+    _check_written_elements(
+        t._written, t._writer, f"{t.name!r} (view {t.shape} of {t._alloc.shape})", instr, name
+    )
+
+
+def _check_written_elements(
+    written: np.ndarray, writer: np.ndarray | None, what: str, instr: str, name: str
+) -> None:
+    """Refuse reading never-written elements, or (grid launches) elements another program
+    wrote; ``written``/``writer`` hold the elements read, ``what`` names them."""
+    if not written.all():
+        missing = int((~written).sum())
         raise EmulatorError(
-            f"nisa.{instr}: {name} reads {missing} of {t.size} never-written element(s) of "
-            f"{t.name!r} (view {t.shape} of {t._alloc.shape}); nl.ndarray memory is uninitialised"
+            f"nisa.{instr}: {name} reads {missing} of {written.size} never-written element(s) of "
+            f"{what}; nl.ndarray memory is uninitialised"
         )
-    if t._writer is not None:
+    if writer is not None:
         run = current(f"nisa.{instr}")
-        foreign = t._writer != run.program_id
+        foreign = writer != run.program_id
         if foreign.any():
-            other = int(t._writer[foreign].flat[0])
+            other = int(writer[foreign].flat[0])
             raise EmulatorError(
                 f"nisa.{instr}: {name} of {run.label} reads {int(foreign.sum())} element(s) of "
-                f"the shared_hbm tensor {t.name!r} (view {t.shape} of {t._alloc.shape}) that "
-                f"program {other} wrote; the programs of a grid launch run concurrently with no "
-                "ordering between them"
+                f"the shared_hbm tensor {what} that program {other} wrote; the programs of a "
+                "grid launch run concurrently with no ordering between them"
             )
 
 
@@ -132,17 +152,22 @@ def _note_writer(t: NkiTensor) -> None:
     outputs only), refusing elements another program already wrote."""
     if t._writer is None:
         return
+    _check_foreign_writes(t._writer, f"{t.name!r}", f"view {t.shape} of {t._alloc.shape}")
+    t._writer[...] = current("write").program_id
+
+
+def _check_foreign_writes(writer: np.ndarray, name: str, what: str) -> None:
+    """Refuse a write of elements (their ``writer`` values) another program already wrote."""
     run = current("write")
-    foreign = (t._writer >= 0) & (t._writer != run.program_id)
+    foreign = (writer >= 0) & (writer != run.program_id)
     if foreign.any():
-        other = int(t._writer[foreign].flat[0])
+        other = int(writer[foreign].flat[0])
         raise EmulatorError(
-            f"race on the shared_hbm tensor {t.name!r}: {run.label} writes "
-            f"{int(foreign.sum())} element(s) (view {t.shape} of {t._alloc.shape}) that program "
+            f"race on the shared_hbm tensor {name}: {run.label} writes "
+            f"{int(foreign.sum())} element(s) ({what}) that program "
             f"{other} also writes; the programs of a grid launch run concurrently, so each must "
             "write its own part of a shared output"
         )
-    t._writer[...] = run.program_id
 
 
 def read_f32(t: NkiTensor, instr: str, name: str) -> np.ndarray:
@@ -177,6 +202,10 @@ def write_raw(t: NkiTensor, values: np.ndarray) -> None:
 
 def scalar(value: Any, instr: str, name: str) -> np.float32:
     """A compile-time constant operand as float32 (Python numbers; no float64 NumPy scalars)."""
+    if isinstance(value, VirtualRegister):
+        raise value._misuse(f"as the {name} operand of nisa.{instr}")
+    if isinstance(value, ApView):
+        tensor(value, instr, name)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"nisa.{instr}: {name} must be a number or a (P, 1) tile, got {value!r}")
     if isinstance(value, np.float64):
@@ -222,3 +251,70 @@ def no_psum_on_gpsimd(eng: str, instr: str, **tensors: NkiTensor | None) -> None
     for name, t in tensors.items():
         if t is not None and t.buffer is PSUM:
             raise EmulatorError(f"nisa.{instr}: GpSimd cannot access PSUM, but {name} is in PSUM")
+
+
+# -- access patterns (``t.ap(...)``, nisa.dma_copy only) --------------------------------------
+def scalar_offset_value(view: ApView, instr: str, name: str) -> int:
+    """The value of ``view``'s scalar offset when the instruction runs (0 without one): a
+    VirtualRegister's value, or the element of an SBUF (1, 1) integer tensor (which must have
+    been written)."""
+    offset = view.scalar_offset
+    if offset is None:
+        return 0
+    if isinstance(offset, VirtualRegister):
+        return register_value(offset, f"nisa.{instr}: {name} scalar_offset")
+    return int(read_raw(offset, instr, f"{name} scalar_offset").reshape(-1)[0])
+
+
+def ap_flat_indices(view: ApView, instr: str, name: str) -> np.ndarray:
+    """Flat element indices (int64, of ``view.shape``) into the base tensor that ``view``
+    selects now: ``offset + scalar_offset * indirect_stride + sum(k_d * step_d)``. Raises when
+    any lies outside ``[0, base.size)``."""
+    dynamic = scalar_offset_value(view, instr, name)
+    start = view.offset + dynamic * view.indirect_stride
+    idx = start + view.relative_indices()
+    size = view._alloc.data.size
+    outside = (idx < 0) | (idx >= size)
+    if outside.any():
+        bad = int(idx.flat[int(np.argmax(outside))])  # the first, in pattern order
+        dyn = ""
+        if view.scalar_offset is not None:
+            dyn = (
+                f" (scalar_offset value {dynamic} x {view.indirect_stride} elements per index "
+                f"of dim {view.indirect_dim})"
+            )
+        raise EmulatorError(
+            f"nisa.{instr}: {name} {view.describe()} reaches flat element {bad}, outside the "
+            f"tensor {view._alloc.shape} ([0, {size}), {int(outside.sum())} element(s) "
+            f"outside); its start is element {start}{dyn}"
+        )
+    return idx
+
+
+def read_ap_raw(view: ApView, instr: str, name: str) -> np.ndarray:
+    """Stored values (a copy, of ``view.shape``) of the elements ``view`` selects, after the
+    bounds, never-written and race checks."""
+    idx = ap_flat_indices(view, instr, name)
+    alloc = view._alloc
+    writer = None if alloc.writer is None else alloc.writer.reshape(-1)[idx]
+    what = f"{alloc.shape} through {view.describe()}"
+    _check_written_elements(alloc.written.reshape(-1)[idx], writer, what, instr, name)
+    return alloc.data.reshape(-1)[idx]
+
+
+def write_ap_raw(view: ApView, values: np.ndarray, instr: str, name: str) -> None:
+    """Store already-typed ``values`` into the elements ``view`` selects (bounds and race
+    checks; a pattern selecting an element twice is refused: which write lands is undefined)."""
+    idx = ap_flat_indices(view, instr, name).reshape(-1)
+    if np.unique(idx).size != idx.size:
+        raise EmulatorError(
+            f"nisa.{instr}: {name} {view.describe()} selects some elements more than once; the "
+            "emulator refuses such a destination (the order of the writes is undefined)"
+        )
+    alloc = view._alloc
+    if alloc.writer is not None:
+        flat_writer = alloc.writer.reshape(-1)
+        _check_foreign_writes(flat_writer[idx], f"{alloc.name!r}", f"through {view.describe()}")
+        flat_writer[idx] = current("write").program_id
+    alloc.data.reshape(-1)[idx] = np.asarray(values).reshape(-1)
+    alloc.written.reshape(-1)[idx] = True

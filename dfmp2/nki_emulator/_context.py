@@ -3,13 +3,31 @@
 Liveness model: an SBUF/PSUM allocation is live while any Python object refers to it (the
 tensor returned by ``nl.ndarray`` or any view of it). CPython frees it when the last reference
 goes, e.g. when a loop rebinds the name. The new tile is allocated before the old name is
-rebound, so a tile allocated inside a loop briefly counts twice. This is conservative compared
+rebound, so a tile allocated inside an unrolled loop briefly counts twice (in a dynamic loop
+it does not, see below). This is conservative compared
 with the compiler's allocator; the budgets are per partition:
 
 - SBUF: the usable bytes per partition, 180224 (trn1) or 212984 (trn2), of the documented
   192 KiB or 224 KiB (``_state.SBUF_BYTES_PER_PARTITION``);
 - PSUM: 8 banks of 2 KiB per partition; each allocation takes whole banks (rounded up) and
   starts on a bank boundary.
+
+Inside ``nl.dynamic_range`` loops (:class:`DynamicLoop`), the compiler allocates the body's
+tensors once and reuses them in every iteration (``nki/deep-dives/nki-dynamic-loops.rst``:
+"Tensors allocated inside the loop body are allocated once and reused across iterations"). The
+emulator allocates anew in each iteration, so when an iteration starts, the on-chip allocations
+of the loop's previous iteration stop counting against the budgets (still-referenced tiles of
+that iteration stand for the same memory as this iteration's); the last iteration's
+allocations count until they are freed. (So, unlike an unrolled loop, a dynamic loop body never
+holds two generations of its tiles against the budget.)
+
+Static instruction count: a dynamic loop is one hardware loop instruction over one copy of its
+body ("The compiled artifact size does **not** grow with the trip count"). The emulator runs
+the body once per iteration, and counts an instruction against
+``_state.MAX_INSTRUCTIONS_PER_LAUNCH`` (``KernelRun.instructions``) only while every enclosing
+dynamic loop is in its first iteration; ``KernelRun.executed`` counts every issued instruction.
+A loop of zero iterations runs nothing, so its body counts nothing (the compiled loop has a
+body; the emulator cannot see it).
 
 A grid launch ``kernel[n]`` creates one run per program (see :mod:`._jit`): each has its own
 budgets and instruction count (each physical NeuronCore has its own SBUF, PSUM and instruction
@@ -25,11 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _state
+from ._errors import EmulatorError
 from ._tensor import Allocation, MemoryRegion
 
-
-class EmulatorError(RuntimeError):
-    """A kernel broke a documented NKI 0.3.0 rule (the message names the rule and the values)."""
+__all__ = ["EmulatorError", "KernelRun", "current"]
 
 
 @dataclass
@@ -39,6 +56,23 @@ class _Usage:
     sbuf_bytes: int = 0
     psum_banks: int = 0
     live: dict[int, tuple[str, str, int]] = field(default_factory=dict)
+
+
+class DynamicLoop:
+    """One ``nl.dynamic_range`` loop in progress (an entry of ``KernelRun.dynamic_loops``).
+
+    Attributes
+    ----------
+    iteration : int
+        Index of the iteration running (0 for the first).
+    allocations : list of int
+        Budget keys of the on-chip allocations made during the current iteration (also inside
+        nested loops), released from the budgets when the next iteration starts.
+    """
+
+    def __init__(self) -> None:
+        self.iteration = 0
+        self.allocations: list[int] = []
 
 
 class KernelRun:
@@ -81,7 +115,12 @@ class KernelRun:
         self.sbuf_budget = _state.SBUF_BYTES_PER_PARTITION[target]
         self.usage = _Usage()
         self.counter = 0
+        #: Static instructions: the compiled stream's size, capped per launch.
         self.instructions = 0
+        #: Every issued instruction (dynamic loop bodies once per iteration).
+        self.executed = 0
+        #: The nl.dynamic_range loops in progress, outermost first.
+        self.dynamic_loops: list[DynamicLoop] = []
         self.reduce_regs = np.zeros(_state.NUM_PARTITIONS, dtype=np.float32)
         self.reduce_regs_valid = np.zeros(_state.NUM_PARTITIONS, dtype=bool)
 
@@ -120,6 +159,33 @@ class KernelRun:
         else:
             return
         alloc.on_release(_release_callback(usage, key))
+        for loop in self.dynamic_loops:
+            loop.allocations.append(key)
+
+    @property
+    def static_pass(self) -> bool:
+        """True unless a dynamic loop in progress is past its first iteration (instructions
+        issued now are part of the compiled instruction stream)."""
+        return all(loop.iteration == 0 for loop in self.dynamic_loops)
+
+    def enter_dynamic_loop(self) -> DynamicLoop:
+        """Push a new ``nl.dynamic_range`` loop (in its first iteration)."""
+        loop = DynamicLoop()
+        self.dynamic_loops.append(loop)
+        return loop
+
+    def next_iteration(self, loop: DynamicLoop, iteration: int) -> None:
+        """Start iteration ``iteration`` of ``loop``: the on-chip allocations of its previous
+        iteration stop counting against the budgets (the compiler reuses their memory)."""
+        release = [_release_callback(self.usage, key) for key in loop.allocations]
+        for callback in release:
+            callback()
+        loop.allocations.clear()
+        loop.iteration = iteration
+
+    def exit_dynamic_loop(self, loop: DynamicLoop) -> None:
+        """Pop ``loop`` (by identity, so an out-of-order close cannot drop another loop)."""
+        self.dynamic_loops = [entry for entry in self.dynamic_loops if entry is not loop]
 
     @property
     def label(self) -> str:
@@ -160,17 +226,25 @@ class KernelRun:
         self.shared_hbm.append(alloc)
         return alloc
 
-    def count_instruction(self, instruction: str) -> None:
-        """Count one issued instruction; raise past ``_state.MAX_INSTRUCTIONS_PER_LAUNCH``
-        (per program in a grid launch: each physical core runs its own instruction stream)."""
+    def count_instruction(self, instruction: str) -> bool:
+        """Count one issued instruction and return whether it is static (see the module
+        docstring: inside a dynamic loop, only the first iteration's instructions are). Raise
+        when the static count passes ``_state.MAX_INSTRUCTIONS_PER_LAUNCH`` (per program in a
+        grid launch: each physical core runs its own instruction stream)."""
+        self.executed += 1
+        if not self.static_pass:
+            return False
         self.instructions += 1
         if self.instructions > _state.MAX_INSTRUCTIONS_PER_LAUNCH:
             who = f" ({self.label})" if self.label else ""
             raise EmulatorError(
                 f"nisa.{instruction}: kernel {self.name!r}{who} issued more than "
                 f"{_state.MAX_INSTRUCTIONS_PER_LAUNCH} instructions in one launch (the emulator's "
-                "bound on an unrolled trace; split the work over launches on the host)"
+                "bound on the compiled, unrolled instruction stream, in which a nl.dynamic_range "
+                "body counts once; split the work over launches on the host, or loop with "
+                "nl.dynamic_range)"
             )
+        return True
 
     def _live(self, kind: str) -> str:
         items = [f"{d} ({n})" for k, d, n in self.usage.live.values() if k == kind]

@@ -10,7 +10,8 @@ from . import _enums as E
 from . import _ops, _trace
 from . import language as nl
 from ._context import EmulatorError, current
-from ._dtypes import from_float32
+from ._dtypes import from_float32, to_float32
+from ._tensor import ApView
 
 F32 = np.float32
 _CMP = (nl.equal, nl.not_equal, nl.less, nl.less_equal, nl.greater, nl.greater_equal)
@@ -28,11 +29,20 @@ def dma_copy(
 
     Elements are matched in row-major order. Different dtypes convert src -> float32 -> dst;
     equal dtypes copy bit-exactly. PSUM is neither a source nor a destination of DMA.
+
+    Either side may be an access pattern on an HBM tensor (``t.ap(...)``, see
+    :meth:`~._tensor.NkiTensor.ap`), the other an ordinary tensor (or another pattern): its
+    scalar offset is read now, every element it selects must lie inside the tensor, reads
+    refuse never-written elements and writes mark elements written (and record the writing
+    program of a grid launch's shared output), as for an ordinary view. In the record, the
+    pattern's ``run_bytes`` (its contiguous run per row) is computed from its pattern as for a
+    view: the trailing ``[step, num]`` pairs after the first that are contiguous (innermost step
+    1, each outer step the product of the inner nums), multiplied out.
     """
     instr = "dma_copy"
     current(f"nisa.{instr}")
-    s = ck.tensor(src, instr, "src")
-    d = ck.writable(ck.tensor(dst, instr, "dst"), instr)
+    s = _dma_operand(src, instr, "src")
+    d = ck.writable(_dma_operand(dst, instr, "dst"), instr)
     if s.buffer is ck.PSUM:
         raise EmulatorError(
             f"nisa.{instr}: src {s.name!r} is in PSUM; dma_copy cannot read PSUM in "
@@ -72,22 +82,40 @@ def dma_copy(
         raise EmulatorError(
             f"nisa.{instr}: oob_mode={oob_mode} only applies to indirect DMA, which is not emulated"
         )
-    if s.dtype is d.dtype:
-        ck.write_raw(d, ck.read_raw(s, instr, "src"))
+    if isinstance(s, ApView):
+        values = ck.read_ap_raw(s, instr, "src")
     else:
-        ck.write_f32(d, ck.read_f32(s, instr, "src"))
+        values = ck.read_raw(s, instr, "src")
+    if s.dtype is not d.dtype:
+        values = from_float32(to_float32(values), d.dtype)
+    if isinstance(d, ApView):
+        ck.write_ap_raw(d, values, instr, "dst")
+    else:
+        ck.write_raw(d, values)
     hbm = s if not s.buffer.on_chip else d
     _trace.emit(instr, "dma", {"dst": d, "src": s}, nbytes=d.size * d.dtype.itemsize,
                 src_bytes=s.size * s.dtype.itemsize, run_bytes=_contiguous_run_bytes(hbm))
 
 
+def _dma_operand(x, instr: str, name: str):
+    """A dma_copy operand: an ordinary tensor view or an access pattern (:class:`ApView`)."""
+    return x if isinstance(x, ApView) else ck.tensor(x, instr, name)
+
+
 def _contiguous_run_bytes(view) -> int:
     """Device bytes of the longest contiguous run of ``view`` within one row of its first axis
     (the partition axis of an on-chip view; for an HBM view the rows that land on partitions):
-    the trailing free axes that are contiguous in memory, multiplied out."""
-    data = view._data
-    run, expected = 1, data.itemsize
-    for size, stride in zip(reversed(data.shape[1:]), reversed(data.strides[1:])):
+    the trailing free axes that are contiguous in memory, multiplied out. For an access pattern
+    the same from its ``[step, num]`` pairs (steps in elements)."""
+    if isinstance(view, ApView):
+        sizes_strides = [(num, step) for step, num in view.pattern[1:]]
+        expected = 1
+    else:
+        data = view._data
+        sizes_strides = list(zip(data.shape[1:], data.strides[1:]))
+        expected = data.itemsize
+    run = 1
+    for size, stride in reversed(sizes_strides):
         if size == 1:
             continue
         if stride != expected:

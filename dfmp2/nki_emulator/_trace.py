@@ -37,7 +37,8 @@ class Record:
         ``nisa`` function name, e.g. ``"nc_matmul"``.
     engine : str
         Engine the emulator attributes it to (``tensor``, ``vector``, ``scalar``, ``gpsimd``,
-        ``dma``), following the documented engine of the instruction or the ``engine=`` given.
+        ``dma``), following the documented engine of the instruction or the ``engine=`` given;
+        ``sync`` for the ``nisa.register_*`` instructions (see :mod:`._isa_register`).
     operands : dict of str to Operand
         Tensor operands by parameter name (``dst``, ``src``, ``stationary``, ...).
     nbytes : int
@@ -49,6 +50,12 @@ class Record:
     program : int
         ``nl.program_id(0)`` of the program that issued it: 0 for a plain call, ``p`` for
         program ``p`` of a grid launch ``kernel[n](...)``.
+    static : bool
+        Whether it is part of the launch's compiled instruction stream, the count capped by
+        ``_state.MAX_INSTRUCTIONS_PER_LAUNCH``: True except inside a ``nl.dynamic_range`` loop
+        past its first iteration (a hardware loop runs one copy of its body; the emulator
+        records every iteration). ``sum(r.static for r in tr.records)`` is the static size,
+        ``len(tr.records)`` the executed count.
     """
 
     instruction: str
@@ -58,6 +65,7 @@ class Record:
     kernel: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
     program: int = 0
+    static: bool = True
 
 
 class Trace:
@@ -140,8 +148,9 @@ def emit(
 ) -> None:
     """Count the instruction against its launch's bound, then append a record to every active
     trace (none when no trace is active)."""
+    static = True
     if _state.KERNEL_STACK:
-        _state.KERNEL_STACK[-1].count_instruction(instruction)
+        static = _state.KERNEL_STACK[-1].count_instruction(instruction)
     if not _state.TRACE_STACK:
         return
     run = _state.KERNEL_STACK[-1] if _state.KERNEL_STACK else None
@@ -150,7 +159,7 @@ def emit(
     described = {
         k: operand(v) for k, v in operands.items() if v is not None and hasattr(v, "buffer")
     }
-    record = Record(instruction, engine, described, nbytes, kernel, dict(attrs), program)
+    record = Record(instruction, engine, described, nbytes, kernel, dict(attrs), program, static)
     for tr in _state.TRACE_STACK:
         tr.records.append(record)
 

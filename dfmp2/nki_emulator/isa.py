@@ -4,6 +4,10 @@ Every instruction takes ``dst`` first, validates its operands against the docume
 constraints (raising :class:`EmulatorError` or ``TypeError`` naming the instruction and the
 limit), computes with NumPy in float32, writes ``dst`` cast to its dtype, and appends a record
 to the active traces.
+
+``VirtualRegister`` and the ``register_*`` instructions (:mod:`._register`,
+:mod:`._isa_register`) serve ``nl.dynamic_range`` bounds and ``.ap(..., scalar_offset=reg)``
+dynamic DMA.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from ._context import EmulatorError
 from ._enums import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
 from ._isa_data import affine_select, dma_copy, iota, memset, tensor_copy
 from ._isa_matmul import nc_matmul, nc_transpose
+from ._isa_register import register_alloc, register_load, register_move, register_store
 from ._isa_vector import (
     activation,
     reciprocal,
@@ -22,6 +27,7 @@ from ._isa_vector import (
     tensor_scalar,
     tensor_tensor,
 )
+from ._register import VirtualRegister
 
 __dfmp2_emulator__ = True
 
@@ -31,6 +37,7 @@ NkiValidationError = EmulatorError
 
 __all__ = [
     "NkiValidationError",
+    "VirtualRegister",
     "activation",
     "affine_select",
     "dge_mode",
@@ -47,6 +54,10 @@ __all__ = [
     "oob_mode",
     "reciprocal",
     "reduce_cmd",
+    "register_alloc",
+    "register_load",
+    "register_move",
+    "register_store",
     "scalar_tensor_tensor",
     "tensor_copy",
     "tensor_partition_reduce",

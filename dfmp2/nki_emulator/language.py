@@ -28,6 +28,7 @@ from ._dtypes import (
     uint16,
     uint32,
 )
+from ._register import VirtualRegister, register_value
 from ._tensor import Allocation, DynSlice, MemoryRegion, NkiTensor
 
 __dfmp2_emulator__ = True
@@ -39,6 +40,7 @@ __all__ = [
     "bfloat16",
     "bool_",
     "ds",
+    "dynamic_range",
     "float16",
     "float32",
     "hbm",
@@ -187,6 +189,79 @@ def affine_range(start, stop=None, step=1):
 def sequential_range(start, stop=None, step=1):
     """Deprecated in 0.3.0 (fully unrolled, same as :func:`static_range`)."""
     return static_range(start, stop, step)
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A **dynamic** (on-device, hardware) loop: ``for i in nl.dynamic_range(...)``.
+
+    NKI 0.3.0, ``nki/deep-dives/nki-dynamic-loops.rst``: "When the compiler encounters a
+    ``dynamic_range`` loop it emits a **hardware loop instruction** on the device. The loop
+    body is not unrolled; instead, a single copy of the body is generated and the hardware
+    iterates over it at runtime"; "The compiled artifact size does **not** grow with the trip
+    count"; "The loop variable is a device register, not a Python ``int``. You cannot use it
+    in host-side Python expressions (e.g., ``if i == 0:``)"; ``start``/``stop`` "Can be Python
+    ``int`` literals **or** ``VirtualRegister`` objects"; ``step`` "**Must** be a compile-time
+    positive integer. Passing a ``VirtualRegister`` raises an ``AssertionError``"; "Tensors
+    allocated inside the loop body are allocated once and reused across iterations".
+
+    Emulated semantics:
+
+    - one argument is ``stop`` (``start`` 0), as for ``range``; register bounds are read when
+      the loop starts (an uninitialised register raises);
+    - ``step`` that is not a positive Python int (a VirtualRegister, 0, negative, a float)
+      raises AssertionError;
+    - the body runs once per iteration (so results are exact) and the loop variable is a
+      fresh frozen :class:`~._register.VirtualRegister` holding the iteration's value: any
+      Python use of it raises; use it as an ``.ap(..., scalar_offset=i)`` offset, a bound of a
+      nested dynamic loop, or a ``nisa.register_move`` source;
+    - static size: only the instructions of the first iteration (of every enclosing dynamic
+      loop) count against the launch's instruction bound, and their trace records have
+      ``static=True``; later iterations' records have ``static=False``;
+    - memory: when an iteration starts, the previous iteration's on-chip allocations stop
+      counting against the SBUF/PSUM budgets (:mod:`._context`);
+    - a zero-trip loop runs nothing, and its body counts nothing.
+
+    Not emulated: the hardware loop instruction itself (no trace record), ``while reg:`` loops
+    (``bool(reg)`` raises), and the rule that a dynamic loop may not sit inside
+    ``nl.no_reorder()`` (the lint checks it, :mod:`.lint`).
+    """
+    where = "nl.dynamic_range"
+    run = _context.current(where)
+    if (
+        isinstance(step, VirtualRegister)
+        or isinstance(step, bool)
+        or not isinstance(step, (int, np.integer))
+        or step <= 0
+    ):
+        raise AssertionError(
+            f"{where}: step must be a compile-time positive int (the hardware loop instruction "
+            f"encodes it as an immediate operand), got {step!r}"
+        )
+    if stop is None:
+        start, stop = 0, start
+    first = _loop_bound(start, where, "start")
+    last = _loop_bound(stop, where, "stop")
+    return _dynamic_iterations(run, range(first, last, int(step)))
+
+
+def _loop_bound(value: Any, where: str, name: str) -> int:
+    if isinstance(value, VirtualRegister):
+        return register_value(value, f"{where}: {name}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an int or a VirtualRegister, got {value!r}")
+    return int(value)
+
+
+def _dynamic_iterations(run: _context.KernelRun, values: range):
+    """Yield a frozen register per iteration while ``run`` tracks the loop; the loop's entry
+    is removed however the loop ends (exhausted, ``break``, or an exception in the body)."""
+    loop = run.enter_dynamic_loop()
+    try:
+        for iteration, value in enumerate(values):
+            run.next_iteration(loop, iteration)
+            yield VirtualRegister(value, frozen=True)
+    finally:
+        run.exit_dynamic_loop(loop)
 
 
 # -- SPMD launch grid ------------------------------------------------------------------------

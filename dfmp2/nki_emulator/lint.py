@@ -20,7 +20,14 @@ Rules (each message is ``file:line: [rule] detail (in function)``):
   wrappers such as ``nl.load``, ``nl.store``, ``nl.matmul`` are experimental), and ``nisa.*``
   calls the emulator does not implement;
 - ``forbidden-statement``: ``try``, ``with`` (except ``with nl.no_reorder():``), ``yield``,
-  ``global``, ``nonlocal``, ``await``.
+  ``global``, ``nonlocal``, ``await``;
+- ``dynamic-in-no-reorder``: a ``for ... in nl.dynamic_range(...)`` loop inside a
+  ``with nl.no_reorder():`` block ("``dynamic_range`` loops inside a ``nl.no_reorder()`` block
+  are not currently supported", ``nki/deep-dives/nki-dynamic-loops.rst``; put the
+  ``no_reorder`` block inside the loop body instead).
+
+Allowed device calls include ``nl.dynamic_range``, the ``nisa.register_*`` instructions and
+``t.ap(pattern, ...)`` (a method call, with its list ``pattern``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ ALLOWED_NL_CALLS = frozenset(
         "static_range",
         "affine_range",
         "sequential_range",
+        "dynamic_range",
         "program_id",
         "num_programs",
         "program_ndim",
@@ -267,9 +275,39 @@ def _check_node(node: ast.AST, func: ast.FunctionDef, al: _Aliases) -> list[tupl
         out.append(
             (line, "forbidden-statement", "'with' is not accepted (only 'with nl.no_reorder():')")
         )
+    if isinstance(node, ast.With) and _is_no_reorder(node, al):
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.For) and _is_dynamic_range(inner.iter, al):
+                out.append(
+                    (
+                        inner.lineno,
+                        "dynamic-in-no-reorder",
+                        "nl.dynamic_range loop inside 'with nl.no_reorder():' is not supported; "
+                        "put the no_reorder block inside the loop body",
+                    )
+                )
     if isinstance(node, ast.Call):
         out.extend(_check_call(node, line, al))
     return out
+
+
+def _is_no_reorder(node: ast.With, al: _Aliases) -> bool:
+    return any(
+        isinstance(i.context_expr, ast.Call)
+        and isinstance(i.context_expr.func, ast.Attribute)
+        and i.context_expr.func.attr == "no_reorder"
+        and _module_of(i.context_expr.func.value, al) == "nl"
+        for i in node.items
+    )
+
+
+def _is_dynamic_range(node: ast.expr, al: _Aliases) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "dynamic_range"
+        and _module_of(node.func.value, al) == "nl"
+    )
 
 
 def _check_call(node: ast.Call, line: int, al: _Aliases) -> list[tuple[int, str, str]]:

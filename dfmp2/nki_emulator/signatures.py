@@ -15,6 +15,13 @@ Sources (transcribed by hand, parameter names, order and defaults):
   Operator functions not listed in the reference (``maximum``, ``exp``, ...) come from that later
   stub and are kept in :data:`LANGUAGE_LATER_STUB`.
 - ``nki.jit``: ``nki/api/nki/__init__.py`` as quoted in the reference §1.3.
+- Dynamic loops and registers, read directly in the 0.3.0 stubs (commit 65c21355, a local
+  mirror of aws-neuron-sdk): ``nki/api/nki/isa/__init__.py`` ``register_alloc(x=None)``,
+  ``register_load(dst, src)``, ``register_move(dst, src)``, ``register_store(dst, src)``;
+  ``nki/api/nki/language/__init__.py`` ``dynamic_range(start, stop=None, step=1)``; and the
+  ``NkiTensor.ap`` method as ``nki/get-started/nki-language-guide.rst`` gives it,
+  ``ap(pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None)``
+  (:data:`TENSOR`, with ``self``).
 
 Defaults are written as strings: Python literals by ``repr`` (``None``, ``False``, ``()``,
 ``'auto'``), NKI objects by their qualified name (``engine.unknown``, ``nl.sbuf``, ``nl.equal``,
@@ -127,6 +134,10 @@ ISA: dict[str, list[tuple[str, str]]] = {
         ("name", "None"),
     ],
     "get_nc_version": [],
+    "register_alloc": [("x", "None")],
+    "register_load": [("dst", R), ("src", R)],
+    "register_move": [("dst", R), ("src", R)],
+    "register_store": [("dst", R), ("src", R)],
 }
 
 _RANGE = [("start", R), ("stop", "None"), ("step", "1")]
@@ -147,6 +158,7 @@ LANGUAGE: dict[str, list[tuple[str, str]]] = {
     "static_range": _RANGE,
     "affine_range": _RANGE,
     "sequential_range": _RANGE,
+    "dynamic_range": _RANGE,
     "program_id": [("axis", "0")],
     "num_programs": [("axes", "0")],
     # ``def program_ndim():`` ("0 if no grid"), read in the later stub 56577332288.
@@ -199,6 +211,19 @@ LANGUAGE_LATER_STUB: dict[str, list[tuple[str, str]]] = {
         "negative",
         "sign",
     )
+}
+
+#: Methods of ``nl.NkiTensor``.
+TENSOR: dict[str, list[tuple[str, str]]] = {
+    "ap": [
+        ("self", R),
+        ("pattern", R),
+        ("offset", "0"),
+        ("scalar_offset", "None"),
+        ("vector_offset", "None"),
+        ("indirect_dim", "0"),
+        ("dtype", "None"),
+    ],
 }
 
 NKI: dict[str, list[tuple[str, str]]] = {

@@ -35,6 +35,13 @@ if x == y:
     nisa.tensor_tensor(t, t, t, op=nl.add)
 with nl.no_reorder():
     nisa.dma_copy(dst=out, src=t)
+n = nisa.register_alloc(4)
+nisa.register_move(n, 2)
+for i in nl.dynamic_range(n):
+    nisa.dma_copy(dst=t, src=a.ap([[512, 128], [1, 512]], scalar_offset=i, indirect_dim=0))
+    nisa.dma_copy(dst=out.ap(pattern=[[512, 128], [1, 512]], scalar_offset=i), src=t)
+    with nl.no_reorder():
+        nisa.register_store(t[0:1, 0:1], i)
 """
 
 
@@ -67,6 +74,8 @@ def test_clean_kernel_passes():
         ("with open('f') as f:\n    pass", "forbidden-statement"),
         ("yield a", "forbidden-statement"),
         ("global G", "forbidden-statement"),
+        ("with nl.no_reorder():\n    for i in nl.dynamic_range(4):\n        pass",
+         "dynamic-in-no-reorder"),
     ],
 )
 def test_each_rule_fires(body, rule):

@@ -17,6 +17,10 @@ CASES = (
         for name, params in signatures.LANGUAGE_LATER_STUB.items()
     ]
     + [("nki", name, _root, params) for name, params in signatures.NKI.items()]
+    + [
+        ("nki.language.NkiTensor", name, language.NkiTensor, params)
+        for name, params in signatures.TENSOR.items()
+    ]
 )
 
 
