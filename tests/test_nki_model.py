@@ -135,14 +135,17 @@ def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
     assert "B uploaded once" in result.stdout
 
 
-def test_trn2_launches_hold_twice_the_pairs():
-    """LNC=2: each program keeps within the per-launch bounds, so a launch takes up to twice
-    the pairs of a trn1 launch and the energy step needs fewer launches."""
-    one = nki_model._launched_pairs(64, 448, 1536, False, 1)
-    two = nki_model._launched_pairs(64, 448, 1536, False, 2)
-    assert two[1] < one[1] and two[0] >= 64 * 65 // 2
+def test_the_energy_step_runs_in_few_persistent_launches():
+    """The rows are a device loop: one launch per block of the plan's columns and a-tile
+    window, however many rows (trnsci's medium shape: a few launches where a launch per chunk
+    of pairs needed about a hundred)."""
+    from dfmp2.linalg import nki_ops
 
-
+    cols, window = nki_ops._energy_launch_plan(448, 448, 1536, True)
+    launched, launches = nki_model._launched_pairs(64, 448, 1536, False)
+    blocks = -(-64 // cols)
+    assert launches == blocks * -(-4 // window) and launches <= 8
+    assert launched >= 64 * 65 // 2
 def test_cli_exits_non_zero_when_a_kernel_misses_float64(monkeypatch):
     real = nki_model._check
 
@@ -184,8 +187,8 @@ def test_bf16x3_past_its_launch_bound_is_named_and_the_fp32_kernels_still_modele
 
     real = nki_ops._energy_launch_plan
 
-    def fp32_only(nva, nvb, naux, exchange, split=False, programs=1):
-        return (1, 0) if split else real(nva, nvb, naux, exchange, split, programs)
+    def fp32_only(nva, nvb, naux, exchange, split=False):
+        return (1, 0) if split else real(nva, nvb, naux, exchange, split)
 
     monkeypatch.setattr(nki_ops, "_energy_launch_plan", fp32_only)
     result = CliRunner().invoke(main, ["nki-model", "--nocc", "2", "--nvir", "40", "--naux",

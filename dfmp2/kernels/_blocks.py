@@ -39,8 +39,13 @@ __all__ = [
     "subtract_psum",
     "store_psum",
     "row_dot",
-    "load_pair_denominators",
-    "program_pairs",
+    "load_neg_eps",
+    "load_row_denominators",
+    "store_row",
+    "row_tiles",
+    "load_row_panels_into",
+    "load_row_panels",
+    "program_rows",
     "reciprocal_denominators",
     "weighted_row_sums",
     "direct_row",
@@ -163,12 +168,12 @@ def matmul_tile(ksz, stat_sb, s0, ssz, mov_sb, n0, nsz):
     return dst_ps
 
 
-def load_chunk_pair(buf_i, buf_j, slot, b_i, b_j, split, i, j, tile, kt0, nkt):
-    """K tiles ``kt0 : kt0+nkt`` of virtual tile ``tile`` of ``B_i`` and of ``B_j`` (tile-major
-    HBM, :func:`load_panels`) into tile slot ``slot`` of two SBUF stream buffers
-    (:func:`stream_buffers`, ``nkt`` within their K extent): two ``dma_copy`` (four when
-    ``split``)."""
-    load_panels_into(buf_i[0], buf_i[1], slot, b_i, split, i, tile, 1, kt0, nkt)
+def load_chunk_pair(buf_i, buf_j, slot, b_i, b_j, split, r, j, tile, kt0, nkt):
+    """K tiles ``kt0 : kt0+nkt`` of virtual tile ``tile`` of ``B_i`` (the orbital in device
+    register ``r``, :func:`row_tiles`) and of ``B_j`` (orbital ``j``, a trace-time integer)
+    into tile slot ``slot`` of two SBUF stream buffers (:func:`stream_buffers`, ``nkt`` within
+    their K extent): two ``dma_copy`` (four when ``split``)."""
+    load_row_panels_into(buf_i[0], buf_i[1], slot, b_i, split, r, tile, 1, kt0, nkt)
     load_panels_into(buf_j[0], buf_j[1], slot, b_j, split, j, tile, 1, kt0, nkt)
 
 
@@ -269,53 +274,107 @@ def row_dot(dst_sb, x_sb, y_sb, rsz, fsz):
     nisa.tensor_reduce(dst=dst_sb, op=nl.add, data=prod_sb[0:rsz, 0:fsz], axis=1, keepdims=True)
 
 
-def load_pair_denominators(d_col, neg_eps_row, p0, p1):
-    """DMA the host-computed parts of the MP2 denominators of pairs ``p0 : p1`` into SBUF.
-
-    Operands: HBM ``d_col`` (nva, npairs), ``d_col[a, pair] = e_i + e_j - e_a``, and HBM
-    ``neg_eps_row`` (128, nvb), ``-e_b`` on every partition. Returns ``(negv_sb, dcol_sb)``:
-    SBUF (128, nvb) holding ``neg_eps_row``, and SBUF (128, ceil(nva/128) * (p1 - p0)) holding
-    a tile ``ta`` of ``d_col[:, p0:p1]`` (rows ``ta*128 : ta*128 + asz``) on partitions
-    ``0:asz`` at free offset ``ta * (p1 - p0)``. Preconditions: ``nva, nvb >= 1``,
-    ``0 <= p0 < p1 <= npairs``. ``1 + ceil(nva/128)`` ``dma_copy``.
-    """
-    nva = d_col.shape[0]
-    npp = p1 - p0
+def load_neg_eps(neg_eps_row):
+    """DMA HBM ``neg_eps_row`` (128, nvb), ``-e_b`` on every partition, into a new SBUF tile
+    (128, nvb); one ``dma_copy``. Preconditions: ``nvb >= 1``."""
     nvb = neg_eps_row.shape[1]
-    n_at = (nva + TILE_M - 1) // TILE_M
     negv_sb = nl.ndarray((TILE_M, nvb), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=negv_sb[0:TILE_M, 0:nvb], src=neg_eps_row[0:TILE_M, 0:nvb])
-    dcol_sb = nl.ndarray((TILE_M, n_at * npp), dtype=nl.float32, buffer=nl.sbuf)
+    return negv_sb
+
+
+def load_row_denominators(d_col, r):
+    """DMA the host-computed parts of the MP2 denominators of row ``r``'s pairs into SBUF.
+
+    Operands: HBM ``d_col`` (nr, nva, nj), ``d_col[r, a, j] = e_i + e_j - e_a`` (row r, column
+    j); ``r`` the device register of an ``nl.dynamic_range`` loop (the row is selected by
+    ``.ap(scalar_offset=r, indirect_dim=0)``). Returns SBUF (128, ceil(nva/128) * nj) holding
+    tile ``ta`` of the row (a = ``ta*128 : ta*128 + asz``) on partitions ``0:asz`` at free
+    offset ``ta * nj``. Preconditions: ``nva, nj >= 1``. ``ceil(nva/128)`` ``dma_copy``.
+    """
+    nva = d_col.shape[1]
+    nj = d_col.shape[2]
+    n_at = (nva + TILE_M - 1) // TILE_M
+    dcol_sb = nl.ndarray((TILE_M, n_at * nj), dtype=nl.float32, buffer=nl.sbuf)
     for ta in nl.static_range(n_at):
         a0, asz = tile_span(ta, TILE_M, nva)
-        nisa.dma_copy(dst=dcol_sb[0:asz, ta * npp:(ta + 1) * npp],
-                      src=d_col[a0:a0 + asz, p0:p1])
-    return negv_sb, dcol_sb
+        nisa.dma_copy(dst=dcol_sb[0:asz, ta * nj:(ta + 1) * nj],
+                      src=d_col.ap([[nj, asz], [1, nj]], offset=a0 * nj, scalar_offset=r,
+                                   indirect_dim=0))
+    return dcol_sb
 
 
-def program_pairs(npairs):
-    """``(p0, p1)``: the pairs of this SPMD program, a contiguous share of ``npairs``.
+def store_row(partials, acc_sb, r, ncol):
+    """DMA SBUF ``acc_sb[0:128, 0:ncol]`` into row ``r`` of the shared HBM output ``partials``
+    (nr, 128, ncol) (``.ap(scalar_offset=r, indirect_dim=0)``; ``r`` a ``dynamic_range``
+    register); one ``dma_copy``."""
+    nisa.dma_copy(dst=partials.ap([[ncol, TILE_M], [1, ncol]], offset=0, scalar_offset=r,
+                                  indirect_dim=0),
+                  src=acc_sb[0:TILE_M, 0:ncol])
 
-    A launch without a grid (``nl.program_ndim() == 0``) is one program with every pair; a
+
+def row_tiles(src_tm, split, part, r, tile0, ntiles, kt0, nkt):
+    """The HBM access pattern of virtual tiles ``tile0 : tile0+ntiles``, K tiles ``kt0 :
+    kt0+nkt``, of the orbital in device register ``r`` of a tile-major operand (see
+    :func:`load_panels`; ``part`` 0 or 1 selects the high or low part when ``split``), shaped
+    (128, ntiles, nkt, 128) like an SBUF panel: ``src_tm.ap`` with ``scalar_offset=r`` on the
+    orbital axis (1, or 2 when ``split``), so one compiled body serves every orbital of a
+    ``dynamic_range`` loop. No instruction; per partition one contiguous run when ``nkt`` is
+    every K tile."""
+    n = src_tm.shape[-4]
+    n_tiles = src_tm.shape[-3]
+    n_kt = src_tm.shape[-2]
+    per_partition = n * n_tiles * n_kt * TILE_M
+    base = part * TILE_K * per_partition
+    return src_tm.ap([[per_partition, TILE_K], [n_kt * TILE_M, ntiles], [TILE_M, nkt],
+                      [1, TILE_M]],
+                     offset=base + (tile0 * n_kt + kt0) * TILE_M, scalar_offset=r,
+                     indirect_dim=2 if split else 1)
+
+
+def load_row_panels_into(hi_sb, lo_sb, slot, src_tm, split, r, tile0, ntiles, kt0, nkt):
+    """:func:`load_panels_into` for the orbital in device register ``r`` (:func:`row_tiles`):
+    one ``dma_copy`` (two when ``split``) from the HBM operand into tile slots ``slot :
+    slot+ntiles`` of the SBUF panels."""
+    nisa.dma_copy(dst=hi_sb[0:TILE_K, slot:slot + ntiles, 0:nkt, 0:TILE_M],
+                  src=row_tiles(src_tm, split, 0, r, tile0, ntiles, kt0, nkt))
+    if split:
+        nisa.dma_copy(dst=lo_sb[0:TILE_K, slot:slot + ntiles, 0:nkt, 0:TILE_M],
+                      src=row_tiles(src_tm, split, 1, r, tile0, ntiles, kt0, nkt))
+
+
+def load_row_panels(src_tm, split, r, tile0, ntiles, kt0, nkt):
+    """:func:`load_panels` for the orbital in device register ``r``: new SBUF panels
+    ``(hi_sb, lo_sb)``, one ``dma_copy`` (two when ``split``)."""
+    hi_sb, lo_sb = stream_buffers(split, ntiles, nkt)
+    load_row_panels_into(hi_sb, lo_sb, 0, src_tm, split, r, tile0, ntiles, kt0, nkt)
+    return hi_sb, lo_sb
+
+
+def program_rows(nrows):
+    """``(r0, r1)``: the rows (orbitals i) of this SPMD program, a contiguous share of
+    ``nrows``.
+
+    A launch without a grid (``nl.program_ndim() == 0``) is one program with every row; a
     ``kernel[n]`` launch (LNC=2 on trn2: the two physical cores of a logical NeuronCore) gives
-    program ``k`` the pairs ``k*q : min((k+1)*q, npairs)``, ``q = ceil(npairs / n)``: the
-    host launches ``n`` programs only when every one gets a pair (``npairs >= n``). No
-    operand: the caller sizes its SBUF accumulator and writes its HBM output columns by it.
+    program ``k`` the rows ``k*q : min((k+1)*q, nrows)``, ``q = ceil(nrows / n)``: the host
+    launches ``n`` programs only when every one gets a row (``nrows >= n``). No operand: the
+    caller loops over its rows and writes their HBM output rows.
     """
     if nl.program_ndim() == 0:
         nprog, pid = 1, 0
     else:
         nprog, pid = nl.num_programs(0), nl.program_id(0)
-    share = (npairs + nprog - 1) // nprog
-    p0 = pid * share
-    return p0, min(npairs, p0 + share)
+    share = (nrows + nprog - 1) // nprog
+    r0 = pid * share
+    return r0, min(nrows, r0 + share)
 
 
 def reciprocal_denominators(negv_sb, b0, dcol_sb, asz, bsz):
     """``R[p, f] = 1 / (dcol_sb[p, 0] - e_{b0+f})`` of one (a tile, b columns) block of a pair.
 
     Operands: ``negv_sb`` SBUF (128, >= b0+bsz) holding ``-e_b`` (see
-    :func:`load_pair_denominators`); ``dcol_sb`` (asz, 1) SBUF view of ``e_i + e_j - e_a``.
+    :func:`load_neg_eps`); ``dcol_sb`` (asz, 1) SBUF view of ``e_i + e_j - e_a``.
     Preconditions: ``1 <= asz <= 128``, ``bsz >= 1``, every denominator nonzero. ``D`` on the
     ScalarE (``activation(copy)`` with the (P, 1) ``bias``: the identity, no approximated
     function, one fp32 add; it takes the add off the VectorE), ``R`` by VectorE ``reciprocal``

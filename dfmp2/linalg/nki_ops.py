@@ -1,14 +1,17 @@
 """NKI host wrappers: the ops of :mod:`dfmp2.linalg.torch_ops` run by dfmp2's NKI kernels.
 
 Each op takes the arguments of its ``torch_ops`` twin plus a keyword-only ``mode`` (one of
-``"hardware"``, ``"simulator"``, ``"emulator"``; see :mod:`.nki_runtime`). Operands are torch
+``"hardware"``, ``"simulator"``, ``"emulator"``; see :mod:`.nki_runtime`) and ``device`` (the
+run's :class:`~dfmp2.linalg.nki_runtime.NkiDevice`: what it keeps on the device, its launches
+and transfers; None, a fresh one per call). Operands are torch
 tensors (float64 usually); they are converted to C-contiguous float32 NumPy arrays at this
 boundary (Trainium has no float64), the kernels run, and results come back as float64 torch
 tensors on the input's device. Host-side sums (pair energies, split-K partial products) are
 float64. The kernel modules are imported lazily, after the mode is set up.
 
-Every call keeps the unrolled trace of one kernel launch bounded (``MAX_MATMULS_PER_CALL``,
-``MAX_PAIRS_PER_CALL``) and loops over launches on the host.
+Every call keeps the compiled size of one kernel launch bounded (``MAX_MATMULS_PER_CALL``;
+the pair kernels ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` per row body and ``MAX_PAIRS_PER_CALL``
+columns, their rows being a device loop) and loops over launches on the host.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ __all__ = [
 
 #: Upper bound on the nc_matmul instructions of one GEMM-like kernel launch (bounds the trace).
 MAX_MATMULS_PER_CALL = 2048
-#: Upper bound on the occupied pairs of one SPMD program of a fused-energy launch.
+#: Upper bound on the orbitals j (columns) of one fused-energy launch (its rows are unbounded).
 MAX_PAIRS_PER_CALL = 64
 #: Upper bound on the nki.isa instructions of one fused-energy launch (bounds the trace).
 MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
@@ -339,7 +342,9 @@ def _energy_columns(npairs: int, n_wt: int, nv_rest: int, nvb: int, exchange: bo
 
 def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int,
                        exchange: bool) -> int:
-    """fp32 words per partition one fused-energy launch may hold in SBUF at its peak.
+    """fp32 words per partition one fused-energy launch may hold in SBUF at its peak, with
+    ``npairs`` the pairs of one row (its columns): the accumulator and denominators hold one
+    row at a time.
 
     ``nv_rest``: the exchange kernel's virtual columns (the window and all later ones) or the
     direct kernel's window rows; ``n_wt`` window tiles. Both kernels: the ``-e_b`` row, the
@@ -364,77 +369,81 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
     return fixed + 2 * kc * (TILE_M + TILE_N)
 
 
-def _energy_instructions(ni: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
-                         exchange: bool, split: bool = False, programs: int = 1,
-                         program: int = 0) -> int:
-    """``nki.isa`` instructions of one fused-energy launch over ni x nj pairs and ``n_wt``
-    window tiles (the kernels' loops, counted; ``nv_rest`` as in :func:`_energy_sbuf_words`),
-    issued by SPMD program ``program`` of ``programs`` (its share of the pairs,
-    :func:`_program_share`; B_i's panel once for every i its pairs meet).
+def _energy_body(nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int, exchange: bool,
+                 split: bool = False) -> int:
+    """``nki.isa`` instructions of one row's body of a fused-energy launch: one orbital i with
+    ``nj`` orbitals j over ``n_wt`` window tiles (the kernels' loops, counted; ``nv_rest`` as
+    in :func:`_energy_sbuf_words`).
 
-    Per launch ``3 + n_wt`` (denominators, memset, store); with naux one chunk, B_i's panel
-    once per i. Every panel is one DMA (two when
-    ``split``: its bfloat16 high and low parts), every K-tile product one matmul (three when
-    ``split``). Exchange kernel, per pair, naux one chunk: 2 panel loads, 2 loads per tile
-    beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9 epilogue instructions, per
-    off-diagonal one ``2*n_kt`` and 10; more chunks: every tile pair loads its panels per
-    chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 panel load, per b chunk 1
-    load and per a tile 5 epilogue instructions, ``n_kt`` matmuls per (a tile, 128-column b
-    tile); more chunks: per (a tile, b chunk) 2 loads per chunk and 5, the same matmuls.
+    Per row: memset, ``n_wt`` denominator loads, the store and (naux one chunk) B_i's panel.
+    Every panel is one DMA (two when ``split``: its bfloat16 high and low parts), every K-tile
+    product one matmul (three when ``split``). Exchange kernel, per pair, naux one chunk: B_j's
+    panel, 2 loads per tile beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9
+    epilogue instructions, per off-diagonal one ``2*n_kt`` and 10; more chunks: every tile pair
+    loads its panels per chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 load
+    per b chunk and per a tile 5 epilogue instructions, ``n_kt`` matmuls per (a tile,
+    128-column b tile); more chunks: per (a tile, b chunk) 2 loads per chunk and 5, the same
+    matmuls.
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
     ld, mm = (2, 3) if split else (1, 1)
-    per_i = 0
+    per_row = 2 + n_wt + (ld if n_kc == 1 else 0)
     if exchange:
         n_at = ceil_div(nv_rest, TILE_M)
         diag = mm * n_kt + 9 + (0 if n_kc == 1 else ld * 2 * n_kc)
         off = mm * 2 * n_kt + 10 + (0 if n_kc == 1 else ld * 4 * n_kc)
         tile_pairs = sum(n_at - w for w in range(n_wt))
         per_pair = n_wt * diag + (tile_pairs - n_wt) * off
-        if n_kc == 1:  # B_j's panel and the tiles beyond the window per pair; B_i's per i
+        if n_kc == 1:  # B_j's panel and the tiles beyond the window per pair
             per_pair += ld * (1 + 2 * (n_at - n_wt))
-            per_i = ld
     else:
         n_bc, n_bt = ceil_div(nvb, TILE_N), ceil_div(nvb, TILE_M)
         matmuls = n_wt * mm * n_kt * n_bt  # one per 128-column tile of every b chunk
-        if n_kc == 1:  # B_i's panel per i, a b chunk's tiles per pair
+        if n_kc == 1:  # every b chunk once per pair
             per_pair = n_bc * ld + n_wt * 5 * n_bc + matmuls
-            per_i = ld
         else:
             per_pair = n_wt * n_bc * (ld * 2 * n_kc + 5) + matmuls
-    p0, p1 = _program_share(ni * nj, programs, program)
-    rows_i = (p1 - 1) // nj - p0 // nj + 1 if p1 > p0 else 0  # B_i panels: one per i met
-    return 3 + n_wt + (p1 - p0) * per_pair + rows_i * per_i
+    return per_row + nj * per_pair
 
 
-def _program_share(npairs: int, programs: int, program: int) -> tuple[int, int]:
-    """``(p0, p1)``: the pairs of SPMD program ``program`` of ``programs`` in one launch, as the
-    kernels split them (``dfmp2.kernels._blocks.program_pairs``)."""
-    share = ceil_div(npairs, programs)
-    p0 = min(npairs, program * share)
-    return p0, min(npairs, p0 + share)
+def _energy_instructions(nr: int, nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int,
+                         exchange: bool, split: bool = False, programs: int = 1,
+                         program: int = 0) -> int:
+    """``nki.isa`` instructions SPMD program ``program`` of ``programs`` executes in one
+    fused-energy launch over nr rows x nj columns: the ``-e_b`` load and one
+    :func:`_energy_body` per row of its share (:func:`_program_share`). What it compiles (the
+    static size, bounded per launch) is one row's: ``_energy_instructions(1, nj, ...)``."""
+    r0, r1 = _program_share(nr, programs, program)
+    return 1 + (r1 - r0) * _energy_body(nj, nv_rest, nvb, naux, n_wt, exchange, split)
+
+
+def _program_share(nrows: int, programs: int, program: int) -> tuple[int, int]:
+    """``(r0, r1)``: the rows of SPMD program ``program`` of ``programs`` in one launch, as the
+    kernels split them (``dfmp2.kernels._blocks.program_rows``)."""
+    share = ceil_div(nrows, programs)
+    r0 = min(nrows, program * share)
+    return r0, min(nrows, r0 + share)
 
 
 def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
-                        split: bool = False, programs: int = 1) -> tuple[int, int]:
-    """``(pairs, window)``: occupied pairs per launch and a tiles per window, so that every
-    SPMD program of a launch of ``programs`` stays within ``MAX_ENERGY_INSTRUCTIONS_PER_CALL``
-    and ``ENERGY_SBUF_BUDGET`` (each runs on its own core, with its own SBUF).
+                        split: bool = False) -> tuple[int, int]:
+    """``(cols, window)``: orbitals j per launch and a tiles per window, so that every launch's
+    compiled body (one row: :func:`_energy_instructions` with one row) stays within
+    ``MAX_ENERGY_INSTRUCTIONS_PER_CALL`` and its SBUF within ``ENERGY_SBUF_BUDGET``. The rows
+    run in a device loop: a launch takes every row a block of columns meets, however many.
 
-    The widest window that fits one pair (all a tiles when they fit: the fewest strip loads;
+    The widest window that fits one column (all a tiles when they fit: the fewest strip loads;
     checked at the first window, the largest, which meets the most later tiles), then as many
-    pairs per launch as fit with it, at most ``MAX_PAIRS_PER_CALL`` per program (fewer
-    launches, less dispatch). ``window == 0`` when even one pair and one a tile exceed a bound
-    (``_energy_supports`` names it).
+    columns per launch as fit with it, at most ``MAX_PAIRS_PER_CALL``. ``window == 0`` when
+    even one pair and one a tile exceed a bound (``_energy_supports`` names it).
     """
     n_at = ceil_div(nva, TILE_M)
 
-    def fits(pairs, window):  # a program's share of any chunk of ci x cj <= pairs
-        share = ceil_div(pairs, programs)  # at most `share` pairs, each maybe a new i
+    def fits(cols, window):
         rows = min(nva, window * TILE_M)
-        return (_energy_instructions(share, 1, nva, nvb, naux, window, exchange, split)
+        return (_energy_instructions(1, cols, nva, nvb, naux, window, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
-                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, share, window,
+                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, cols, window,
                                        exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
 
     window = n_at
@@ -442,27 +451,26 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
         window -= 1
     if window == 0:
         return 1, 0
-    pairs = 1
-    while pairs < MAX_PAIRS_PER_CALL * programs and fits(pairs + 1, window):
-        pairs += 1
-    return pairs, window
+    cols = 1
+    while cols < MAX_PAIRS_PER_CALL and fits(cols + 1, window):
+        cols += 1
+    return cols, window
 
 
-def _pair_chunks(ni: int, nj: int, pairs: int, square: bool) -> tuple[int, int]:
-    """Orbitals per launch along i and j, with ci * cj <= pairs. Square when the weights are
-    upper triangular (so whole chunks below the diagonal are skipped); otherwise j first, then
-    as many i as fit."""
-    side = max(1, int(np.sqrt(pairs)))
-    if square:
-        return min(ni, side), min(nj, side)
-    cj = min(nj, side)
-    return max(1, min(ni, pairs // cj)), cj
+def _row_range(weight: np.ndarray) -> tuple[int, int] | None:
+    """``(i0, i1)``: the rows from the first to the last with a nonzero weight in a block of
+    columns (None when none has one): the rows one launch loops over."""
+    rows = np.flatnonzero(weight.any(axis=1))
+    if rows.size == 0:
+        return None
+    return int(rows[0]), int(rows[-1]) + 1
 
 
 def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int, nvb: int,
                  exchange: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per-pair ``(direct, exchange)`` fp64 sums (ci, cj) of one launch's partial sums."""
-    sums = partials.astype(np.float64).sum(axis=0)  # fp64 over partitions
+    """Per-pair ``(direct, exchange)`` fp64 sums (ci, cj) of one launch's partial sums
+    (ci, 128, columns)."""
+    sums = partials.astype(np.float64).sum(axis=1).reshape(-1)  # fp64 over partitions
     if not exchange:
         return sums.reshape(ci, cj, -1).sum(axis=2), np.zeros((ci, cj))
     n_at = ceil_div(nv_rest, TILE_M)
@@ -609,12 +617,14 @@ def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
     second 0.0 without exchange). With ``exchange`` the ``mp2_pair_energy_kernel`` runs, else
     the ``mp2_pair_direct_kernel``. The (ia|jb) GEMM and the reduction to per-partition partial
     sums run in fp32 on the device; the host adds the partial sums and applies the weights in
-    fp64. Launches (``_energy_launch_plan``): chunks of pairs (square chunks when the weights
-    are upper triangular), each split over the device's SPMD programs (``kernel[2]`` on trn2)
-    and the chunks spread over its NeuronCores (trn1: two), and, when one pair is too large for
-    a launch, windows of a tiles; a chunk whose weights are all 0 is not launched, and pairs of
-    weight 0 inside a launched chunk add nothing. Any nvir and naux run; raises
-    :class:`InputError` on inconsistent shapes.
+    fp64. Launches (``_energy_launch_plan``): one per block of columns j (and, when one pair
+    is too large for a launch, per window of a tiles), looping on the device over every row i
+    from the first to the last with a weight in those columns (a persistent launch: the rows
+    are a device loop, so their number does not grow the compiled kernel); the rows split over
+    the device's SPMD programs (``kernel[2]`` on trn2) and the launches spread over its
+    NeuronCores (trn1: two). Columns with no weight are not launched, and pairs of weight 0
+    inside a launch add nothing. Any nvir and naux run; raises :class:`InputError` on
+    inconsistent shapes.
     """
     ni, nj, nva, nvb, naux = torch_ops.check_pair_sums_args(
         ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange)
@@ -630,7 +640,7 @@ def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
     direct = ex = 0.0
     if ni == 0 or nj == 0 or nva == 0 or nvb == 0 or naux == 0 or not w_ij.any():
         return torch.tensor([direct, ex], dtype=torch.float64, device=_torch_device(eps_i))
-    pairs, window = _energy_launch_plan(nva, nvb, naux, exchange, split, device.lnc)
+    cols, window = _energy_launch_plan(nva, nvb, naux, exchange, split)
     if window == 0:
         raise InputError(
             f"mp2_pair_sums: {_energy_supports_shape(nva, nvb, naux, exchange, split)}")
@@ -642,46 +652,43 @@ def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
     e_i, e_j, e_a = _f64(eps_i), _f64(eps_j), _f64(eps_va)
     neg_eps_row = _f32(np.broadcast_to(-_f64(eps_vb), (TILE_M, nvb)))
     n_at = ceil_div(nva, TILE_M)
-    square = ni == nj and not np.tril(w_ij, -1).any()
-    ci, cj = _pair_chunks(ni, nj, pairs, square)
     nki_runtime.prepare(mode)
     kernel = nki_runtime.load_kernel("mp2_energy", _ENERGY_KERNELS[exchange])
-    for i0 in range(0, ni, ci):
-        i1 = min(ni, i0 + ci)
-        for j0 in range(0, nj, cj):
-            j1 = min(nj, j0 + cj)
-            weight = w_ij[i0:i1, j0:j1]
-            if not weight.any():
-                continue  # e.g. a chunk below the diagonal of a diagonal block
-            d_pair = (e_i[i0:i1, None] + e_j[None, j0:j1]).reshape(1, -1)
-            npairs = weight.size
-            grid = device.lnc if npairs >= device.lnc else 1
-            core = device.ledger.launches % device.cores  # launches take the cores in turn
-            direct_ij = np.zeros(weight.shape)
-            ex_ij = np.zeros(weight.shape)
-            for w0 in range(0, n_at, window):
-                a0, a1 = w0 * TILE_M, min(nva, (w0 + window) * TILE_M)
-                n_wt = ceil_div(a1 - a0, TILE_M)
-                if exchange:  # the window's rows and every later column of the one space
-                    tiles_i, tiles_j, nv_rest = slice(w0, None), slice(w0, None), nva - a0
-                    neg_row = np.ascontiguousarray(neg_eps_row[:, a0:])
-                else:  # the window's rows against all of the j side's columns
-                    tiles_i, tiles_j, nv_rest = slice(w0, w0 + n_wt), slice(None), a1 - a0
-                    neg_row = neg_eps_row
-                args = (src_i.tiles(slice(i0, i1), tiles_i, split),
-                        src_j.tiles(slice(j0, j1), tiles_j, split),
-                        _f32(d_pair - e_a[a0:a1, None]), neg_row)
-                (partials,) = device.launch(kernel, args, grid=grid, core=core)
-                d_part, x_part = _window_sums(partials, i1 - i0, j1 - j0, n_wt, nv_rest, nvb,
-                                              exchange)
-                direct_ij += d_part
-                ex_ij += x_part
-            for program in range(grid):
-                p0, p1 = _program_share(npairs, grid, program)
-                device.ledger.program_pairs[core * device.lnc + program] += p1 - p0
-            used = weight != 0.0  # a skipped pair adds nothing, even a non-finite one
-            direct += float((weight[used] * direct_ij[used]).sum())
-            ex += float((weight[used] * ex_ij[used]).sum())
+    for j0 in range(0, nj, cols):
+        j1 = min(nj, j0 + cols)
+        rows = _row_range(w_ij[:, j0:j1])
+        if rows is None:
+            continue  # no weight in these columns: not launched
+        i0, i1 = rows
+        weight = w_ij[i0:i1, j0:j1]
+        nr = i1 - i0
+        grid = device.lnc if nr >= device.lnc else 1
+        core = device.ledger.launches % device.cores  # launches take the cores in turn
+        direct_ij = np.zeros(weight.shape)
+        ex_ij = np.zeros(weight.shape)
+        for w0 in range(0, n_at, window):
+            a0, a1 = w0 * TILE_M, min(nva, (w0 + window) * TILE_M)
+            n_wt = ceil_div(a1 - a0, TILE_M)
+            if exchange:  # the window's rows and every later column of the one space
+                tiles_i, tiles_j, nv_rest = slice(w0, None), slice(w0, None), nva - a0
+                neg_row = np.ascontiguousarray(neg_eps_row[:, a0:])
+            else:  # the window's rows against all of the j side's columns
+                tiles_i, tiles_j, nv_rest = slice(w0, w0 + n_wt), slice(None), a1 - a0
+                neg_row = neg_eps_row
+            d_col = (e_i[i0:i1, None, None] + e_j[None, None, j0:j1]
+                     - e_a[None, a0:a1, None])  # (nr, window rows, nj), fp64
+            args = (src_i.tiles(slice(i0, i1), tiles_i, split),
+                    src_j.tiles(slice(j0, j1), tiles_j, split), _f32(d_col), neg_row)
+            (partials,) = device.launch(kernel, args, grid=grid, core=core)
+            d_part, x_part = _window_sums(partials, nr, j1 - j0, n_wt, nv_rest, nvb, exchange)
+            direct_ij += d_part
+            ex_ij += x_part
+        for program in range(grid):
+            r0, r1 = _program_share(nr, grid, program)
+            device.ledger.program_pairs[core * device.lnc + program] += (r1 - r0) * (j1 - j0)
+        used = weight != 0.0  # a skipped pair adds nothing, even a non-finite one
+        direct += float((weight[used] * direct_ij[used]).sum())
+        ex += float((weight[used] * ex_ij[used]).sum())
     return torch.tensor([direct, ex], dtype=torch.float64, device=_torch_device(eps_i))
 
 

@@ -74,10 +74,11 @@ def one_core():
 
 
 def launch_instructions(ni, nj, nv_rest, nvb, naux, n_wt, exchange, split=False, lnc=2):
-    """Instructions of one fused-energy launch over ni x nj pairs on a device of ``lnc``
-    programs per launch (``kernel[lnc]`` when every program gets a pair), all programs."""
+    """Instructions executed by one fused-energy launch over ni rows x nj columns on a device
+    of ``lnc`` programs per launch (``kernel[lnc]`` when every program gets a row), all
+    programs."""
     from dfmp2.linalg import nki_ops
 
-    grid = lnc if ni * nj >= lnc else 1
+    grid = lnc if ni >= lnc else 1
     return sum(nki_ops._energy_instructions(ni, nj, nv_rest, nvb, naux, n_wt, exchange, split,
                                             grid, p) for p in range(grid))

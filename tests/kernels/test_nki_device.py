@@ -135,8 +135,8 @@ def test_b_over_the_device_budget_stays_on_the_host(emulator):
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "direct"])
 def test_spmd_programs_share_the_pairs(emulator_trace, exchange):
-    """trn2 (LNC=2): every launch of >= 2 pairs is ``kernel[2]``; the programs take contiguous
-    halves of the pairs, each issues exactly its counted instructions, and the sums equal a
+    """trn2 (LNC=2): every launch of >= 2 rows is ``kernel[2]``; the programs take contiguous
+    halves of the rows, each issues exactly its counted instructions, and the sums equal a
     trn1 run (one program per launch, launches taking the two NeuronCores in turn)."""
     from dfmp2 import nki_emulator
 
@@ -151,7 +151,7 @@ def test_spmd_programs_share_the_pairs(emulator_trace, exchange):
         got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", device=trn2)
     assert np.abs(got.numpy() - want.numpy()).max() <= 1e-13 * abs(float(want[0]))
     assert trn2.ledger.launches == 1 and trn2.ledger.programs == 2
-    assert trn2.ledger.program_pairs == [5, 4]  # 9 pairs: ceil(9/2) and the rest
+    assert trn2.ledger.program_pairs == [6, 3]  # 3 rows: 2 and 1, each with 3 columns
     n_at = -(-nva // 128)
     for program in (0, 1):
         issued = [r for r in tr.records if r.program == program]
@@ -163,13 +163,13 @@ def test_spmd_programs_share_the_pairs(emulator_trace, exchange):
 
 
 def test_trn1_spreads_launches_over_both_cores(emulator, monkeypatch):
-    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
+    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 2)
     args = pair_block(4, 4, 130, 130, 140, False, 9, same_space=True)
     weights = torch.full((4, 4), 2.0, dtype=torch.float64)
     with emulator.target("trn1"):
         device = nki_runtime.NkiDevice("emulator")
         nki_ops.mp2_pair_sums(*args, weights, True, mode="emulator", device=device)
-    assert device.ledger.core_launches == [2, 2]
+    assert device.ledger.core_launches == [1, 1]  # two blocks of two columns, all rows each
     assert device.ledger.program_pairs == [8, 8]
 
 

@@ -21,7 +21,10 @@ ALLOWED_ISA = {"nc_matmul", "nc_transpose", "dma_copy", "tensor_copy", "tensor_t
                "tensor_scalar", "reciprocal", "tensor_reduce", "memset", "activation"}
 #: nki.language names the kernels may call (allocation, loops and the SPMD program queries;
 #: no experimental wrappers).
-ALLOWED_NL_CALLS = {"ndarray", "static_range", "program_ndim", "num_programs", "program_id"}
+ALLOWED_NL_CALLS = {"ndarray", "static_range", "dynamic_range", "program_ndim", "num_programs",
+                    "program_id"}
+#: Tensor methods the kernels may call: the 0.3.0 access pattern (dynamic DMA by a register).
+TENSOR_METHODS = {"ap"}
 #: Plain Python calls the compiler resolves at trace time.
 ALLOWED_BUILTINS = {"min"}
 FORBIDDEN_NODES = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,
@@ -90,7 +93,7 @@ def _violations(kernel: ast.FunctionDef, helpers: set[str] = frozenset(),
                     bad.append(f"nisa.{name} at {where}")
                 elif module == "nl" and name not in ALLOWED_NL_CALLS:
                     bad.append(f"nl.{name}(...) at {where} (experimental or outside the subset)")
-                elif module not in ("nisa", "nl"):
+                elif module not in ("nisa", "nl") and name not in TENSOR_METHODS:
                     bad.append(f"call {module}.{name} at {where}")
             elif (isinstance(func, ast.Name) and func.id not in ALLOWED_BUILTINS
                   and func.id not in helpers):

@@ -119,10 +119,10 @@ def test_pair_sums_structure(emulator_trace, monkeypatch, ni, nj, nva, nvb, naux
         assert tr.count("tensor_reduce") == tr.count("reciprocal") == pairs * n_at * n_bc
         width = pairs * n_at * n_bc
     # the only store to HBM is the small block of partial sums: no (ia|jb) tile leaves the chip
-    stores = tr.dma_stores()  # one per program: its share of the columns
-    assert len(stores) == (2 if pairs >= 2 else 1)
-    assert [r.program for r in stores] == list(range(len(stores)))
-    assert sum(r.operands["dst"].shape[1] for r in stores) == width
+    stores = tr.dma_stores()  # one per row, each program storing its own rows
+    assert len(stores) == ni and all(r.operands["dst"].shape == (128, width // ni)
+                                     for r in stores)
+    assert sorted({r.program for r in stores}) == list(range(2 if ni >= 2 else 1))
     assert tr.bytes_moved() - sum(r.nbytes for r in tr.dma_loads()) == 128 * width * 4
     # VectorE reciprocal of the denominators (no ScalarE approximation); the ScalarE runs only
     # the identity: the denominators' add and, exchange kernel, the PSUM evacuation
@@ -211,44 +211,52 @@ def test_windows_and_aux_chunks_add_up(emulator_trace, monkeypatch, kind, chunke
         got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", products=products,
                                     device=one_core())
     _assert_sums_close(got, args, weights, exchange, TOL_NKI_BF16X3_REL if split else ENERGY_RTOL)
-    pairs_run = int(np.count_nonzero(weights))  # chunks of one pair: zero ones are skipped
-    assert len(tr.kernels) == pairs_run * ceil_div(ceil_div(nva, 128), window)
+    # one column per launch, its device loop over the rows up to its last weight
+    rows = [int(np.flatnonzero(weights[:, j]).max()) + 1 for j in range(nj)]
+    pairs_run = sum(rows)
+    windows = ceil_div(ceil_div(nva, 128), window)
+    assert len(tr.kernels) == nj * windows
     n_at, n_kt = ceil_div(nva, 128), ceil_div(600, 128)
     per_pair = n_at * n_at * n_kt if exchange else n_at * ceil_div(nvb, 128) * n_kt
     # windows and chunks add no work (bf16x3: three products per K tile)
     assert tr.count("nc_matmul") == pairs_run * per_pair * (3 if split else 1)
-    # the instruction count the host plans with, launch by launch
+    # the instruction count the host plans with, launch by launch (all rows executed)
     assert len(tr.records) == sum(
-        nki_ops._energy_instructions(1, 1, nva - w0 * 128 if exchange else
+        nki_ops._energy_instructions(nr, 1, nva - w0 * 128 if exchange else
                                      min(nva, (w0 + window) * 128) - w0 * 128, nvb, 600,
                                      ceil_div(min(nva, (w0 + window) * 128) - w0 * 128, 128),
                                      exchange, split)
-        for w0 in range(0, n_at, window)) * pairs_run
+        for w0 in range(0, n_at, window) for nr in rows)
 
 
 @pytest.mark.nki_emulated
 def test_pair_sums_launch_count(emulator_trace, monkeypatch):
+    """One persistent launch per block of columns, its device loop over every row up to the
+    block's last weighted one: the rows do not multiply the launches."""
     monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
     args, weights, exchange = _block(5, 5, 140, 140, 130, "diagonal", seed=7)
     with emulator_trace() as tr:
         nki_ops.mp2_pair_sums(*args, weights, exchange, mode="emulator", device=one_core())
-    # chunks {0,1}, {2,3}, {4}: 3 diagonal chunk pairs + 3 above the diagonal, 3 skipped
-    assert tr.kernels == ["mp2_pair_energy_kernel"] * 6
-    assert tr.count("nc_matmul") == (4 + 4 + 1 + 4 + 2 + 2) * 2 * 2 * 2  # pairs * n_at^2 * n_kt
+    # columns {0..3} with rows 0..3, column {4} with rows 0..4
+    assert tr.kernels == ["mp2_pair_energy_kernel"] * 2
+    assert tr.count("nc_matmul") == (4 * 4 + 5 * 1) * 2 * 2 * 2  # pairs * n_at^2 * n_kt
+    body = nki_ops._energy_instructions(1, 4, 140, 140, 130, 2, True)
+    static = [r for r in tr.records if r.static]
+    assert len(static) == body + nki_ops._energy_instructions(1, 1, 140, 140, 130, 2, True)
 
 
 @pytest.mark.nki_emulated
-def test_zero_weight_chunks_are_not_launched(emulator_trace, monkeypatch):
-    """Any chunk whose weights are all 0 is skipped, not only those below a diagonal."""
-    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
+def test_zero_weight_blocks_are_not_launched(emulator_trace, monkeypatch):
+    """A block of columns with no weight is skipped, and a launch's rows run from its first
+    to its last weighted row only."""
+    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 2)
     args = pair_block(4, 4, 140, 90, 130, False, 8)
-    weights = torch.ones((4, 4), dtype=torch.float64)
-    weights[0:2, 2:4] = 0.0  # 2x2 chunks: (0:2, 2:4) and (2:4, 0:2) carry no weight
-    weights[2:4, 0:2] = 0.0
+    weights = torch.zeros((4, 4), dtype=torch.float64)
+    weights[1, 0] = weights[2, 1] = 1.0  # columns 0-1, rows 1-2; columns 2-3 carry no weight
     with emulator_trace() as tr:
         got = nki_ops.mp2_pair_sums(*args, weights, False, mode="emulator", device=one_core())
-    assert tr.kernels == ["mp2_pair_direct_kernel"] * 2
-    assert tr.count("nc_matmul") == 2 * 4 * 2 * 1 * 2
+    assert tr.kernels == ["mp2_pair_direct_kernel"]
+    assert tr.count("nc_matmul") == 2 * 2 * (2 * 1 * 2)  # 2 rows x 2 columns, 2x1 tiles, 2 K
     _assert_sums_close(got, args, weights, False)
     with emulator_trace() as tr:
         got = nki_ops.mp2_pair_sums(*args, torch.zeros((4, 4), dtype=torch.float64), False,
@@ -331,23 +339,21 @@ def test_sbuf_estimate_bounds_the_emulated_peak(emulator_trace, monkeypatch, nva
     (2000, 2000, 8000, True), (2000, 2000, 8000, False), (2000, 300, 8000, False)])
 @pytest.mark.nki_emulated
 def test_launch_plan_keeps_every_launch_within_its_bounds(nva, nvb, naux, exchange):
-    pairs, window = nki_ops._energy_launch_plan(nva, nvb, naux, exchange)
-    assert 1 <= pairs <= nki_ops.MAX_PAIRS_PER_CALL and window >= 1
+    """Every launch's compiled body (one row of the device loop, all its columns) within the
+    instruction bound and its SBUF within the budget, whatever the number of rows."""
+    cols, window = nki_ops._energy_launch_plan(nva, nvb, naux, exchange)
+    assert 1 <= cols <= nki_ops.MAX_PAIRS_PER_CALL and window >= 1
     n_at = ceil_div(nva, 128)
-    if (nva, naux) == (672, 2304):  # a window of a tiles, and still several pairs per launch
-        assert pairs > 1 and window < n_at
-    for (ni, nj), square in [((64, 64), True), ((64, 64), False), ((64, 1), False),
-                             ((64, 2), False), ((64, 3), False), ((1, 64), False),
-                             ((47, 1), False)]:
-        ci, cj = nki_ops._pair_chunks(ni, nj, pairs, square)
-        for w0 in range(0, n_at, window):  # the exchange kernel sees the columns from w0 on
-            rows = min(nva, (w0 + window) * 128) - w0 * 128
-            rest = nva - w0 * 128 if exchange else rows
-            n_wt = ceil_div(rows, 128)
-            assert nki_ops._energy_instructions(ci, cj, rest, nvb, naux, n_wt, exchange) <= (
-                nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
-            assert nki_ops._energy_sbuf_words(rest, nvb, naux, ci * cj, n_wt, exchange) * 4 <= (
-                nki_ops.ENERGY_SBUF_BUDGET)
+    if (nva, naux) == (672, 2304):  # a window of a tiles, and still several columns per launch
+        assert cols > 1 and window < n_at
+    for w0 in range(0, n_at, window):  # the exchange kernel sees the columns from w0 on
+        rows = min(nva, (w0 + window) * 128) - w0 * 128
+        rest = nva - w0 * 128 if exchange else rows
+        n_wt = ceil_div(rows, 128)
+        assert nki_ops._energy_instructions(1, cols, rest, nvb, naux, n_wt, exchange) <= (
+            nki_ops.MAX_ENERGY_INSTRUCTIONS_PER_CALL)
+        assert nki_ops._energy_sbuf_words(rest, nvb, naux, cols, n_wt, exchange) * 4 <= (
+            nki_ops.ENERGY_SBUF_BUDGET)
 
 
 @pytest.mark.nki_emulated
@@ -363,11 +369,12 @@ def test_bf16x3_beyond_its_launch_bound_is_named_not_raised():
 
 
 @pytest.mark.nki_emulated
-def test_pair_chunks_fill_the_launch_budget():
-    assert nki_ops._pair_chunks(64, 1, 64, False) == (64, 1)
-    assert nki_ops._pair_chunks(5, 7, 16, False) == (4, 4)
-    assert nki_ops._pair_chunks(10, 10, 64, True) == (8, 8)
-    assert nki_ops._pair_chunks(1, 1, 64, True) == (1, 1)
+def test_row_range_spans_the_weighted_rows():
+    weights = np.zeros((6, 3))
+    assert nki_ops._row_range(weights) is None
+    weights[2, 0] = weights[4, 2] = 1.0
+    assert nki_ops._row_range(weights) == (2, 5)
+    assert nki_ops._row_range(np.triu(np.ones((5, 5)))[:, 3:5]) == (0, 5)
 
 
 @pytest.mark.nki_emulated
