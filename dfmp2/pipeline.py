@@ -182,6 +182,9 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
                            out=buffers.get(f"full{s}", (nblk * nocc, nvir)))  # (P*i, a)
             store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
         progress("transform", p1, naux)
+    for occ_coeff, vir_coeff in coeffs:
+        la.release_from_device(occ_coeff)
+        la.release_from_device(vir_coeff)
 
 
 def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
@@ -202,6 +205,7 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
         else:
             store.write_b(i0, i1, la.gemm(rows, matrix))
         progress("fit", i1, nocc)
+    la.release_from_device(matrix)
     store.finish_fit()
 
 
@@ -266,7 +270,8 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
     ``pair_sums_from_ovov`` reduction. Sums add in float64.
     """
     if fused:  # a device backend keeps B there for the stage (one block per store)
-        stores, occ_block = la.place_pair_operands(stores, occ_block)
+        in_memory = all(getattr(st, "in_memory", True) for st in stores if st is not None)
+        stores, occ_block = la.place_pair_operands(stores, occ_block, in_memory)
     tasks = spin_tasks(stores, eps)
     blocks = [list(_task_blocks(t, occ_block)) for t in tasks]
     nblocks = sum(len(b) for b in blocks)

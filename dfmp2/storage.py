@@ -79,6 +79,7 @@ class H5Store:
     exception) at any point of the construction leaves no file behind."""
 
     kind = "hdf5"
+    in_memory = False
 
     def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype=torch.float64,
                  directory: str | None = None, register=None):

@@ -127,12 +127,20 @@ def test_cli_reports_every_kernel_and_the_energy_step(tmp_path):
     # two cores share the kernel time (trn2: kernel[2]); B is uploaded once
     assert step["cores"] == 2
     assert report["energy_step_seconds"] == pytest.approx(
-        step["kernel_seconds"] / 2 + step["launch_seconds"])
+        step["kernel_seconds"] * step["busiest_core_pairs"] / step["launched_pairs"]
+        + step["launch_seconds"])
+    assert step["busiest_core_pairs"] == 3 * 5  # kernel[2]: 3 of the 5 rows x 5 columns
     assert step["seconds_one_core"] > report["energy_step_seconds"]
     from dfmp2.linalg import nki_ops
 
     assert step["b_upload_bytes"] == nki_ops.resident_b_bytes(5, 150, 300)
     assert "B uploaded once" in result.stdout
+
+
+def test_the_busiest_core_sets_the_step():
+    blocks = [(28, 28), (56, 28), (64, 8)]
+    assert nki_model._busiest_core_pairs(blocks, "trn1") == 56 * 28  # blocks 0 and 2 vs 1
+    assert nki_model._busiest_core_pairs(blocks, "trn2") == 14 * 28 + 28 * 28 + 32 * 8
 
 
 def test_the_energy_step_runs_in_few_persistent_launches():

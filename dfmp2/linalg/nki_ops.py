@@ -51,7 +51,8 @@ __all__ = [
 MAX_MATMULS_PER_CALL = 2048
 #: Upper bound on the orbitals j (columns) of one fused-energy launch (its rows are unbounded).
 MAX_PAIRS_PER_CALL = 64
-#: Upper bound on the nki.isa instructions of one fused-energy launch (bounds the trace).
+#: Upper bound on the nki.isa instructions one fused-energy launch compiles: one row of its
+#: device loop (what it executes grows with its rows).
 MAX_ENERGY_INSTRUCTIONS_PER_CALL = 8192
 #: Largest K of one GEMM launch: the A^T strip of one M group, ceil(K/128)*512*4 bytes per
 #: partition, stays in half of the resident SBUF budget (K <= 4096). Larger K is split and the
@@ -567,20 +568,37 @@ def resident_b_bytes(nocc: int, nvir: int, naux: int, products: str = "fp32") ->
     return int(np.prod(_tile_major_shape(nocc, nvir, naux, products == "bf16x3"))) * FP32_BYTES
 
 
-def place_b(stores, device: nki_runtime.NkiDevice, products: str = "fp32"):
+def place_b(stores, device: nki_runtime.NkiDevice, products: str = "fp32",
+            in_memory: bool = True):
     """``(stores, None)`` with each store's B placed on the device (:class:`ResidentB`; None
-    stays None) when all of them fit ``device.resident_budget``; else ``(stores, why not)``
-    unchanged (each block is then uploaded by the launches that use it)."""
+    stays None); else ``(stores, why not)`` unchanged (each block is then uploaded by the
+    launches that use it): when B with the operands already kept would pass
+    ``device.resident_budget``, when the kernels refuse the pair shapes (the blocks then fall
+    back as the registry decides, read block by block), or, in emulator and simulator modes
+    (whose "device" is host memory, outside the ``max_memory`` plan), when B is out of core
+    (``in_memory`` False)."""
     present = [st for st in stores if st is not None and int(st.nocc) > 0]
-    sizes = []
-    for st in present:
-        _n, nvir, naux = (int(x) for x in st.read_b(0, 1).shape)
-        sizes.append(resident_b_bytes(int(st.nocc), nvir, naux, products))
-    total = sum(sizes) + device.ledger.resident_bytes
-    if total > device.resident_budget:
-        return stores, (f"B takes {total / 2**30:.2f} GiB on the device, over the "
-                        f"{device.resident_budget / 2**30:.2f} GiB kept for resident operands; "
-                        "each block is uploaded by its launches")
+    if not present:
+        return stores, "no orbitals to pair"
+    if device.mode != "hardware" and not in_memory:
+        return stores, ("B is out of core, and in emulator and simulator modes the device's "
+                        "memory is the host's")
+    shapes = [tuple(int(x) for x in st.read_b(0, 1).shape[1:]) for st in present]
+    split = products == "bf16x3"
+    checks = [(nv, nv, naux, True) for nv, naux in shapes]
+    if len(shapes) == 2:
+        checks.append((shapes[0][0], shapes[1][0], shapes[0][1], False))
+    for nva, nvb, naux, exchange in checks:
+        refused = _energy_supports_shape(nva, nvb, naux, exchange, split)
+        if refused is not None:
+            return stores, f"the pair kernels refuse these shapes ({refused})"
+    size = sum(resident_b_bytes(int(st.nocc), nv, naux, products)
+               for st, (nv, naux) in zip(present, shapes))
+    kept = device.ledger.resident_bytes
+    if size + kept > device.resident_budget:
+        return stores, (f"B takes {size / 2**30:.2f} GiB on the device (with "
+                        f"{kept / 2**30:.2f} GiB of operands kept), over the "
+                        f"{device.resident_budget / 2**30:.2f} GiB kept for resident operands")
     split = products == "bf16x3"
     return [st if st is None or int(st.nocc) == 0 else ResidentB(st, device, split)
             for st in stores], None
@@ -663,7 +681,7 @@ def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
         weight = w_ij[i0:i1, j0:j1]
         nr = i1 - i0
         grid = device.lnc if nr >= device.lnc else 1
-        core = device.ledger.launches % device.cores  # launches take the cores in turn
+        core = device.next_core()  # blocks of columns (all their windows) take the cores in turn
         direct_ij = np.zeros(weight.shape)
         ex_ij = np.zeros(weight.shape)
         for w0 in range(0, n_at, window):

@@ -187,11 +187,12 @@ class Ledger:
     """What one run moved between host and device, and what it launched.
 
     uploaded_bytes / downloaded_bytes : host -> device and device -> host bytes (float32 data as
-    launched; in emulator and simulator modes, what hardware would move). resident_bytes :
-    bytes of the operands placed on the device once for the run (a part of uploaded_bytes).
-    launches : kernel launches; programs : SPMD programs over all launches; core_launches :
-    launches per NeuronCore; program_pairs : occupied pairs of the fused energy kernels per
-    (core, program) slot, in order ``core * lnc + program`` (the balance of the pair work).
+    launched; in emulator and simulator modes, what hardware would move), cumulative.
+    resident_bytes : bytes of the operands kept on the device now (B of the pair stage, kept
+    operands not yet released). launches : kernel launches; programs : SPMD programs over all
+    launches; core_launches : launches per NeuronCore; program_pairs : pairs the fused energy
+    kernels computed per (core, program) slot, in order ``core * lnc + program`` (the balance
+    of the pair work; zero-weight pairs inside a launch included).
     """
 
     uploaded_bytes: int = 0
@@ -270,6 +271,13 @@ class NkiDevice:
                              program_pairs=[0] * (self.cores * self.lnc))
         self._xla = None
         self._kept: dict[int, list] = {}  # storage address -> [tensor, version, {layout: array}]
+        self._turn = 0  # the next core a block of launches goes to
+
+    def next_core(self) -> int:
+        """The NeuronCore the next block of launches goes to: the cores in turn."""
+        core = self._turn % self.cores
+        self._turn += 1
+        return core
 
     # -- operands kept for the run ------------------------------------------------------------
     def keep(self, tensor) -> None:
@@ -277,7 +285,18 @@ class NkiDevice:
         the transform's coefficients): the kernel layouts of it and of its views are uploaded
         once, on first use (:meth:`kept`), and reused while the tensor is unchanged. The
         tensor is referenced until the device is dropped."""
+        self.release(tensor)
         self._kept[tensor.untyped_storage().data_ptr()] = [tensor, tensor._version, {}]
+
+    def release(self, tensor) -> None:
+        """Drop a kept tensor and its device copies (their bytes leave ``resident_bytes``)."""
+        entry = self._kept.pop(tensor.untyped_storage().data_ptr(), None)
+        if entry is not None:
+            self._drop(entry[2])
+
+    def _drop(self, layouts: dict) -> None:
+        self.ledger.resident_bytes -= sum(array.nbytes for array in layouts.values())
+        layouts.clear()
 
     def kept(self, tensor, transpose: bool, make) -> DeviceArray | None:
         """The device copy of ``make()`` (the float32 kernel layout of ``tensor``, transposed
@@ -289,7 +308,7 @@ class NkiDevice:
             return None
         base, version, layouts = entry
         if base._version != version:  # written in place since: the old layouts are stale
-            layouts.clear()
+            self._drop(layouts)
             entry[1] = base._version
         key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), transpose)
         if key not in layouts:

@@ -202,11 +202,14 @@ class _NamedOps:
         """Mark a tensor many op calls of the run read, so a device backend uploads it once
         (host backends: nothing to do)."""
 
-    def place_pair_operands(self, stores, occ_block: int):
+    def release_from_device(self, tensor) -> None:
+        """The end of :meth:`keep_on_device` for ``tensor`` (host backends: nothing to do)."""
+
+    def place_pair_operands(self, stores, occ_block: int, in_memory: bool = True):
         """``(stores, occ_block)`` the pair stage reads ``mp2_pair_sums`` operands from, in
         blocks of ``occ_block`` occupied orbitals: a device backend places B on the device once
         (then one block spans each store: the op plans its own launches); host backends return
-        both as they are."""
+        both as they are. ``in_memory``: B is held in memory (not out of core)."""
         return stores, occ_block
 
 
@@ -230,6 +233,7 @@ class Dispatcher(_NamedOps):
     host_backend: dict[str, str] = field(init=False)
     nki_device: object = field(init=False, default=None)
     residency: str | None = field(init=False, default=None)
+    _host_block: int = field(init=False, default=1)
 
     def __post_init__(self):
         self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
@@ -308,19 +312,27 @@ class Dispatcher(_NamedOps):
         if self.nki_device is not None:
             self.nki_device.keep(tensor)
 
-    def place_pair_operands(self, stores, occ_block: int):
-        """On NKI: every store's B placed on the device once for the pair stage when all fit
-        the device's budget (:func:`nki_ops.place_b`), read in one block per store; else
+    def release_from_device(self, tensor) -> None:
+        """On NKI: the device drops ``tensor``'s copies (the stage that read it is over)."""
+        if self.nki_device is not None:
+            self.nki_device.release(tensor)
+
+    def place_pair_operands(self, stores, occ_block: int, in_memory: bool = True):
+        """On NKI: every store's B placed on the device once for the pair stage
+        (:func:`nki_ops.place_b` says when not), read in one block per store; else
         ``(stores, occ_block)`` as given. :attr:`residency` records which ("device", or why
-        the blocks are uploaded per launch)."""
+        the blocks are uploaded per launch). A call that falls back to the host then reads B
+        in blocks of ``occ_block`` (:meth:`_host_pair_sums`)."""
         if self.nki_device is None:
             return stores, occ_block
         nki_ops = importlib.import_module(".nki_ops", __package__)
-        placed, why_not = nki_ops.place_b(stores, self.nki_device, self.policy.nki_matmul)
+        placed, why_not = nki_ops.place_b(stores, self.nki_device, self.policy.nki_matmul,
+                                          in_memory)
         self.residency = "device" if why_not is None else f"uploaded per launch: {why_not}"
         if why_not is not None:
             return stores, occ_block
-        return placed, max(1, max(int(st.nocc) for st in placed if st is not None))
+        self._host_block = occ_block
+        return placed, max(int(st.nocc) for st in placed if st is not None and st.nocc)
 
     def device_record(self) -> dict | None:
         """The NKI device's record of the run (transfers, launches, programs, where B was
@@ -333,13 +345,37 @@ class Dispatcher(_NamedOps):
         """Run ``op`` on the host backend chosen for it (numpy's BLAS or torch; CUDA operands
         always torch) and record that backend; ``mode`` 'host' for host-only or on-host calls,
         else the backend's name. Operands on the device (``host()``) are read back first."""
-        args = tuple(arg.host() if hasattr(arg, "host") else arg for arg in args)
+        if any(hasattr(arg, "host") for arg in args):  # B on the device: read it in blocks
+            return self._host_pair_sums(op, args, mode)
         backend = self.host_backend[op]
         if backend == "numpy" and args[0].device.type != "cpu":
             backend = "pytorch"
         result = REGISTRY[(op, backend)].fn(*args)
         self._record(op, backend, backend if mode != HOST_MODE else HOST_MODE)
         return result
+
+    def _host_pair_sums(self, op: str, args: tuple, mode: str):
+        """``mp2_pair_sums`` on the host for operands placed on the device (whole stores): the
+        blocks of the pair stage's plan (``occ_block``), each read from the store, their sums
+        added in fp64, so a fallback stays within the memory plan."""
+        ovl_i, ovl_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange = args
+        step = max(1, self._host_block)
+        total = None
+        for i0 in range(0, ovl_i.shape[0], step):
+            i1 = min(ovl_i.shape[0], i0 + step)
+            for j0 in range(0, ovl_j.shape[0], step):
+                j1 = min(ovl_j.shape[0], j0 + step)
+                w = weights[i0:i1, j0:j1]
+                if not bool(w.any()):
+                    continue
+                block_i = ovl_i.resident.store.read_b(ovl_i.i0 + i0, ovl_i.i0 + i1)
+                same = ovl_j is ovl_i and (i0, i1) == (j0, j1)
+                block_j = block_i if same else ovl_j.resident.store.read_b(ovl_j.i0 + j0,
+                                                                           ovl_j.i0 + j1)
+                part = self._run_host(op, (block_i, block_j, eps_i[i0:i1], eps_j[j0:j1],
+                                           eps_va, eps_vb, w, exchange), mode)
+                total = part if total is None else total + part
+        return total if total is not None else torch_ops.torch.zeros(2, dtype=weights.dtype)
 
     def _fall_back(self, op: str, args: tuple, reason: str):
         if self.policy.require_nki:

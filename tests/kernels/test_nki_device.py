@@ -131,6 +131,11 @@ def test_b_over_the_device_budget_stays_on_the_host(emulator):
     placed, why_not = nki_ops.place_b([store, None], device)
     assert placed == [store, None] and "over the" in why_not
     assert device.ledger.uploaded_bytes == 0
+    device.resident_budget = 2**40
+    assert nki_ops.place_b([store], device, in_memory=False)[1].startswith("B is out of core")
+    assert nki_ops.place_b([None], device)[1] == "no orbitals to pair"
+    huge = TensorB(torch.zeros((1, 2000, 40000)))  # beyond one launch of the exchange kernel
+    assert "refuse" in nki_ops.place_b([huge], device)[1]
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "direct"])
@@ -190,8 +195,62 @@ def test_kept_operands_are_uploaded_once_and_follow_changes(emulator):
     u.mul_(2.0)
     got = nki_ops.trmm(u, rows.clone(), mode="emulator", device=device)
     assert torch.allclose(got, rows @ u, atol=TOL_NKI_GEMM_ABS * 40)
-    assert device.ledger.resident_bytes == 2 * kept
+    assert device.ledger.resident_bytes == kept  # the stale copies dropped
+    assert device.ledger.uploaded_bytes > 2 * kept  # uploaded again
+    device.release(u)
+    assert device.ledger.resident_bytes == 0
     other = torch.from_numpy(rng.standard_normal((200, 64)))
     before = device.ledger.resident_bytes
     nki_ops.gemm(rows, other, mode="emulator", device=device)  # nothing kept: per launch
     assert device.ledger.resident_bytes == before
+
+
+def test_trn1_sends_each_block_with_all_its_windows_to_one_core(emulator, monkeypatch):
+    """Several a-tile windows per block: the blocks, not the launches, alternate cores, so
+    both cores work however many windows a block has."""
+    monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 1)
+    monkeypatch.setattr(nki_ops, "MAX_ENERGY_INSTRUCTIONS_PER_CALL", 150)
+    args = pair_block(2, 2, 400, 400, 600, False, 4, same_space=True)
+    weights = torch.full((2, 2), 2.0, dtype=torch.float64)
+    window = nki_ops._energy_launch_plan(400, 400, 600, True)[1]
+    assert window < 4
+    with emulator.target("trn1"):
+        device = nki_runtime.NkiDevice("emulator")
+        nki_ops.mp2_pair_sums(*args, weights, True, mode="emulator", device=device)
+    windows = -(-4 // window)
+    assert device.ledger.core_launches == [windows, windows]
+    assert device.ledger.program_pairs == [2, 2]
+
+
+def test_a_fallback_reads_placed_b_block_by_block(emulator, monkeypatch):
+    """A pair call on B placed on the device that the host must run (a refusal, a crash under
+    auto) reads the stage's planned blocks from the store, not whole stores."""
+    from dfmp2.linalg import Dispatcher, DispatchPolicy
+
+    store = _store(6, 20, 30)
+    reads = []
+    real = store.read_b
+
+    class Spy:
+        nocc = 6
+
+        def read_b(self, i0, i1):
+            reads.append((i0, i1))
+            return real(i0, i1)
+
+    la = Dispatcher(DispatchPolicy("nki", nki_emulator=True))
+    placed, occ_block = la.place_pair_operands([Spy()], 2)
+    assert la.residency == "device" and occ_block == 6
+    reads.clear()
+    monkeypatch.setitem(nki_ops.SUPPORTS, "mp2_pair_sums", lambda *a, **k: "forced refusal")
+    e_o, e_v = _eps(6, 20)
+    block = placed[0].read_b(0, 6)
+    weights = torch.from_numpy(pair_weights(0, 6, 0, 6, True))
+    got = la.mp2_pair_sums(block, block, e_o, e_o, e_v, e_v, weights, True)
+    assert reads and max(i1 - i0 for i0, i1 in reads) == 2
+    from dfmp2.linalg import torch_ops
+
+    want = torch_ops.mp2_pair_sums(store.read_b(0, 6), store.read_b(0, 6), e_o, e_o, e_v, e_v,
+                                   weights, True)
+    assert torch.allclose(got, want, rtol=1e-12, atol=0.0)
+    assert la.records["mp2_pair_sums"].fallback.endswith("forced refusal")
