@@ -1,7 +1,8 @@
 """Fused NKI pair sums (``nki_ops.mp2_pair_sums``) against the float64 oracle
-``energy.reference_pair_sums``, and the kernels' structure: (ia|jb) stays on chip, the exchange
-partner comes from TensorE transposes (not a second GEMM), the direct-only kernel of rectangular
-blocks issues no transposes, and chunks of zero weight are not launched."""
+``energy.reference_pair_sums``, and the kernels' structure: (ia|jb) stays on chip, each T block
+is computed once (the mirrored block in its transposed layout, a TensorE transpose on the
+diagonal only), the direct-only kernel of rectangular blocks issues no transposes, the rows run
+in a device loop, and blocks of zero weight are not launched."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def test_pair_sums_with_arbitrary_weights(nki_mode, nvb, exchange):
 
 @pytest.mark.parametrize("ni,nj,nvb,kind", [(5, 5, 140, "diagonal"), (5, 3, 90, "rect")])
 def test_pair_sums_over_several_launches(nki_mode, monkeypatch, ni, nj, nvb, kind):
-    """Pairs split over launches (chunks of <= 4 pairs), chunks below the diagonal skipped."""
+    """Pairs split over launches (blocks of <= 4 columns), rows past a block's last weight
+    skipped."""
     monkeypatch.setattr(nki_ops, "MAX_PAIRS_PER_CALL", 4)
     args, weights, exchange = _block(ni, nj, 140, nvb, 130, kind, seed=7)
     got = nki_ops.mp2_pair_sums(*args, weights, exchange, mode=nki_mode)
