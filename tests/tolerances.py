@@ -125,3 +125,6 @@ TOL_MODEL_PEAK_REL = 3e-3
 #: |a||b|; on a diagonal block (i = j: T_aa = sum_P B^2, no cancellation) the miss is one-signed.
 #: Measured: 1.5e-6 (5 x 5 diagonal block), 5e-8 elsewhere.
 TOL_NKI_BF16X3_REL = 1e-5
+#: The same fp32 partial sums (or the same fp64 block sums) added on the host in a different
+#: order or grouping (other launches, SPMD shares, blocks of a fallback): fp64 reassociation.
+TOL_SUM_ORDER_REL = 1e-12
