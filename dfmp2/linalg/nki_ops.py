@@ -518,8 +518,10 @@ class DeviceBlock:
         self.shape = (i1 - i0, resident.nvir, resident.naux)
         self.ndim = 3
 
-    def host(self) -> torch.Tensor:
-        return self.resident.store.read_b(self.i0, self.i1)
+    def host(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Orbitals ``lo : hi`` of this block (all by default) read from the host store."""
+        hi = self.i1 - self.i0 if hi is None else hi
+        return self.resident.store.read_b(self.i0 + lo, self.i0 + hi)
 
     def tiles(self, rows: slice, tiles: slice, split: bool):
         """Device-side slice ``[..., i0 + rows, tiles, :, :]`` of the tile-major B."""
@@ -534,17 +536,16 @@ class DeviceBlock:
 
 class ResidentB:
     """The fitted B of one store in device memory for the pair stage: tile-major
-    (``_tile_major``; ``(2, ...)`` for bf16x3), uploaded once, in occupied chunks of at most
-    ``upload_mb`` so the host never holds more than one chunk's layout.
+    (``_tile_major``; ``(2, ...)`` for bf16x3), uploaded once, in occupied chunks of about
+    ``upload_mb`` of float32 layout (at least one orbital).
 
-    store : has ``nocc`` and ``read_b(i0, i1) -> (n, nvir, naux)``. ``read_b`` here returns a
-    :class:`DeviceBlock`."""
+    store : has ``nocc`` and ``read_b(i0, i1) -> (n, nvir, naux)``; ``nvir``, ``naux`` its
+    blocks' other dimensions. ``read_b`` here returns a :class:`DeviceBlock`."""
 
-    def __init__(self, store, device: nki_runtime.NkiDevice, split: bool,
-                 upload_mb: float = 256.0) -> None:
+    def __init__(self, store, nvir: int, naux: int, device: nki_runtime.NkiDevice,
+                 split: bool, upload_mb: float = 256.0) -> None:
         self.store, self.split = store, split
-        self.nocc = int(store.nocc)
-        _n, self.nvir, self.naux = (int(x) for x in store.read_b(0, 1).shape)
+        self.nocc, self.nvir, self.naux = int(store.nocc), int(nvir), int(naux)
         shape = _tile_major_shape(self.nocc, self.nvir, self.naux, split)
         self.array = device.allocate(shape)
         per_orbital = int(np.prod(shape)) * FP32_BYTES // max(1, self.nocc)
@@ -599,8 +600,8 @@ def place_b(stores, device: nki_runtime.NkiDevice, products: str = "fp32",
         return stores, (f"B takes {size / 2**30:.2f} GiB on the device (with "
                         f"{kept / 2**30:.2f} GiB of operands kept), over the "
                         f"{device.resident_budget / 2**30:.2f} GiB kept for resident operands")
-    split = products == "bf16x3"
-    return [st if st is None or int(st.nocc) == 0 else ResidentB(st, device, split)
+    dims = iter(shapes)
+    return [st if st is None or int(st.nocc) == 0 else ResidentB(st, *next(dims), device, split)
             for st in stores], None
 
 

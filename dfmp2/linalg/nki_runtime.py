@@ -35,7 +35,6 @@ __all__ = [
     "probe",
     "prepare",
     "load_kernel",
-    "run_kernel",
 ]
 
 MODES = ("hardware", "simulator", "emulator")
@@ -162,12 +161,6 @@ def load_kernel(module_name: str, kernel_name: str):
     return getattr(module, kernel_name)
 
 
-def run_kernel(kernel, arrays: tuple[np.ndarray, ...], mode: str) -> tuple[np.ndarray, ...]:
-    """Launch ``kernel`` once on C-contiguous float32 arrays in ``mode`` (a fresh
-    :class:`NkiDevice`, so every array is uploaded); return its outputs as float32 arrays."""
-    return NkiDevice(mode).launch(kernel, arrays)
-
-
 #: Per target: ``lnc``, the SPMD programs of one launch (trn2 runs LNC=2: a logical NeuronCore
 #: spans two physical cores, told apart by ``nl.program_id``; trn1 has LNC=1), ``cores``, the
 #: NeuronCores the host spreads launches over (trn1: the chip's two cores, one launch each;
@@ -284,7 +277,7 @@ class NkiDevice:
         """Mark a host torch tensor that many launches of the run read (the fit's ``L^{-T}``,
         the transform's coefficients): the kernel layouts of it and of its views are uploaded
         once, on first use (:meth:`kept`), and reused while the tensor is unchanged. The
-        tensor is referenced until the device is dropped."""
+        tensor is referenced until :meth:`release`."""
         self.release(tensor)
         self._kept[tensor.untyped_storage().data_ptr()] = [tensor, tensor._version, {}]
 
@@ -362,12 +355,9 @@ class NkiDevice:
             self.ledger.uploaded_bytes += arg.nbytes
             data.append(self._to_device(arg))
         target = kernel[grid] if grid > 1 else kernel
-        if self.mode == "emulator":
-            result = target(*data)
-        elif self.mode == "simulator":
-            result = importlib.import_module("nki").simulate(target)(*data)
-        else:
-            result = target(*data)
+        if self.mode == "simulator":
+            target = importlib.import_module("nki").simulate(target)
+        result = target(*data)
         outputs = result if isinstance(result, tuple) else (result,)
         host = tuple(np.asarray(out if isinstance(out, np.ndarray) else out.cpu().numpy(),
                                 dtype=np.float32) for out in outputs)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import torch
+
 from .._names import BACKENDS, NKI_MATMULS
 from ..errors import (
     BackendUnavailableError,
@@ -368,14 +370,13 @@ class Dispatcher(_NamedOps):
                 w = weights[i0:i1, j0:j1]
                 if not bool(w.any()):
                     continue
-                block_i = ovl_i.resident.store.read_b(ovl_i.i0 + i0, ovl_i.i0 + i1)
+                block_i = ovl_i.host(i0, i1)
                 same = ovl_j is ovl_i and (i0, i1) == (j0, j1)
-                block_j = block_i if same else ovl_j.resident.store.read_b(ovl_j.i0 + j0,
-                                                                           ovl_j.i0 + j1)
+                block_j = block_i if same else ovl_j.host(j0, j1)
                 part = self._run_host(op, (block_i, block_j, eps_i[i0:i1], eps_j[j0:j1],
                                            eps_va, eps_vb, w, exchange), mode)
                 total = part if total is None else total + part
-        return total if total is not None else torch_ops.torch.zeros(2, dtype=weights.dtype)
+        return total if total is not None else torch.zeros(2, dtype=weights.dtype)
 
     def _fall_back(self, op: str, args: tuple, reason: str):
         if self.policy.require_nki:

@@ -100,11 +100,12 @@ def test_unknown_mode_is_an_input_error():
 
 
 @pytest.mark.nki_emulated
-def test_run_kernel_accepts_only_contiguous_float32():
+def test_a_launch_accepts_only_contiguous_float32():
+    device = nki_runtime.NkiDevice("emulator")
     with pytest.raises(InputError, match="float32"):
-        nki_runtime.run_kernel(None, (np.zeros((2, 2)),), "emulator")
+        device.launch(None, (np.zeros((2, 2)),))
     with pytest.raises(InputError, match="contiguous"):
-        nki_runtime.run_kernel(None, (np.zeros((4, 4), dtype=np.float32)[:, ::2],), "emulator")
+        device.launch(None, (np.zeros((4, 4), dtype=np.float32)[:, ::2],))
 
 
 #: NKI-only keyword options an op may take before ``mode``.
