@@ -9,3 +9,6 @@ CPU_BLAS_CHOICES = ("auto", "torch", "numpy")
 #: Precisions of the NKI pair kernels' (ia|jb) products: float32, or three bfloat16 products of
 #: a high/low split accumulated in float32 PSUM.
 NKI_MATMULS = ("fp32", "bf16x3")
+#: NeuronCore generations the NKI kernels target: "auto" reads the instance type in hardware mode
+#: (the emulated target in emulator mode).
+NKI_TARGETS = ("auto", "trn1", "trn2")

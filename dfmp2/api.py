@@ -95,7 +95,8 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
 def _dispatcher(opts: Options) -> Dispatcher:
     """The run's one dispatcher (SCF J/K and the MP2 step share it and its records)."""
     return Dispatcher(DispatchPolicy(opts.backend, opts.nki_simulator, opts.nki_emulator,
-                                     opts.require_nki, opts.cpu_blas, opts.nki_matmul))
+                                     opts.require_nki, opts.cpu_blas, opts.nki_matmul,
+                                     opts.nki_target))
 
 
 def guess_occupations(mol, reference: str) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS
+from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
 from ._version import __version__
 from .errors import InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
@@ -122,6 +122,11 @@ _D = Options.default
               show_default=True,
               help="Products of the NKI pair kernels: fp32, or bf16x3 (bfloat16 high and low "
                    "parts, three products in float32 PSUM: 3/4 of the fp32 TensorE time).")
+@click.option("--nki-target", type=click.Choice(NKI_TARGETS), default=_D("nki_target"),
+              show_default=True,
+              help="NeuronCore generation of the NKI launches: trn2 runs two SPMD programs per "
+                   "launch (LNC=2), trn1 alternates its two cores; auto reads the instance type "
+                   "(the emulated target with --nki-emulator).")
 @click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
               show_default=True,
               help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import MISSING, dataclass, fields
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS
+from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
 from .errors import InputError
 
 __all__ = ["Options", "SCF_TYPES", "SCF_PRECISIONS", "REFERENCES", "PRECISIONS", "BACKENDS"]
@@ -39,6 +39,8 @@ class Options:
         wheel) or 'numpy': whose BLAS runs the pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
     nki_matmul : precision of the NKI pair kernels' (ia|jb) products, 'fp32' or 'bf16x3'.
+    nki_target : 'auto', 'trn1' or 'trn2': the NeuronCore generation of the NKI launches (LNC,
+        cores, device memory); auto reads the instance type (hardware) or the emulated target.
     max_memory : working-set budget in MB of the DF-SCF's J/K and of the MP2 step (in turn).
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
         (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
@@ -74,6 +76,7 @@ class Options:
     nki_simulator: bool = False
     require_nki: bool = False
     nki_matmul: str = "fp32"
+    nki_target: str = "auto"
     max_memory: int = 4000
     precision: str = "fp64"
     force_outcore: bool = False
@@ -92,6 +95,7 @@ class Options:
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
+        _choice("nki_target", self.nki_target, NKI_TARGETS)
         if self.backend == "pytorch" and self.nki_matmul != "fp32":
             raise InputError(f"--nki-matmul {self.nki_matmul} chooses the NKI pair kernels' "
                              "products and contradicts --backend pytorch; drop one of them")

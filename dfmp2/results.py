@@ -314,7 +314,7 @@ class Result:
         ]
         if (dev := b.nki_device) is not None:
             lines.append(
-                f"  NKI device {dev['target'] or 'target unknown'} (LNC={dev['lnc']}, "
+                f"  NKI device {dev['target'] or dev['target_source']} (LNC={dev['lnc']}, "
                 f"{dev['cores']} core(s)): {dev['launches']} launches, {dev['programs']} "
                 f"programs, {dev['uploaded_bytes'] / 1e6:.1f} MB up "
                 f"({dev['resident_bytes'] / 1e6:.1f} MB kept), "

@@ -11,7 +11,7 @@ from pyscf import scf
 
 import dfmp2
 from dfmp2.cli import main
-from dfmp2.errors import BackendUnavailableError
+from dfmp2.errors import BackendUnavailableError, InputError
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.molecule import build_mole
 
@@ -213,6 +213,24 @@ def test_b_stays_on_the_device_for_the_pair_stage(tmp_path, outcore):
     ref = dfmp2.run(str(INPUTS / "benzene.xyz"), backend="pytorch")
     assert record["properties"]["mp2_correlation_energy"] == pytest.approx(ref.e_corr,
                                                                            abs=TOL_FP32)
+
+
+def test_nki_target_option_sets_the_device(tmp_path):
+    """``--nki-target trn1`` on the (default trn2) emulator: one program per launch, launches
+    over trn1's two cores, recorded as given by the option; a bad target is one line."""
+    out = tmp_path / "t.json"
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--backend", "nki",
+                                       "--nki-emulator", "--require-nki", "--nki-target",
+                                       "trn1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    device = json.loads(out.read_text())["extras"]["backend"]["nki_device"]
+    assert (device["target"], device["lnc"], device["cores"]) == ("trn1", 1, 2)
+    assert device["target_source"] == "option"
+    assert device["programs"] == device["launches"]
+    bad = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--nki-target", "trn3"])
+    assert bad.exit_code == 2 and "trn3" in bad.output
+    with pytest.raises(InputError, match="nki_target"):
+        dfmp2.run(str(INPUTS / "water.xyz"), nki_target="inf2")
 
 
 def test_b_over_the_device_budget_is_uploaded_per_launch(monkeypatch):

@@ -32,6 +32,7 @@ __all__ = [
     "DeviceArray",
     "Ledger",
     "NkiDevice",
+    "detect_target",
     "probe",
     "prepare",
     "load_kernel",
@@ -170,6 +171,28 @@ TARGETS = {
     "trn1": {"lnc": 1, "cores": 2, "hbm_bytes": 32 * 1024**3},
     "trn2": {"lnc": 2, "cores": 1, "hbm_bytes": 24 * 1024**3},
 }
+#: Where the instance type of an EC2 instance is read (on Nitro instances the DMI product name
+#: is the instance type, e.g. "trn1.32xlarge").
+DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
+
+
+def detect_target(path: str = DMI_PRODUCT_NAME) -> tuple[str | None, str]:
+    """``(target, how it was found)`` from the instance type in ``path``: trn1 for
+    ``trn1.*``/``trn1n.*``, trn2 for ``trn2.*``/``trn2u.*``; ``(None, why)`` when the file is
+    missing or names another instance (the run then takes the cautious defaults; ``--nki-target``
+    sets it)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            product = handle.read().strip()
+    except OSError as exc:
+        return None, f"unknown (cannot read {path}: {exc.strerror}; give --nki-target)"
+    family = product.split(".", 1)[0].lower()
+    for name in TARGETS:
+        if family == name or (family.startswith(name) and family[len(name):].isalpha()):
+            return name, f"instance type {product}"
+    return None, f"unknown (instance type {product!r} is not trn1 or trn2; give --nki-target)"
+
+
 #: Share of the cores' device memory that operands kept resident for a run may take (the rest
 #: holds the compiled kernels, launch inputs and outputs).
 RESIDENT_FRACTION = 0.5
@@ -232,8 +255,10 @@ class NkiDevice:
     ----------
     mode : one of :data:`MODES`.
     target : 'trn1' or 'trn2' (:data:`TARGETS`); None: the emulated target in emulator mode,
-        else unknown (one program per launch, one core, trn1's memory: the cautious choice
-        until a hardware day sets it).
+        the instance type's in hardware mode (:func:`detect_target`), else unknown (one program
+        per launch, one core, half of trn1's memory: the cautious choice). In emulator mode
+        every launch runs under this target's rules (``nki_emulator.target``), whatever the
+        emulator's own setting.
     lnc : SPMD programs per launch, instead of the target's (1 models one physical core).
 
     Every operand a launch takes as a NumPy array is uploaded for that launch and counted; a
@@ -245,11 +270,17 @@ class NkiDevice:
         if mode not in MODES:
             raise InputError(f"unknown NKI execution mode {mode!r}; expected one of "
                              f"{', '.join(MODES)}")
-        if target is None and mode == "emulator":
-            target = importlib.import_module("dfmp2.nki_emulator").get_target()
         if target is not None and target not in TARGETS:
             raise InputError(f"unknown NKI target {target!r}; expected one of "
                              f"{', '.join(TARGETS)}")
+        self.target_source = "option"
+        if target is None and mode == "emulator":
+            target = importlib.import_module("dfmp2.nki_emulator").get_target()
+            self.target_source = "emulator"
+        elif target is None and mode == "hardware":
+            target, self.target_source = detect_target()
+        elif target is None:
+            self.target_source = "unknown (simulator; give --nki-target)"
         self.mode = mode
         self.target = target
         spec = TARGETS[target] if target else {"lnc": 1, "cores": 1,
@@ -354,10 +385,14 @@ class NkiDevice:
             _check_f32(f"kernel argument {index}", arg)
             self.ledger.uploaded_bytes += arg.nbytes
             data.append(self._to_device(arg))
-        target = kernel[grid] if grid > 1 else kernel
+        call = kernel[grid] if grid > 1 else kernel
         if self.mode == "simulator":
-            target = importlib.import_module("nki").simulate(target)
-        result = target(*data)
+            call = importlib.import_module("nki").simulate(call)
+        if self.mode == "emulator" and self.target is not None:
+            with importlib.import_module("dfmp2.nki_emulator").target(self.target):
+                result = call(*data)
+        else:
+            result = call(*data)
         outputs = result if isinstance(result, tuple) else (result,)
         host = tuple(np.asarray(out if isinstance(out, np.ndarray) else out.cpu().numpy(),
                                 dtype=np.float32) for out in outputs)
@@ -369,7 +404,8 @@ class NkiDevice:
 
     def as_dict(self) -> dict:
         """The record of the run's device use (for the result and JSON)."""
-        return {"mode": self.mode, "target": self.target, "lnc": self.lnc, "cores": self.cores,
+        return {"mode": self.mode, "target": self.target, "target_source": self.target_source,
+                "lnc": self.lnc, "cores": self.cores,
                 "resident_budget_bytes": self.resident_budget, **self.ledger.as_dict()}
 
     def _to_device(self, array: np.ndarray):

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import torch
 
-from .._names import BACKENDS, NKI_MATMULS
+from .._names import BACKENDS, NKI_MATMULS, NKI_TARGETS
 from ..errors import (
     BackendUnavailableError,
     InputError,
@@ -121,6 +121,7 @@ class DispatchPolicy:
     require_nki : turn every fallback from nki to pytorch into an error.
     cpu_blas : 'auto', 'torch' or 'numpy': the library of the pytorch backend's CPU products.
     nki_matmul : 'fp32' or 'bf16x3': the products of the NKI pair kernels (``mp2_pair_sums``).
+    nki_target : 'auto', 'trn1' or 'trn2': the target of the run's ``NkiDevice``.
     """
 
     backend: str = "auto"
@@ -129,6 +130,7 @@ class DispatchPolicy:
     require_nki: bool = False
     cpu_blas: str = "auto"
     nki_matmul: str = "fp32"
+    nki_target: str = "auto"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -136,6 +138,9 @@ class DispatchPolicy:
         if self.nki_matmul not in NKI_MATMULS:
             raise InputError(f"unknown NKI matmul precision {self.nki_matmul!r}; choose one of "
                              f"{', '.join(NKI_MATMULS)}")
+        if self.nki_target not in NKI_TARGETS:
+            raise InputError(f"unknown NKI target {self.nki_target!r}; choose one of "
+                             f"{', '.join(NKI_TARGETS)}")
 
 
 @dataclass
@@ -254,7 +259,8 @@ class Dispatcher(_NamedOps):
         if mode is not None:
             self.backend, self.nki_mode = "nki", mode
             self.resolution = f"{requested}: NKI kernels run in {mode} mode"
-            self.nki_device = importlib.import_module(".nki_runtime", __package__).NkiDevice(mode)
+            self.nki_device = importlib.import_module(".nki_runtime", __package__).NkiDevice(
+                mode, target=None if self.policy.nki_target == "auto" else self.policy.nki_target)
         elif requested == "nki" or self.policy.require_nki:
             raise BackendUnavailableError(f"the nki backend cannot run: {reason}")
         else:

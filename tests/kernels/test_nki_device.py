@@ -69,6 +69,46 @@ def test_targets_set_programs_cores_and_memory(emulator):
         nki_ops.gemm(torch.eye(2), torch.eye(2), mode="simulator", device=trn1)
 
 
+@pytest.mark.parametrize("product, want", [
+    ("trn1.32xlarge", "trn1"), ("trn1n.32xlarge", "trn1"), ("trn1.2xlarge", "trn1"),
+    ("trn2.48xlarge", "trn2"), ("trn2u.48xlarge", "trn2"),
+    ("inf2.xlarge", None), ("trn10.big", None), ("Standard PC (Q35 + ICH9, 2009)", None)])
+def test_hardware_target_is_read_from_the_instance_type(tmp_path, product, want):
+    path = tmp_path / "product_name"
+    path.write_text(product + "\n")
+    target, how = nki_runtime.detect_target(str(path))
+    assert target == want
+    assert (how == f"instance type {product}") if want else ("give --nki-target" in how)
+
+
+def test_hardware_target_unknown_without_the_dmi_file(tmp_path, monkeypatch):
+    target, how = nki_runtime.detect_target(str(tmp_path / "missing"))
+    assert target is None and "cannot read" in how and "--nki-target" in how
+    path = tmp_path / "product_name"
+    path.write_text("trn2.48xlarge")
+    monkeypatch.setattr(nki_runtime, "DMI_PRODUCT_NAME", str(path))
+    monkeypatch.setattr(nki_runtime.detect_target, "__defaults__", (str(path),))
+    device = nki_runtime.NkiDevice("hardware")  # nothing launched: no XLA device needed
+    assert (device.target, device.lnc, device.target_source) == ("trn2", 2,
+                                                                 "instance type trn2.48xlarge")
+    given = nki_runtime.NkiDevice("hardware", "trn1")
+    assert (given.target, given.cores, given.target_source) == ("trn1", 2, "option")
+    simulated = nki_runtime.NkiDevice("simulator")
+    assert simulated.target is None and "--nki-target" in simulated.as_dict()["target_source"]
+
+
+def test_emulator_launches_follow_the_device_target(emulator):
+    """A device made for trn2 runs ``kernel[2]`` while the emulator's own setting is trn1 (the
+    launch runs under the device's target), and leaves that setting as it was."""
+    args = pair_block(2, 2, 130, 130, 140, False, 4, same_space=True)
+    weights = torch.full((2, 2), 2.0, dtype=torch.float64)
+    with emulator.target("trn1"):
+        device = nki_runtime.NkiDevice("emulator", "trn2")
+        nki_ops.mp2_pair_sums(*args, weights, True, mode="emulator", device=device)
+        assert emulator.get_target() == "trn1"
+    assert device.ledger.programs == 2 * device.ledger.launches
+
+
 def test_a_launch_counts_what_it_moves(emulator):
     device = nki_runtime.NkiDevice("emulator")
     nki_runtime.prepare("emulator")
