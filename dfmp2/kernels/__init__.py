@@ -18,7 +18,7 @@ trsm.cholesky_step_kernel(linv_t_bb, a_col_t_br, a_trail_rr) -> (l_col_t_br, a_n
 mp2_energy.mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row) -> partials
     Fused (ia|jb) formation and direct/exchange reduction for a block of occupied pairs of one
     orbital space (nva == nvb).
-mp2_energy.mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row) -> partials
+mp2_energy.mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row, d_col_b, neg_eps_a) -> partials
     The direct sums only, for rectangular blocks (nva != nvb: alpha-beta pairs), no transposes.
 """
 

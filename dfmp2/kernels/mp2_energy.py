@@ -240,7 +240,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
 
 @nki.jit
-def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
+def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row, d_col_b, neg_eps_a):
     """Direct partial sums (no exchange) of the nr x nj pairs of one block, nva != nvb
     allowed, for the rows of a window of a tiles (the host passes only the window's columns of
     B_i).
@@ -255,13 +255,23 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
         ``d_col[i, a, j] = e_i + e_j - e_a`` (host-computed in fp64, rounded once).
     neg_eps_row : HBM float32 (128, nvb)
         ``-e_b`` replicated on all 128 partitions (the host-supplied broadcast row).
+    d_col_b : HBM float32 (nr, nvb, nj)
+        ``d_col_b[i, b, j] = e_i + e_j - e_b``: the denominators of the ragged last a tile,
+        whose T is formed transposed (b on the partitions); read only when that tile is
+        ragged.
+    neg_eps_a : HBM float32 (128, asz)
+        ``-e_a`` of the window's last a tile (asz = nva - 128*(n_at-1) rows) replicated on all
+        partitions; read only when asz < 128.
 
     Returns
     -------
-    partials : shared HBM float32 (nr, 128, nj * n_at * n_bc)
-        n_at = ceil(nva/128), n_bc = ceil(nvb/512). Row i, column ``(j * n_at + ta) * n_bc +
-        bc`` holds, on partition p, the direct sum of row ``a = ta*128 + p`` of pair (i, j)
-        over the columns b of chunk bc. Partitions beyond a ragged a tile hold 0. As
+    partials : shared HBM float32 (nr, 128, nj * (n_af * n_bc + n_rt))
+        n_at = ceil(nva/128) a tiles, n_af of them whole, n_bc = ceil(nvb/512), n_bt =
+        ceil(nvb/128), n_rt = n_bt when the last a tile is ragged (else 0). Per pair j the
+        columns ``j * (n_af * n_bc + n_rt) + ...``: ``ta * n_bc + bc`` holds, on partition p,
+        the direct sum of row ``a = ta*128 + p`` over the columns b of chunk bc (whole tiles
+        ta); ``n_af * n_bc + u`` holds, on partition p, the direct sum of column ``b = u*128 +
+        p`` over the ragged tile's rows a. Partitions beyond a ragged tile hold 0. As
         ``kernel[n]``, each program computes and writes its share of the rows
         (``program_rows``).
 
@@ -274,24 +284,30 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Steps
     -----
-    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb``; the stream buffers (two slots each).
+    1. DMA ``neg_eps_row`` -> SBUF ``negv_sb`` (and, with a ragged last a tile,
+       ``neg_eps_a`` -> ``nega_sb``); the stream buffers (two slots each).
     2. For each of this program's rows r, in a device loop (``nl.dynamic_range``): ``memset``
-       ``acc_sb``; DMA ``d_col[r]`` -> SBUF ``dcol_sb``; when naux is one chunk (<= 24 K
-       tiles) the window's tiles of ``B_i[r]`` -> SBUF panel ``pi_sb``, resident for every j.
+       ``acc_sb``; DMA ``d_col[r]`` -> SBUF ``dcol_sb`` (and ``d_col_b[r]`` -> ``dcolb_sb``
+       when the last a tile is ragged); when naux is one chunk (<= 24 K tiles) the window's
+       tiles of ``B_i[r]`` -> SBUF panel ``pi_sb``, resident for every j.
     3. Per column j and b chunk bc (<= 512 columns): ``B_j[:, bc]`` streams through two SBUF
        slots (the row's first chunk loaded at its start, every later one DMA'd while the one
-       before is used), then for each a tile accumulate ``t_ps = T[ta, bc] = B_i[:, ta]^T
-       B_j[:, bc]`` in PSUM from the panel (``accumulate_strips``). With more K chunks, both
-       operands' chunks are loaded for every tile through two slots each (chunk kc+1 DMA'd
-       while chunk kc is multiplied) and PSUM keeps accumulating over the chunks. T never
-       leaves the chip. The ragged last a tile is a narrow stationary here (these αβ blocks
-       have no mirrored tile to swap roles with).
+       before is used), then for each whole a tile accumulate ``t_ps = T[ta, bc] = B_i[:,
+       ta]^T B_j[:, bc]`` in PSUM from the panel (``accumulate_strips``: B_i's tile
+       stationary, 128 columns wide). The ragged last a tile (asz < 128 rows) is formed
+       transposed instead, ``T[ta, u]^T = B_j[:, u]^T B_i[:, ta]`` for each 128-column b tile
+       u of the chunk (B_j's tile stationary: 128 wide but for nvb's own last tile; B_i's
+       narrow tile moving, asz columns), so no stationary is asz wide. With more K chunks,
+       both operands' chunks are loaded for every tile through two slots each (chunk kc+1
+       DMA'd while chunk kc is multiplied) and PSUM keeps accumulating over the chunks. T
+       never leaves the chip.
     4. ``direct_row`` on the PSUM tile: ``R = 1 / (-e_b + d_col[a])`` (ScalarE
        ``activation(copy, bias)`` and VectorE ``reciprocal``), ``W = T * R``, the row sums of
-       ``W * T`` into the column of ``acc_sb``.
+       ``W * T`` into the column of ``acc_sb``; for the transposed ragged tile, per b tile u,
+       ``R = 1 / (-e_a + d_col_b[b])`` (b on the partitions) and the row sums over a.
     5. ``dma_copy`` SBUF ``acc_sb`` -> row r of HBM ``partials`` (the only write to HBM).
 
-    Per pair: ``n_at * n_bc * ceil(naux/128)`` matmuls and no transposes; the instruction
+    Per pair: ``n_at * n_bt * ceil(naux/128)`` matmuls and no transposes; the instruction
     counts are ``nki_ops._energy_instructions``.
     """
     split = b_i.shape[0] == 2  # (2, 128, ...): bfloat16 high and low parts
@@ -306,13 +322,18 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
     n_bc = (n_bt + chunk_tiles - 1) // chunk_tiles
     kc_tiles = min(n_kt, ENERGY_K_TILES)
     n_kc = (n_kt + kc_tiles - 1) // kc_tiles
-    per_pair = n_at * n_bc  # accumulator columns of one pair
+    _al, asz_last = tile_span(n_at - 1, TILE_M, nva)
+    ragged = asz_last < TILE_M  # the last a tile is formed transposed
+    n_af = n_at - 1 if ragged else n_at  # whole a tiles
+    per_pair = n_af * n_bc + (n_bt if ragged else 0)  # accumulator columns of one pair
     ncol = nj * per_pair
     partials = nl.ndarray((nr, TILE_M, ncol), dtype=nl.float32, buffer=nl.shared_hbm)
     r0, r1 = program_rows(nr)  # this program's rows (all of them without a grid)
 
-    # Step 1: -e_b, the accumulator and the stream buffers, allocated once (SBUF).
+    # Step 1: -e_b (and -e_a of a ragged tile), the accumulator and the stream buffers.
     negv_sb = load_neg_eps(neg_eps_row)
+    if ragged:
+        nega_sb = load_neg_eps(neg_eps_a)
     acc_sb = nl.ndarray((TILE_M, ncol), dtype=nl.float32, buffer=nl.sbuf)
     if n_kc == 1:  # the b chunks: two slots of chunk_tiles tiles
         sj_sb = stream_buffers(split, 2 * chunk_tiles, n_kt)
@@ -324,6 +345,8 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
         # Step 2: the row's accumulator, denominators and B_i panel.
         nisa.memset(dst=acc_sb[0:TILE_M, 0:ncol], value=0.0)
         dcol_sb = load_row_denominators(d_col, r)
+        if ragged:
+            dcolb_sb = load_row_denominators(d_col_b, r)
         if n_kc == 1:
             pi_sb = load_row_panels(b_i, split, r, 0, n_at, 0, n_kt)
             # Step 3: the row's first b chunk into slot 0.
@@ -345,6 +368,7 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
                 slot = (step % 2) * chunk_tiles
                 for ta in nl.static_range(n_at):
                     _a0, asz = tile_span(ta, TILE_M, nva)
+                    flip = ragged and ta == n_at - 1  # T^T: B_j's b tiles stationary
                     t_ps = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum)
                     if n_kc > 1:
                         # Steps 2-3, streamed: the first K chunk of both operands into slot 0.
@@ -370,13 +394,30 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row):
                             ai_sb, wa, bj_sb, wb = ka_sb, kc % 2, kb_sb, (kc % 2) * chunk_tiles
                         for u in nl.static_range(nbt):
                             c0, csz = tile_span(u, TILE_M, bsz)
-                            accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, bj_sb, wb + u,
-                                                kt0, nkt, split)
-                    # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
-                    c_dcol = ta * nj + j
-                    col = (j * n_at + ta) * n_bc + bc
-                    direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb, b0,
-                               dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
+                            if flip:
+                                # T[ta, u]^T at columns u*asz of the PSUM tile: b on the
+                                # partitions, the ragged a tile moving
+                                accumulate_products(t_ps, u * asz, csz, asz, bj_sb, wb + u,
+                                                    ai_sb, wa, kt0, nkt, split)
+                            else:
+                                accumulate_products(t_ps, c0, asz, csz, ai_sb, wa, bj_sb,
+                                                    wb + u, kt0, nkt, split)
+                    if flip:
+                        # Step 4, transposed: R = 1 / (-e_a + (e_i + e_j - e_b)) per b tile;
+                        # direct sums over a of each b row.
+                        for u in nl.static_range(nbt):
+                            _c0, csz = tile_span(u, TILE_M, bsz)
+                            c_db = (bt0 + u) * nj + j
+                            col = j * per_pair + n_af * n_bc + bt0 + u
+                            direct_row(acc_sb[0:csz, col:col + 1],
+                                       t_ps[0:csz, u * asz:(u + 1) * asz], nega_sb, 0,
+                                       dcolb_sb[0:csz, c_db:c_db + 1], csz, asz)
+                    else:
+                        # Step 4: R = 1 / (-e_b + (e_i + e_j - e_a)); direct row sums of W T.
+                        c_dcol = ta * nj + j
+                        col = j * per_pair + ta * n_bc + bc
+                        direct_row(acc_sb[0:asz, col:col + 1], t_ps[0:asz, 0:bsz], negv_sb,
+                                   b0, dcol_sb[0:asz, c_dcol:c_dcol + 1], asz, bsz)
         # Step 5: the row's partial sums are the only data written back to HBM.
         store_row(partials, acc_sb, r, ncol)
     return partials

@@ -334,11 +334,18 @@ def _energy_tiles(naux: int) -> tuple[int, int, int]:
     return n_kt, kc, ceil_div(n_kt, kc)
 
 
+def _direct_tiles(nv_rows: int) -> tuple[int, bool]:
+    """``(n_af, ragged)`` of the direct kernel's window of ``nv_rows`` a rows: its whole a
+    tiles, and whether a last ragged tile follows them (formed transposed by the kernel)."""
+    return nv_rows // TILE_M, nv_rows % TILE_M != 0
+
+
 def _energy_columns(npairs: int, n_wt: int, nv_rest: int, nvb: int, exchange: bool) -> int:
     """Accumulator columns of one launch (the kernels' ``partials`` width)."""
     if exchange:
         return 3 * npairs * n_wt * ceil_div(nv_rest, TILE_M)
-    return npairs * n_wt * ceil_div(nvb, TILE_N)
+    n_af, ragged = _direct_tiles(nv_rest)
+    return npairs * (n_af * ceil_div(nvb, TILE_N) + (ceil_div(nvb, TILE_M) if ragged else 0))
 
 
 def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int,
@@ -349,7 +356,9 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
 
     ``nv_rest``: the exchange kernel's virtual columns (the window and all later ones) or the
     direct kernel's window rows; ``n_wt`` window tiles. Both kernels: the ``-e_b`` row, the
-    denominator columns (``n_wt * npairs``) and the accumulator; the epilogue tiles, twice:
+    denominator columns (``n_wt * npairs``; direct with a ragged last a tile, also its ``-e_a``
+    row and the per-b columns ``ceil(nvb/128) * npairs``) and the accumulator; the epilogue
+    tiles, twice:
     seven (128, 128) (exchange: the T copy, D, R, W, the product of ``row_dot``, the mirrored
     W, slack) or four (128, 512) (direct: D, R, W, product). Strips, each counted twice (the
     next one is allocated while the last is still live): naux one chunk, the panels (two of
@@ -365,6 +374,8 @@ def _energy_sbuf_words(nv_rest: int, nvb: int, naux: int, npairs: int, n_wt: int
             return fixed + 2 * 2 * n_kt * (n_wt * TILE_M + TILE_M)
         return fixed + 2 * 4 * kc * TILE_M
     fixed = nvb + n_wt * npairs + cols + 2 * 4 * TILE_N
+    if _direct_tiles(nv_rest)[1]:  # the ragged tile's -e_a row and per-b denominators
+        fixed += TILE_M + ceil_div(nvb, TILE_M) * npairs
     if n_kc == 1:
         return fixed + 2 * n_kt * (n_wt * TILE_M + TILE_N)
     return fixed + 2 * kc * (TILE_M + TILE_N)
@@ -382,9 +393,12 @@ def _energy_body(nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int, exchange
     panel, 2 loads per tile beyond the window, per diagonal tile pair ``n_kt`` matmuls and 9
     epilogue instructions, per off-diagonal one ``2*n_kt`` and 10; more chunks: every tile pair
     loads its panels per chunk, 2 (diagonal) or 4. Direct kernel, per pair, one chunk: 1 load
-    per b chunk and per a tile 5 epilogue instructions, ``n_kt`` matmuls per (a tile,
-    128-column b tile); more chunks: per (a tile, b chunk) 2 loads per chunk and 5, the same
-    matmuls.
+    per b chunk and 5 epilogue instructions per (whole a tile, b chunk) and per 128-column b
+    tile of a ragged last a tile (formed transposed), ``n_kt`` matmuls per (a tile,
+    128-column b tile); more chunks: per (a tile, b chunk) 2 loads per chunk, the same
+    epilogues and matmuls. A ragged last a tile adds one denominator load per b tile to the
+    row (its ``d_col_b``) and one load to the launch (its ``-e_a``,
+    :func:`_energy_instructions`).
     """
     n_kt, _kc, n_kc = _energy_tiles(naux)
     ld, mm = (2, 3) if split else (1, 1)
@@ -399,11 +413,14 @@ def _energy_body(nj: int, nv_rest: int, nvb: int, naux: int, n_wt: int, exchange
             per_pair += ld * (1 + 2 * (n_at - n_wt))
     else:
         n_bc, n_bt = ceil_div(nvb, TILE_N), ceil_div(nvb, TILE_M)
+        n_af, ragged = _direct_tiles(nv_rest)
         matmuls = n_wt * mm * n_kt * n_bt  # one per 128-column tile of every b chunk
+        epilogues = 5 * (n_af * n_bc + (n_bt if ragged else 0))
+        per_row += n_bt if ragged else 0  # the ragged tile's d_col_b, one load per b tile
         if n_kc == 1:  # every b chunk once per pair
-            per_pair = n_bc * ld + n_wt * 5 * n_bc + matmuls
+            per_pair = n_bc * ld + epilogues + matmuls
         else:
-            per_pair = n_wt * n_bc * (ld * 2 * n_kc + 5) + matmuls
+            per_pair = n_wt * n_bc * ld * 2 * n_kc + epilogues + matmuls
     return per_row + nj * per_pair
 
 
@@ -411,11 +428,13 @@ def _energy_instructions(nr: int, nj: int, nv_rest: int, nvb: int, naux: int, n_
                          exchange: bool, split: bool = False, programs: int = 1,
                          program: int = 0) -> int:
     """``nki.isa`` instructions SPMD program ``program`` of ``programs`` executes in one
-    fused-energy launch over nr rows x nj columns: the ``-e_b`` load and one
+    fused-energy launch over nr rows x nj columns: the ``-e_b`` load (and the direct kernel's
+    ``-e_a`` of a ragged last a tile) and one
     :func:`_energy_body` per row of its share (:func:`_program_share`). What it compiles (the
     static size, bounded per launch) is one row's: ``_energy_instructions(1, nj, ...)``."""
     r0, r1 = _program_share(nr, programs, program)
-    return 1 + (r1 - r0) * _energy_body(nj, nv_rest, nvb, naux, n_wt, exchange, split)
+    launch = 1 if exchange or not _direct_tiles(nv_rest)[1] else 2  # -e_b (and -e_a)
+    return launch + (r1 - r0) * _energy_body(nj, nv_rest, nvb, naux, n_wt, exchange, split)
 
 
 def _program_share(nrows: int, programs: int, program: int) -> tuple[int, int]:
@@ -440,12 +459,20 @@ def _energy_launch_plan(nva: int, nvb: int, naux: int, exchange: bool,
     """
     n_at = ceil_div(nva, TILE_M)
 
-    def fits(cols, window):
-        rows = min(nva, window * TILE_M)
-        return (_energy_instructions(1, cols, nva, nvb, naux, window, exchange, split)
+    def fits_window(cols, n_wt, nv_rest):
+        return (_energy_instructions(1, cols, nv_rest, nvb, naux, n_wt, exchange, split)
                 <= MAX_ENERGY_INSTRUCTIONS_PER_CALL
-                and _energy_sbuf_words(nva if exchange else rows, nvb, naux, cols, window,
-                                       exchange) * FP32_BYTES <= ENERGY_SBUF_BUDGET)
+                and _energy_sbuf_words(nv_rest, nvb, naux, cols, n_wt, exchange) * FP32_BYTES
+                <= ENERGY_SBUF_BUDGET)
+
+    def fits(cols, window):
+        if exchange:  # the first window sees every column: the largest launch
+            return fits_window(cols, window, nva)
+        # direct: the first window, and the last (it may end in a ragged tile, whose
+        # transposed epilogue runs per 128-column b tile)
+        last = nva - (ceil_div(n_at, window) - 1) * window * TILE_M
+        return (fits_window(cols, window, min(nva, window * TILE_M))
+                and fits_window(cols, ceil_div(last, TILE_M), last))
 
     window = n_at
     while window > 0 and not fits(1, window):
@@ -698,6 +725,12 @@ def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,
                      - e_a[None, a0:a1, None])  # (nr, window rows, nj), fp64
             args = (src_i.tiles(slice(i0, i1), tiles_i, split),
                     src_j.tiles(slice(j0, j1), tiles_j, split), _f32(d_col), neg_row)
+            if not exchange:  # the last a tile's denominators with b on the partitions
+                last = a0 + (n_wt - 1) * TILE_M
+                d_col_b = (e_i[i0:i1, None, None] + e_j[None, None, j0:j1]
+                           - _f64(eps_vb)[None, :, None])  # (nr, nvb, nj), fp64
+                args += (_f32(d_col_b), _f32(np.broadcast_to(-e_a[last:a1], (TILE_M,
+                                                                              a1 - last))))
             (partials,) = device.launch(kernel, args, grid=grid, core=core)
             d_part, x_part = _window_sums(partials, nr, j1 - j0, n_wt, nv_rest, nvb, exchange)
             direct_ij += d_part
