@@ -113,12 +113,12 @@ def load_panels(src_tm, split, i, tile0, ntiles, kt0, nkt):
 
     Operands: ``src_tm`` HBM (128, n, n_tiles, n_kt, 128) float32 with ``src_tm[p, i, a_t, t,
     c] = B_i[a_t*128 + c, t*128 + p]`` (the host lays B out so, both indices zero-padded to
-    whole tiles), or with ``split`` (2, ...): ``[0]`` the bfloat16-representable high part of B
-    and ``[1]`` the low part (B - high), both held as float32 (the host splits in fp64).
-    Returns ``(hi_sb, lo_sb)``: SBUF panels (128, ntiles, nkt, 128), ``[:, a, t, :]`` holding
-    virtual tile ``tile0 + a`` of K tile ``kt0 + t``; split, two bfloat16 panels (the float32
-    -> bfloat16 conversion of the DMA is exact for these values; the two take the bytes of one
-    float32 panel); otherwise one float32 panel, returned twice (lo unused). Preconditions:
+    whole tiles), or with ``split`` bfloat16 (2, ...): ``[0]`` the high part of B and ``[1]``
+    the low part (B - high, rounded; the host splits in fp64). Returns ``(hi_sb, lo_sb)``: SBUF
+    panels (128, ntiles, nkt, 128), ``[:, a, t, :]`` holding virtual tile ``tile0 + a`` of K
+    tile ``kt0 + t``; split, two bfloat16 panels (no conversion in the DMA; the two take the
+    bytes of one float32 panel, in HBM and in SBUF); otherwise one float32 panel, returned
+    twice (lo unused). Preconditions:
     ``0 <= tile0 < tile0 + ntiles <= n_tiles``, ``0 <= kt0 < kt0 + nkt <= n_kt``.
     """
     hi_sb, lo_sb = stream_buffers(split, ntiles, nkt)

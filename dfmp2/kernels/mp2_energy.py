@@ -70,7 +70,7 @@ def mp2_pair_energy_kernel(b_i, b_j, d_col, neg_eps_row):
 
     Parameters
     ----------
-    b_i : HBM float32 (128, nr, n_at, n_kt, 128), or (2, 128, ...) split
+    b_i : HBM float32 (128, nr, n_at, n_kt, 128), or bfloat16 (2, 128, ...) split
         Tile-major B of the row orbitals i: ``b_i[p, i, a_t, t, c] = B_i[a_t*128 + c, t*128 +
         p]`` (both indices zero-padded to whole tiles; see ``nki_ops._tile_major``); split, the
         bfloat16 high and low parts (``--nki-matmul bf16x3``).
@@ -247,7 +247,7 @@ def mp2_pair_direct_kernel(b_i, b_j, d_col, neg_eps_row, d_col_b, neg_eps_a):
 
     Parameters
     ----------
-    b_i : HBM float32 (128, nr, ceil(nva/128), n_kt, 128), or (2, 128, ...) split
+    b_i : HBM float32 (128, nr, ceil(nva/128), n_kt, 128), or bfloat16 (2, 128, ...) split
         Tile-major B of the row orbitals i, the window's tiles only (``nki_ops._tile_major``).
     b_j : HBM float32 (128, nj, ceil(nvb/128), n_kt, 128), or split
         The same for the column orbitals j (their own virtual space, all of its tiles).

@@ -509,13 +509,14 @@ def _window_sums(partials: np.ndarray, ci: int, cj: int, n_wt: int, nv_rest: int
     return direct, (cols[..., 2] * mirror).sum(axis=(2, 3))
 
 
-def _tile_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
+def _tile_major(ovl: torch.Tensor, split: bool):
     """``(n, nv, naux)`` -> float32 ``(128, n, n_tiles, n_kt, 128)`` with ``[p, i, a_t, t, c] =
     B_i[a_t*128 + c, t*128 + p]``, both indices zero-padded to whole tiles (padded rows and
     columns add 0): a panel of a few virtual tiles and all K tiles is one contiguous run per
-    partition, so the pair kernels load it in one DMA near full rate. With ``split``,
-    ``(2, 128, ...)``: the bfloat16-rounded high part of B and the bfloat16-rounded rest, both
-    computed in fp64 (held as float32, exactly)."""
+    partition, so the pair kernels load it in one DMA near full rate. With ``split``, a
+    ``torch.bfloat16`` tensor ``(2, 128, ...)``: the bfloat16-rounded high part of B and the
+    bfloat16-rounded rest, both computed in fp64 (exact in bfloat16: the two parts take the
+    bytes of one float32 layout on the way to the device and in its memory)."""
     n, nv, naux = (int(x) for x in ovl.shape)
     n_tiles, n_kt = ceil_div(nv, TILE_M), ceil_div(naux, TILE_K)
     b64 = _f64(ovl)
@@ -530,7 +531,9 @@ def _tile_major(ovl: torch.Tensor, split: bool) -> np.ndarray:
         padded[:, :nv, :naux] = part  # rounded to float32 once (exact for the split parts)
         # (n, a_t, c, t, p) -> (p, n, a_t, t, c)
         out[index] = padded.reshape(n, n_tiles, TILE_M, n_kt, TILE_K).transpose(4, 0, 1, 3, 2)
-    return out if split else out[0]
+    if split:
+        return torch.from_numpy(out).to(torch.bfloat16)  # exact: the parts are bfloat16 values
+    return out[0]
 
 
 class DeviceBlock:
@@ -574,8 +577,8 @@ class ResidentB:
         self.store, self.split = store, split
         self.nocc, self.nvir, self.naux = int(store.nocc), int(nvir), int(naux)
         shape = _tile_major_shape(self.nocc, self.nvir, self.naux, split)
-        self.array = device.allocate(shape)
-        per_orbital = int(np.prod(shape)) * FP32_BYTES // max(1, self.nocc)
+        self.array = device.allocate(shape, "bfloat16" if split else "float32")
+        per_orbital = self.array.nbytes // max(1, self.nocc)
         step = max(1, int(upload_mb * 1e6) // max(1, per_orbital))
         for i0 in range(0, self.nocc, step):
             i1 = min(self.nocc, i0 + step)
@@ -593,7 +596,8 @@ def _tile_major_shape(n: int, nv: int, naux: int, split: bool) -> tuple[int, ...
 
 def resident_b_bytes(nocc: int, nvir: int, naux: int, products: str = "fp32") -> int:
     """Device bytes of one store's B as :class:`ResidentB` holds it."""
-    return int(np.prod(_tile_major_shape(nocc, nvir, naux, products == "bf16x3"))) * FP32_BYTES
+    split = products == "bf16x3"  # two bfloat16 parts: the bytes of one float32 layout
+    return int(np.prod(_tile_major_shape(nocc, nvir, naux, split))) * (2 if split else FP32_BYTES)
 
 
 def place_b(stores, device: nki_runtime.NkiDevice, products: str = "fp32",
@@ -639,8 +643,9 @@ class _HostB:
     def __init__(self, ovl: torch.Tensor, split: bool) -> None:
         self.array = _tile_major(ovl, split)
 
-    def tiles(self, rows: slice, tiles: slice, split: bool) -> np.ndarray:
-        return np.ascontiguousarray(self.array[..., rows, tiles, :, :])
+    def tiles(self, rows: slice, tiles: slice, split: bool):
+        part = self.array[..., rows, tiles, :, :]
+        return part.contiguous() if split else np.ascontiguousarray(part)
 
 
 def mp2_pair_sums(ovL_i, ovL_j, eps_i: torch.Tensor,

@@ -29,6 +29,7 @@ __all__ = [
     "MODES",
     "MIN_NKI_VERSION",
     "TARGETS",
+    "DTYPES",
     "DeviceArray",
     "Ledger",
     "NkiDevice",
@@ -202,8 +203,9 @@ RESIDENT_FRACTION = 0.5
 class Ledger:
     """What one run moved between host and device, and what it launched.
 
-    uploaded_bytes / downloaded_bytes : host -> device and device -> host bytes (float32 data as
-    launched; in emulator and simulator modes, what hardware would move), cumulative.
+    uploaded_bytes / downloaded_bytes : host -> device and device -> host bytes (the data as
+    launched: float32, or bfloat16 for the bf16x3 split B; in emulator and simulator modes,
+    what hardware would move), cumulative.
     resident_bytes : bytes of the operands kept on the device now (B of the pair stage, kept
     operands not yet released). launches : kernel launches; programs : SPMD programs over all
     launches; core_launches : launches per NeuronCore; program_pairs : pairs the fused energy
@@ -223,29 +225,56 @@ class Ledger:
         return asdict(self)
 
 
+#: Element types of the arrays a launch takes and the device keeps, with their bytes: float32
+#: (C-contiguous NumPy arrays on the host), and bfloat16 (contiguous CPU ``torch.bfloat16``
+#: tensors on the host: NumPy has no bfloat16), which the bf16x3 pair kernels take their split
+#: B in, so it crosses to the device at 2 bytes per element.
+DTYPES = {"float32": 4, "bfloat16": 2}
+
+
+def _dtype_name(array) -> str | None:
+    """'float32' or 'bfloat16' for a valid host operand (see :data:`DTYPES`), else None."""
+    if isinstance(array, np.ndarray):
+        return "float32" if array.dtype == np.float32 and array.flags.c_contiguous else None
+    if type(array).__module__.startswith("torch") and hasattr(array, "dtype"):
+        import torch
+
+        if array.dtype == torch.bfloat16 and array.device.type == "cpu" \
+                and array.is_contiguous():
+            return "bfloat16"
+    return None
+
+
+def _nbytes(array) -> int:
+    return int(np.prod(array.shape)) * DTYPES[_dtype_name(array) or "float32"]
+
+
 class DeviceArray:
-    """A float32 array in device memory (a torch tensor on the XLA device in hardware mode;
-    the NumPy array itself in emulator and simulator modes, whose "device" is host memory).
+    """An array in device memory (a torch tensor on the XLA device in hardware mode; in
+    emulator and simulator modes, whose "device" is host memory, the host array itself: a
+    float32 NumPy array or a bfloat16 torch tensor), of element type ``dtype``
+    (:data:`DTYPES`).
 
     Made by :meth:`NkiDevice.upload` or :meth:`NkiDevice.allocate`; :meth:`take` slices it on
     the device (no host transfer)."""
 
-    def __init__(self, data, shape: tuple[int, ...]) -> None:
+    def __init__(self, data, shape: tuple[int, ...], dtype: str = "float32") -> None:
         self.data = data
         self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
+        return int(np.prod(self.shape)) * DTYPES[self.dtype]
 
     def take(self, index) -> DeviceArray:
         """The sub-array ``self[index]``, made contiguous on the device."""
         part = self.data[index]
         if isinstance(part, np.ndarray):
             part = np.ascontiguousarray(part)
-        else:  # a torch tensor on the XLA device
+        else:  # a torch tensor (on the XLA device, or a bfloat16 host tensor)
             part = part.contiguous()
-        return DeviceArray(part, tuple(part.shape))
+        return DeviceArray(part, tuple(part.shape), self.dtype)
 
 
 class NkiDevice:
@@ -260,6 +289,10 @@ class NkiDevice:
         every launch runs under this target's rules (``nki_emulator.target``), whatever the
         emulator's own setting.
     lnc : SPMD programs per launch, instead of the target's (1 models one physical core).
+
+    Cores: the target's in emulator and simulator modes (trn1: 2, the launches alternate); one
+    in hardware mode, the process's XLA device (a trn1 chip's second core is reached by a second
+    process: one torchrun rank per NeuronCore), with that core's share of the device memory.
 
     Every operand a launch takes as a NumPy array is uploaded for that launch and counted; a
     :class:`DeviceArray` is already on the device. Nothing here is global: the dispatcher
@@ -289,8 +322,12 @@ class NkiDevice:
         if not 1 <= self.lnc <= spec["lnc"]:
             raise InputError(f"LNC={lnc} on {target or 'an unknown target'} (at most "
                              f"{spec['lnc']})")
-        self.cores = spec["cores"]
-        self.resident_budget = int(spec["hbm_bytes"] * RESIDENT_FRACTION)
+        # A process launches on its one XLA device, one NeuronCore: in hardware mode trn1's
+        # second core is another process's (a second torchrun rank), so this device has one.
+        # The emulator and simulator model the target's cores as one host spreads launches.
+        self.cores = 1 if mode == "hardware" else spec["cores"]
+        self.resident_budget = int(spec["hbm_bytes"] * self.cores // spec["cores"]
+                                   * RESIDENT_FRACTION)
         self.ledger = Ledger(core_launches=[0] * self.cores,
                              program_pairs=[0] * (self.cores * self.lnc))
         self._xla = None
@@ -344,32 +381,38 @@ class NkiDevice:
 
     # -- placement --------------------------------------------------------------------------
     def upload(self, array: np.ndarray) -> DeviceArray:
-        """Place a C-contiguous float32 array on the device for the run (counted once)."""
-        _check_f32("upload", array)
-        self.ledger.uploaded_bytes += array.nbytes
-        self.ledger.resident_bytes += array.nbytes
-        return DeviceArray(self._to_device(array), array.shape)
+        """Place a host operand (:data:`DTYPES`) on the device for the run (counted once)."""
+        dtype = _check_operand("upload", array)
+        self.ledger.uploaded_bytes += _nbytes(array)
+        self.ledger.resident_bytes += _nbytes(array)
+        return DeviceArray(self._to_device(array), array.shape, dtype)
 
-    def allocate(self, shape: tuple[int, ...]) -> DeviceArray:
-        """A zero float32 array on the device (no host transfer), filled by :meth:`write`."""
-        if self.mode == "hardware":
+    def allocate(self, shape: tuple[int, ...], dtype: str = "float32") -> DeviceArray:
+        """A zero array of ``dtype`` (:data:`DTYPES`) on the device (no host transfer), filled
+        by :meth:`write`."""
+        if dtype not in DTYPES:
+            raise InputError(f"allocate: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.mode == "hardware" or dtype == "bfloat16":
             import torch
 
-            data = torch.zeros(shape, dtype=torch.float32, device=self._xla_device())
+            data = torch.zeros(shape, dtype=getattr(torch, dtype),
+                               device=self._xla_device() if self.mode == "hardware" else "cpu")
         else:
             data = np.zeros(shape, dtype=np.float32)
-        self.ledger.resident_bytes += int(np.prod(shape)) * 4
-        return DeviceArray(data, shape)
+        self.ledger.resident_bytes += int(np.prod(shape)) * DTYPES[dtype]
+        return DeviceArray(data, shape, dtype)
 
     def write(self, target: DeviceArray, index, array: np.ndarray) -> None:
-        """Upload ``array`` into ``target[index]`` (counted)."""
-        _check_f32("write", array)
-        self.ledger.uploaded_bytes += array.nbytes
+        """Upload ``array`` (of ``target``'s dtype) into ``target[index]`` (counted)."""
+        dtype = _check_operand("write", array)
+        if dtype != target.dtype:
+            raise InputError(f"write: a {dtype} array into a {target.dtype} device array")
+        self.ledger.uploaded_bytes += _nbytes(array)
         target.data[index] = self._to_device(array)
 
     # -- launch -----------------------------------------------------------------------------
     def launch(self, kernel, args: tuple, grid: int = 1, core: int = 0) -> tuple[np.ndarray, ...]:
-        """Run ``kernel`` on ``args`` (C-contiguous float32 NumPy arrays, uploaded for this
+        """Run ``kernel`` on ``args`` (host operands, :data:`DTYPES`, uploaded for this
         launch, or :class:`DeviceArray`) as ``grid`` SPMD programs (``kernel[grid]``, at most
         :attr:`lnc`) on NeuronCore ``core``; return its outputs as float32 NumPy arrays."""
         if not 1 <= grid <= self.lnc:
@@ -382,9 +425,11 @@ class NkiDevice:
             if isinstance(arg, DeviceArray):
                 data.append(arg.data)
                 continue
-            _check_f32(f"kernel argument {index}", arg)
-            self.ledger.uploaded_bytes += arg.nbytes
+            _check_operand(f"kernel argument {index}", arg)
+            self.ledger.uploaded_bytes += _nbytes(arg)
             data.append(self._to_device(arg))
+        if self.mode == "simulator":
+            data = [_simulator_array(arg) for arg in data]
         call = kernel[grid] if grid > 1 else kernel
         if self.mode == "simulator":
             call = importlib.import_module("nki").simulate(call)
@@ -408,12 +453,13 @@ class NkiDevice:
                 "lnc": self.lnc, "cores": self.cores,
                 "resident_budget_bytes": self.resident_budget, **self.ledger.as_dict()}
 
-    def _to_device(self, array: np.ndarray):
+    def _to_device(self, array):
         if self.mode != "hardware":
             return array
         import torch
 
-        return torch.from_numpy(array).to(self._xla_device())
+        tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
+        return tensor.to(self._xla_device())
 
     def _xla_device(self):
         """The XLA device of hardware mode (untested here: no Neuron device)."""
@@ -429,10 +475,28 @@ class NkiDevice:
         return self._xla
 
 
-def _check_f32(where: str, array) -> None:
-    if not isinstance(array, np.ndarray) or array.dtype != np.float32 \
-            or not array.flags.c_contiguous:
-        dtype = getattr(array, "dtype", type(array).__name__)
-        contiguous = getattr(getattr(array, "flags", None), "c_contiguous", False)
-        raise InputError(f"{where} must be a C-contiguous float32 array, got {dtype} "
-                         f"(contiguous={contiguous})")
+def _check_operand(where: str, array) -> str:
+    """The dtype name of a valid host operand (:data:`DTYPES`); raise otherwise."""
+    dtype = _dtype_name(array)
+    if dtype is None:
+        got = getattr(array, "dtype", type(array).__name__)
+        raise InputError(f"{where} must be a C-contiguous float32 NumPy array or a contiguous "
+                         f"CPU torch.bfloat16 tensor, got {got} of {type(array).__name__}")
+    return dtype
+
+
+def _simulator_array(data):
+    """``nki.simulate`` takes NumPy arrays: a bfloat16 torch tensor becomes an ``ml_dtypes``
+    bfloat16 array of the same bits (the real ``nki`` uses ml_dtypes for bfloat16; not
+    verified here: no real nki)."""
+    if isinstance(data, np.ndarray):
+        return data
+    import torch
+
+    try:
+        import ml_dtypes
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "bfloat16 operands in simulator mode need ml_dtypes (pip install ml_dtypes)"
+        ) from exc
+    return data.view(torch.int16).numpy().view(ml_dtypes.bfloat16)

@@ -92,7 +92,9 @@ def test_hardware_target_unknown_without_the_dmi_file(tmp_path, monkeypatch):
     assert (device.target, device.lnc, device.target_source) == ("trn2", 2,
                                                                  "instance type trn2.48xlarge")
     given = nki_runtime.NkiDevice("hardware", "trn1")
-    assert (given.target, given.cores, given.target_source) == ("trn1", 2, "option")
+    # one process, one XLA device: trn1's second core is another rank's, and so is its memory
+    assert (given.target, given.cores, given.target_source) == ("trn1", 1, "option")
+    assert given.resident_budget == nki_runtime.NkiDevice("emulator", "trn1").resident_budget // 2
     simulated = nki_runtime.NkiDevice("simulator")
     assert simulated.target is None and "--nki-target" in simulated.as_dict()["target_source"]
 
@@ -162,6 +164,45 @@ def test_b_is_uploaded_once_for_the_pair_stage(emulator, monkeypatch, target):
     per_launch = sum(a.nbytes for args in launched for a in args[2:])
     assert device.ledger.uploaded_bytes == b_bytes + per_launch
     assert host_device.ledger.uploaded_bytes > device.ledger.uploaded_bytes
+
+
+def test_bf16x3_b_crosses_and_stays_as_bfloat16(emulator, monkeypatch):
+    """The bf16x3 split of B travels and stays on the device as two bfloat16 parts (the bytes
+    of one float32 layout, half of what float32 parts took), placed or uploaded per launch, and
+    the sums on placed B equal those of host blocks."""
+    nocc, nvir, naux = 4, 140, 150
+    store = _store(nocc, nvir, naux, seed=5)
+    e_o, e_v = _eps(nocc, nvir, seed=6)
+    b_bytes = nki_ops.resident_b_bytes(nocc, nvir, naux, "bf16x3")
+    assert b_bytes == nki_ops.resident_b_bytes(nocc, nvir, naux)
+    weights = torch.from_numpy(pair_weights(0, nocc, 0, nocc, True))
+    args = (store.read_b(0, nocc), store.read_b(0, nocc), e_o, e_o, e_v, e_v, weights, True)
+    launched = []
+    host_device = nki_runtime.NkiDevice("emulator")
+    real_host = host_device.launch
+
+    def spy(kernel, launch_args, grid=1, core=0):
+        launched.append(launch_args)
+        return real_host(kernel, launch_args, grid, core)
+
+    monkeypatch.setattr(host_device, "launch", spy)
+    want = nki_ops.mp2_pair_sums(*args, products="bf16x3", mode="emulator", device=host_device)
+    b_args = [a for la in launched for a in la[:2]]
+    assert all(a.dtype == torch.bfloat16 and a.shape[0] == 2 for a in b_args)
+    device = nki_runtime.NkiDevice("emulator")
+    placed, why_not = nki_ops.place_b([store], device, "bf16x3")
+    assert why_not is None and placed[0].array.dtype == "bfloat16"
+    assert device.ledger.uploaded_bytes == device.ledger.resident_bytes == b_bytes
+    block = placed[0].read_b(0, nocc)
+    got = nki_ops.mp2_pair_sums(block, block, *args[2:], products="bf16x3", mode="emulator",
+                                device=device)
+    assert np.abs(got.numpy() - want.numpy()).max() <= TOL_SUM_ORDER_REL * abs(float(want[0]))
+    with pytest.raises(InputError, match="placed on the device for bf16x3"):
+        nki_ops.mp2_pair_sums(block, block, *args[2:], mode="emulator", device=device)
+    with pytest.raises(InputError, match="bfloat16 device array"):
+        device.write(placed[0].array, (0,), np.zeros((1,), dtype=np.float32))
+    with pytest.raises(InputError, match="float64"):
+        device.upload(torch.zeros(3, dtype=torch.float64))
 
 
 def test_b_over_the_device_budget_stays_on_the_host(emulator):
