@@ -53,18 +53,12 @@ def metric(auxmol) -> np.ndarray:
 def aux_shell_blocks(auxmol, max_functions: int) -> list[tuple[int, int, int, int]]:
     """Group auxiliary shells into blocks of at most ``max_functions`` functions (a block holds at
     least one whole shell). Returns (shell0, shell1, p0, p1) per block."""
-    offsets = auxmol.ao_loc_nr()
-    blocks, start = [], 0
-    for shell in range(auxmol.nbas):
-        if shell > start and offsets[shell + 1] - offsets[start] > max_functions:
-            blocks.append((start, shell, offsets[start], offsets[shell]))
-            start = shell
-    blocks.append((start, auxmol.nbas, offsets[start], offsets[auxmol.nbas]))
-    return blocks
+    return _shell_range_blocks(auxmol, max_functions, 0, auxmol.nbas)
 
 
-def iter_int3c2e(mol, auxmol, max_functions: int):
-    """Yield ``(p0, p1, packed)`` for blocks of whole auxiliary shells, where
+def iter_int3c2e(mol, auxmol, max_functions: int, shells: tuple[int, int] | None = None):
+    """Yield ``(p0, p1, packed)`` for blocks of whole auxiliary shells (of the shells
+    ``shells[0]:shells[1]`` only when given: one rank's share), where
     ``packed[P - p0, mu*(mu+1)/2 + nu] = (mu nu|P)`` for ``mu >= nu``: shape
     (p1 - p0, nao*(nao+1)/2), float64, C-contiguous (:func:`unpack_pairs` gives the square).
 
@@ -80,13 +74,28 @@ def iter_int3c2e(mol, auxmol, max_functions: int):
     cintopt = moleintor.make_cintopt(atm, bas, env, intor)
     nbas, nao = mol.nbas, mol.nao_nr()
     npair = nao * (nao + 1) // 2
-    blocks = aux_shell_blocks(auxmol, max_functions)
+    blocks = _shell_range_blocks(auxmol, max_functions, *(shells or (0, auxmol.nbas)))
+    if not blocks:
+        return
     packed = np.empty(max(p1 - p0 for _, _, p0, p1 in blocks) * npair)
     for shell0, shell1, p0, p1 in blocks:
         shls_slice = (0, nbas, 0, nbas, nbas + shell0, nbas + shell1)
         j3c = moleintor.getints3c(intor, atm, bas, env, shls_slice, 1, "s2ij", ao_loc, cintopt,
                                   out=packed[: (p1 - p0) * npair])  # (npair, P), F-order
         yield p0, p1, j3c.T
+
+
+def _shell_range_blocks(auxmol, max_functions: int, shell0: int, shell1: int):
+    """:func:`aux_shell_blocks` of the shells ``shell0:shell1`` alone (global offsets)."""
+    offsets = auxmol.ao_loc_nr()
+    blocks, start = [], shell0
+    for shell in range(shell0, shell1):
+        if shell > start and offsets[shell + 1] - offsets[start] > max_functions:
+            blocks.append((start, shell, offsets[start], offsets[shell]))
+            start = shell
+    if shell1 > start:
+        blocks.append((start, shell1, offsets[start], offsets[shell1]))
+    return blocks
 
 
 def shell_row_pairs(mol) -> list[tuple[int, int, int, int]]:

@@ -145,7 +145,8 @@ def _stage_ops(la: Dispatcher, stage: StagePrecision):
 
 
 def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_block: int,
-              unpack_block: int, stores: Sequence, progress: Progress = _no_progress) -> None:
+              unpack_block: int, stores: Sequence, progress: Progress = _no_progress,
+              shells: tuple[int, int] | None = None) -> None:
     """``(ia|P) = sum_{mu nu} C_mu,i C_nu,a (mu nu|P)`` for every orbital space (one for a
     closed shell, alpha and beta for an open shell), streamed over auxiliary-shell blocks into
     the matching ``stores`` (float64). Each int3c2e block is computed and unpacked once and
@@ -157,15 +158,20 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
     then one full transform ``(P*i, nu) x (nu, a)``; all products through ``la.gemm``. Every
     intermediate lives in one buffer reused by all blocks (fresh arrays of this size cost page
     faults comparable to the GEMMs on the benchmark machine).
+
+    shells : ``(shell0, shell1)``, only these auxiliary shells (a rank's share of a distributed
+    run); the stores then hold their functions, from 0.
     """
-    naux = auxmol.nao_nr()
+    shells = shells or (0, auxmol.nbas)
+    ao_loc = auxmol.ao_loc_nr()
+    base, naux = int(ao_loc[shells[0]]), int(ao_loc[shells[1]] - ao_loc[shells[0]])
     coeffs = [(torch.from_numpy(sp.occ_coeff), torch.from_numpy(sp.vir_coeff)) for sp in spaces]
     for occ_coeff, vir_coeff in coeffs:  # read by every block: a device keeps them
         la.keep_on_device(occ_coeff)
         la.keep_on_device(vir_coeff)
     nao = mol.nao_nr()
     buffers = Buffers()
-    for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block):
+    for p0, p1, packed in iter_int3c2e(mol, auxmol, aux_block, shells):
         nblk = p1 - p0
         halves = [buffers.get(f"half_pim{s}", (nblk, sp.nocc, nao))
                   for s, sp in enumerate(spaces)]
@@ -180,8 +186,8 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
             nocc, nvir = spaces[s].nocc, spaces[s].nvir
             full = la.gemm(half_pim.view(nblk * nocc, nao), vir_coeff,
                            out=buffers.get(f"full{s}", (nblk * nocc, nvir)))  # (P*i, a)
-            store.write_pia(p0, p1, full.view(nblk, nocc, nvir))
-        progress("transform", p1, naux)
+            store.write_pia(p0 - base, p1 - base, full.view(nblk, nocc, nvir))
+        progress("transform", p1 - base, naux)
     for occ_coeff, vir_coeff in coeffs:
         la.release_from_device(occ_coeff)
         la.release_from_device(vir_coeff)

@@ -42,6 +42,10 @@ class IncoreStore:
         :func:`dfmp2.pipeline.transform` for why no torch op runs between the GEMMs."""
         np.copyto(self._ovP.numpy()[:, :, p0:p1], pia.numpy().transpose(1, 2, 0))
 
+    def write_pia_part(self, i0: int, i1: int, p0: int, p1: int, ovp: np.ndarray) -> None:
+        """(ia|P) of occupied i0:i1 and functions p0:p1, given as (i1-i0, nvir, p1-p0)."""
+        self._ovP.numpy()[i0:i1, :, p0:p1] = ovp
+
     def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
         """(i1 - i0) * nvir rows of (ia|P), shape ((i1-i0)*nvir, naux), float64: a view, which
         the fit may overwrite with B."""
@@ -103,6 +107,10 @@ class H5Store:
 
     def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
         self._pia[p0:p1] = pia.reshape(p1 - p0, self.nocc * self.nvir).numpy()
+
+    def write_pia_part(self, i0: int, i1: int, p0: int, p1: int, ovp: np.ndarray) -> None:
+        rows = np.ascontiguousarray(ovp.reshape((i1 - i0) * self.nvir, p1 - p0).T)
+        self._pia[p0:p1, i0 * self.nvir : i1 * self.nvir] = rows
 
     def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
         slab = self._pia[:, i0 * self.nvir : i1 * self.nvir]  # (naux, rows)
