@@ -12,3 +12,5 @@ NKI_MATMULS = ("fp32", "bf16x3")
 #: NeuronCore generations the NKI kernels target: "auto" reads the instance type in hardware mode
 #: (the emulated target in emulator mode).
 NKI_TARGETS = ("auto", "trn1", "trn2")
+#: torch.distributed backends of a torchrun job: CPU, CUDA, Trainium (torch-xla).
+DIST_BACKENDS = ("gloo", "nccl", "xla")

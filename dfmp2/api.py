@@ -20,6 +20,7 @@ from pyscf import df as pyscf_df
 from pyscf import gto
 from pyscf import scf as pyscf_scf
 
+from . import distributed
 from ._files import check_writable_file
 from .blocking import MB, BlockPlan, plan_blocks
 from .df import INT3C_EXPCUTOFF
@@ -80,16 +81,58 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
                          ecp=opts.ecp)
     check_reference_spin(mol, opts.resolved_reference)
     auxmol = make_auxmol(mol, opts.auxbasis)
-    plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts)
-    check_scratch(plan, opts, auxmol.nao_nr())
+    comm = distributed.current()
+    world = comm.world_size if comm is not None else 1
+    plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts, world)
+    check_scratch(plan, opts, auxmol.nao_nr(), world)
     check_chkfile(opts.chkfile)
     la = _dispatcher(opts)
+    if comm is not None:
+        return _run_ranks(comm, mol, auxmol, plan, opts, la, progress, environment, start)
     mf = run_scf(mol, opts, progress=progress, la=la)
     try:
         return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
                        auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
     finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
         release_integrals(mf)
+
+
+def _run_ranks(comm, mol, auxmol, plan: RunPlan, opts: Options, la: Dispatcher, progress,
+               environment, start: float) -> Result | None:
+    """:func:`run` on one rank of a distributed run (``docs/distributed.md``): rank 0 runs the
+    SCF and prepares the reference, every rank takes part in the MP2 step, rank 0 returns the
+    result and every other rank None. An error on rank 0 before the MP2 step ends every rank
+    (:meth:`dfmp2.distributed.Comm.agree`)."""
+    timer = StageTimer()
+    mf = prep = spaces = error = None
+    if comm.rank == 0:
+        try:
+            mf = run_scf(mol, opts, progress=progress, la=la)
+            timer.seconds["scf"] = time.perf_counter() - start
+            prep = _prepare(mf, opts, timer, auxmol, plan, own_scf=True)
+            spaces = prep.ref.spaces if prep.ref.has_pairs else None
+        except Exception as exc:  # an Interrupted (a signal) ends this rank at once
+            error = exc
+    try:
+        comm.agree(error, "the SCF")
+        spaces = distributed.share_spaces(comm, spaces)
+        energies, record = None, {"world_size": comm.world_size, "backend": comm.backend,
+                                  "note": "no pairs: nothing was distributed"}
+        if spaces is not None:
+            pair_energies, factor, record = distributed.distributed_pair_energies(
+                mol, auxmol, spaces, la, comm, max_memory=opts.max_memory,
+                precision=opts.precision, fused=opts.fused_energy,
+                force_outcore=opts.force_outcore, scratch_dir=opts.scratch_dir,
+                progress=progress)
+            energies = (pair_energies, factor)
+            timer.seconds.update({stage: seconds for stage, seconds in
+                                  comm.stage_seconds.items()})
+        if comm.rank != 0:
+            return None
+        return _assemble(mf, opts, prep, energies, timer, la, environment, distributed=record)
+    finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
+        if mf is not None:
+            release_integrals(mf)
 
 
 def _dispatcher(opts: Options) -> Dispatcher:
@@ -129,9 +172,11 @@ class RunPlan:
         return sum(o * v for o, v in self.spaces)
 
 
-def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options) -> RunPlan:
+def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options,
+             world_size: int = 1) -> RunPlan:
     """The active orbitals and block sizes for the occupations of each orbital space (raises
-    :class:`ResourceError` when ``max_memory`` is too small)."""
+    :class:`ResourceError` when ``max_memory`` is too small); with ``world_size`` ranks, one
+    rank's blocks (:func:`dfmp2.distributed.plan_rank`: ``max_memory`` is per rank)."""
     frozen = [opts.frozen] if len(occupations) == 1 else frozen_per_spin(opts.frozen)
     dims, totals = [], []
     for mo_occ, frozen_s in zip(occupations, frozen):
@@ -142,10 +187,14 @@ def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options) -> RunPl
                      int(np.count_nonzero(~occupied & active))))
         totals.append(int(np.count_nonzero(occupied)))
     blocks = None
-    if any(o and v for o, v in dims):
+    b_itemsize = 8 if opts.precision == "fp64" else 4
+    used = [(o, v) for o, v in dims if o and v]
+    if used and world_size > 1:
+        blocks = distributed.plan_rank(mol.nao_nr(), used, auxmol.nao_nr(), world_size,
+                                       opts.max_memory, b_itemsize, opts.force_outcore)
+    elif used:
         blocks = plan_blocks(mol.nao_nr(), dims, auxmol.nao_nr(), opts.max_memory,
-                             b_itemsize=8 if opts.precision == "fp64" else 4,
-                             force_outcore=opts.force_outcore)
+                             b_itemsize=b_itemsize, force_outcore=opts.force_outcore)
     return RunPlan(tuple(dims), tuple(totals), blocks)
 
 
@@ -156,14 +205,19 @@ def check_chkfile(path: str | None) -> None:
         check_writable_file(path, "chkfile")
 
 
-def scratch_bytes(plan: RunPlan, naux: int) -> int:
-    """Bytes of the temporary HDF5 file: (ia|P) in fp64 plus B in the stored precision."""
+def scratch_bytes(plan: RunPlan, naux: int, world_size: int = 1) -> int:
+    """Bytes of the temporary HDF5 file: (ia|P) in fp64 plus B in the stored precision; of
+    one rank's files with ``world_size`` ranks (its share of (ia|P) by auxiliary functions and
+    its slice by occupied orbitals, and its slice of B)."""
     if plan.blocks is None or not plan.blocks.outcore:
         return 0
+    if world_size > 1:
+        slices = sum(-(-o // world_size) * v for o, v in plan.spaces if o and v)
+        return 2 * slices * naux * 8 + plan.blocks.b_bytes
     return plan.ovx_per_aux * naux * 8 + plan.blocks.b_bytes
 
 
-def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
+def check_scratch(plan: RunPlan, opts: Options, naux: int, world_size: int = 1) -> None:
     """Before the SCF: a given or needed scratch directory exists and a file can be made in it
     (tried, not inferred from permission bits), and an out-of-core run has room for its HDF5
     file there."""
@@ -180,7 +234,7 @@ def check_scratch(plan: RunPlan, opts: Options, naux: int) -> None:
         raise InputError(f"scratch directory {directory!r} is not writable: creating a file "
                          f"there failed ({exc.strerror}); choose another with --scratch-dir"
                          ) from None
-    need = scratch_bytes(plan, naux)
+    need = scratch_bytes(plan, naux, world_size)
     free = shutil.disk_usage(directory).free
     if need > free:
         raise ResourceError(
@@ -198,15 +252,44 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     come from dfmp2's own SCF (their canonical form is then known, and only the cheap checks
     run); environment : stored in the result; la : the run's dispatcher (made here when None).
     """
+    timer = StageTimer()
+    if scf_seconds is not None:
+        timer.seconds["scf"] = scf_seconds
+    la = la if la is not None else _dispatcher(opts)
+    prep = _prepare(mf, opts, timer, auxmol, plan, own_scf)
+    energies = None
+    if prep.ref.has_pairs:
+        kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
+                  "scratch_dir": opts.scratch_dir}
+        if progress is not None:
+            kwargs["progress"] = progress
+        energies = dfmp2_pair_energies(prep.mol, prep.auxmol, prep.ref.spaces,
+                                       prep.plan.blocks, la, **kwargs)
+    return _assemble(mf, opts, prep, energies, timer, la, environment)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What :func:`compute` learns from the SCF object before the MP2 step."""
+
+    mol: object
+    auxmol: object
+    kind: str
+    xc: str | None
+    orbital_check: str
+    ref: Reference
+    plan: RunPlan
+
+
+def _prepare(mf, opts: Options, timer: StageTimer, auxmol, plan: RunPlan | None,
+             own_scf: bool) -> _Prepared:
+    """Checks of the SCF object and its orbitals, the MP2 reference (spaces, singles) and the
+    run plan for its spaces."""
     kind, xc = check_scf_object(mf)
     check_float64_k(mf)
     mol = mf.mol
     check_every_atom_has_functions(mol, "the SCF's basis",
                                    "build the Mole with a basis for every element")
-    timer = StageTimer()
-    if scf_seconds is not None:
-        timer.seconds["scf"] = scf_seconds
-    la = la if la is not None else _dispatcher(opts)
     # the check's Fock build is validation, not a DF-MP2 op: fp64 ops of its own, unrecorded
     check_ops = Dispatcher(DispatchPolicy("pytorch", cpu_blas=opts.cpu_blas))
     orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf,
@@ -220,13 +303,17 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         plan = plan_run(mol, auxmol, _occupations(ref, mf), opts)
     log.debug("MP2 spaces (nocc, nvir) %s; block plan %s", dims,
               plan.blocks.as_dict() if plan.blocks else None)
-    if ref.has_pairs:
-        kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
-                  "scratch_dir": opts.scratch_dir}
-        if progress is not None:
-            kwargs["progress"] = progress
-        energies, factor = dfmp2_pair_energies(mol, auxmol, ref.spaces, plan.blocks, la,
-                                               **kwargs)
+    return _Prepared(mol, auxmol, kind, xc, orbital_check, ref, plan)
+
+
+def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
+              la: Dispatcher, environment: dict | None, distributed: dict | None = None
+              ) -> Result:
+    """The :class:`Result` of a run from the SCF object, the prepared reference and the MP2
+    step's ``(energies, factor)`` (None when there are no pairs)."""
+    mol, auxmol, ref, plan = prep.mol, prep.auxmol, prep.ref, prep.plan
+    if energies is not None:
+        energies, factor = energies
         e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
         naux_fit, ndropped = factor.naux_fit, factor.ndropped
         metric, condition = factor.method, factor.condition
@@ -255,7 +342,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
     method = Method(
-        reference=kind, basis_name=mol.basis if isinstance(mol.basis, str) else None,
+        reference=prep.kind, basis_name=mol.basis if isinstance(mol.basis, str) else None,
         basis=basis_record(mol), auxbasis_name=_name(opts.auxbasis),
         auxbasis=auxbasis_record(mol, opts.auxbasis), ecp=ecp_record(mol),
         scf_type="df" if getattr(mf, "with_df", None) is not None else "conv",
@@ -272,10 +359,10 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
         e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale, ref.e_singles),
-        molecule=_molecule_info(mol), scf=_scf_info(mf, kind, xc, orbital_check),
+        molecule=_molecule_info(mol), scf=_scf_info(mf, prep.kind, prep.xc, prep.orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
-        versions=versions(), environment=environment,
+        versions=versions(), environment=environment, distributed=distributed,
     )
 
 

@@ -7,14 +7,15 @@ The only place that reads ``DFMP2_*`` environment variables (through click's ``e
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
 import click
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
+from ._names import BACKENDS, CPU_BLAS_CHOICES, DIST_BACKENDS, NKI_MATMULS, NKI_TARGETS
 from ._version import __version__
-from .errors import InputError, Interrupted
+from .errors import DFMP2Error, InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
 
 
@@ -143,6 +144,14 @@ _D = Options.default
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess.")
+@click.option("--dist-backend", type=click.Choice(("auto",) + DIST_BACKENDS), default="auto",
+              show_default=True,
+              help="Under torchrun: the torch.distributed backend (auto: nccl with CUDA, xla "
+                   "with torch-xla on a Neuron device, else gloo).")
+@click.option("--dist-timeout", type=click.FloatRange(min=1.0), default=3600.0,
+              show_default=True,
+              help="Under torchrun: seconds a rank waits in a collective (the other ranks wait "
+                   "for rank 0's SCF within it) before the run ends with an error.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Write the QCSchema AtomicResult to this file ('-': stdout, "
                                  "instead of the text summary).")
@@ -162,10 +171,32 @@ def run(geometry, json_path, verbose, quiet, **options):
 def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
+    dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
-    _check_json_path(json_path)
-    terminal = _TerminalProgress(enabled=not quiet)
+    from .distributed import init_from_environment
+
+    try:  # under torchrun (its RANK, WORLD_SIZE, MASTER_ADDR/PORT): join the process group
+        ranks = init_from_environment(os.environ, dist_backend, dist_timeout)
+    except DFMP2Error as exc:
+        raise _fail(exc) from None
+    try:
+        _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks)
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks) -> None:
+    """The run on this process: the only one, or one rank of a torchrun job (rank 0 alone
+    prints, writes the JSON and shows progress; every rank's error names it)."""
+    leader = ranks is None or ranks.rank == 0
+    if leader:
+        _check_json_path(json_path)
+    else:  # rank 0 logs for the run; the others only their errors
+        logging.getLogger("dfmp2").setLevel(logging.ERROR)
+    terminal = _TerminalProgress(enabled=not quiet and leader)
     restore, pending = _raise_on_signals()
+    who = "" if ranks is None else f" (rank {ranks.rank} of {ranks.world_size})"
 
     def progress(stage: str, done: int, total: int) -> None:
         pending.check()  # a signal whose exception Python swallowed (in a __del__ or callback)
@@ -186,9 +217,15 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
         if pending.signum is not None:  # the error came while a signal was being delivered
             raise _interrupted(Interrupted(pending.signum,
                                            signal.Signals(pending.signum).name)) from None
-        raise _fail(exc) from None
+        raise _fail(exc, who) from None
+    except RuntimeError as exc:  # a collective that timed out or lost a peer
+        if ranks is None or not ranks.is_collective_error(exc):
+            raise
+        raise _fail(ranks.collective_error(exc), who) from None
     finally:
         restore()
+    if result is None:  # a rank other than 0: rank 0 reports
+        return
     if json_path == "-":
         click.echo(result.to_json())
         return
@@ -270,8 +307,8 @@ def _interrupted(exc: Interrupted) -> click.exceptions.Exit:
     return click.exceptions.Exit(128 + exc.signum)
 
 
-def _fail(message) -> click.exceptions.Exit:
-    click.echo(f"error: {message}", err=True)
+def _fail(message, who: str = "") -> click.exceptions.Exit:
+    click.echo(f"error{who}: {message}", err=True)
     return click.exceptions.Exit(1)
 
 

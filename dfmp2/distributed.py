@@ -35,11 +35,13 @@ from .errors import DFMP2Error
 __all__ = [
     "BACKENDS",
     "Comm",
+    "ProcessGroup",
     "RankFailed",
     "aux_shares",
     "occ_slice",
     "pair_sources",
     "current",
+    "init_from_environment",
 ]
 
 #: Process-group backends: gloo (CPU tensors), nccl (CUDA), xla (Trainium through torch-xla).
@@ -167,6 +169,98 @@ def _describe(error: BaseException) -> str:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+@dataclass
+class ProcessGroup:
+    """The default process group of a torchrun job as the CLI joined it: ``rank``,
+    ``world_size``, ``backend``, ``timeout_s`` (of every collective); ``owned`` when the CLI
+    initialised it (:meth:`close` then destroys it)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    timeout_s: float
+    owned: bool
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.owned and dist.is_initialized():
+            dist.destroy_process_group()
+
+    @staticmethod
+    def is_collective_error(exc: BaseException) -> bool:
+        """A collective that timed out or lost a peer (torch.distributed's own errors)."""
+        import torch.distributed as dist
+
+        kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+        text = str(exc).lower()
+        return (bool(kinds) and isinstance(exc, kinds)) or any(
+            word in text for word in ("timed out", "timeout", "connection closed",
+                                      "connection reset", "broken pipe"))
+
+    def collective_error(self, exc: BaseException) -> str:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return (f"a collective of the {self.world_size}-rank {self.backend} group failed "
+                f"({first}): another rank stopped, or it waited past --dist-timeout "
+                f"{self.timeout_s:g} s; the failing rank's own message says why")
+
+
+def init_from_environment(environ, backend: str = "auto", timeout_s: float = 3600.0
+                          ) -> ProcessGroup | None:
+    """Join the default process group of a torchrun job: None unless ``environ`` has
+    torchrun's ``RANK`` and ``WORLD_SIZE`` with more than one rank. An already initialised
+    group (a caller's) is used as it is. ``backend``: one of :data:`BACKENDS` or 'auto' (nccl
+    when CUDA is available, xla when torch-xla and a Neuron device are, else gloo)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from .errors import BackendUnavailableError, InputError
+
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return None
+    try:
+        int(environ["RANK"])
+        world = int(environ["WORLD_SIZE"])
+    except ValueError:
+        raise InputError(f"torchrun's RANK={environ['RANK']!r} WORLD_SIZE="
+                         f"{environ['WORLD_SIZE']!r} are not integers") from None
+    if dist.is_available() and dist.is_initialized():
+        return ProcessGroup(dist.get_rank(), dist.get_world_size(),
+                            str(dist.get_backend()).lower(), timeout_s, owned=False)
+    if world < 2:
+        return None
+    if not dist.is_available():
+        raise BackendUnavailableError("this torch build has no torch.distributed")
+    if backend == "auto":
+        backend = _auto_backend()
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError("--dist-backend nccl needs CUDA; use gloo")
+        torch.cuda.set_device(int(environ.get("LOCAL_RANK", 0)))
+    init = "env://"
+    if backend == "xla":  # not verified here: no Neuron device (torch-xla's backend)
+        try:
+            import torch_xla.distributed.xla_backend  # noqa: F401  (registers "xla")
+        except ImportError as exc:
+            raise BackendUnavailableError(f"--dist-backend xla needs torch-xla: {exc}") from None
+        init = "xla://"
+    dist.init_process_group(backend, init_method=init,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return ProcessGroup(dist.get_rank(), dist.get_world_size(), backend, timeout_s, owned=True)
+
+
+def _auto_backend() -> str:
+    import glob
+    import importlib.util
+
+    if torch.cuda.is_available():
+        return "nccl"
+    if glob.glob("/dev/neuron*") and importlib.util.find_spec("torch_xla") is not None:
+        return "xla"
+    return "gloo"
 
 
 def current() -> Comm | None:

@@ -146,7 +146,9 @@ class Result:
     (ROHF-MBPT(2); zero otherwise); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot :
     e_scf + e_corr; e_scs : SCS-MP2 correlation energy (singles unscaled); e_scs_tot :
     e_scf + e_scs. ``environment`` is the record
-    of what the ``dfmp2`` command set in the process environment (None from Python).
+    of what the ``dfmp2`` command set in the process environment (None from Python);
+    ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
+    one process).
     """
 
     e_scf: float
@@ -162,6 +164,7 @@ class Result:
     timings: dict
     versions: dict
     environment: dict | None = None
+    distributed: dict | None = None
 
     @property
     def e_hf(self) -> float | None:
@@ -230,6 +233,7 @@ class Result:
                 "timings": self.timings,
                 "versions": self.versions,
                 "environment": self.environment,
+                **({"distributed": self.distributed} if self.distributed else {}),
             },
             "provenance": {
                 "creator": "dfmp2",
@@ -320,6 +324,12 @@ class Result:
                 f"({dev['resident_bytes'] / 1e6:.1f} MB kept), "
                 f"{dev['downloaded_bytes'] / 1e6:.1f} MB down; pair shares "
                 f"{dev['program_pairs']}; B {dev['b_placement'] or 'not used'}")
+        if (dist := self.distributed) is not None:
+            lines.append(
+                f"  distributed over {dist['world_size']} ranks ({dist['backend']})"
+                + (f": pair shares {dist['pair_shares']}, aux shares {dist['aux_shares']}, "
+                   f"MB sent {[round(b / 1e6, 2) for b in dist['bytes_sent']]}"
+                   if "pair_shares" in dist else f": {dist.get('note', '')}"))
         for stage, rec in m.stage_precision.items():
             lines.append(f"  {stage:<12s} {rec['placement']:<13s} {rec['reason']}")
         blas = b.cpu_blas
