@@ -212,11 +212,11 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks) 
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
     except Interrupted as exc:
-        raise _interrupted(exc) from None
+        raise _interrupted(exc, who) from None
     except DFMP2Error as exc:
         if pending.signum is not None:  # the error came while a signal was being delivered
             raise _interrupted(Interrupted(pending.signum,
-                                           signal.Signals(pending.signum).name)) from None
+                                           signal.Signals(pending.signum).name), who) from None
         raise _fail(exc, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
         if ranks is None or not ranks.is_collective_error(exc):
@@ -302,8 +302,9 @@ def _raise_on_signals():
     return restore, pending
 
 
-def _interrupted(exc: Interrupted) -> click.exceptions.Exit:
-    click.echo(f"error: {exc}; temporary files removed; exit status {128 + exc.signum}", err=True)
+def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:
+    click.echo(f"error{who}: {exc}; temporary files removed; exit status {128 + exc.signum}",
+               err=True)
     return click.exceptions.Exit(128 + exc.signum)
 
 

@@ -1,0 +1,250 @@
+"""DF-MP2 over torch.distributed (gloo on this machine): the split of the work, torchrun runs of
+2 and 3 ranks against the single-process energy, the record, and ranks that fail."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _dist_workers import die_in_pairs, fail_in_fit
+
+import dfmp2
+from dfmp2 import distributed
+from dfmp2.energy import pair_weights
+
+from conftest import INPUTS
+from tolerances import TOL_DISTRIBUTED
+
+WATER = str(INPUTS / "water.xyz")
+#: H2O+ (doublet): an open shell whose alpha and beta spaces differ.
+CATION = ["--charge", "1", "--spin", "1"]
+
+
+# -- the split ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("nocc", [1, 2, 5, 13, 40])
+def test_every_pair_is_computed_once_and_the_shares_balance(world, nocc):
+    """The slice blocks of :func:`pair_sources` (with its halves) cover every pair i <= j of one
+    space exactly once, and every i, j of two spaces; with slices of equal size the ranks'
+    shares of the pairs are equal."""
+    seen = np.zeros((nocc, nocc), dtype=int)
+    shares = []
+    for rank in range(world):
+        i0, i1 = distributed.occ_slice(nocc, world, rank)
+        count = 0
+        for src, rows, cols in distributed.pair_sources(world, rank, True):
+            s0, s1 = distributed.occ_slice(nocc, world, src)
+            r_lo, r_hi = distributed.half_range(i1 - i0, rows)
+            c_lo, c_hi = distributed.half_range(s1 - s0, cols)
+            if src == rank:  # the diagonal block: the weights keep i <= j
+                w = pair_weights(r_lo, r_hi, c_lo, c_hi, True)
+            else:
+                w = np.ones((r_hi - r_lo, c_hi - c_lo))
+            for a, b in zip(*np.nonzero(w)):
+                i, j = i0 + r_lo + a, s0 + c_lo + b
+                seen[min(i, j), max(i, j)] += 1
+                count += 1
+        shares.append(count)
+    assert (seen == np.triu(np.ones((nocc, nocc), dtype=int))).all()
+    if nocc % world == 0 and (nocc // world) % 2 == 0:
+        assert len(set(shares)) == 1, shares
+    both = [s for r in range(world) for s, _, _ in distributed.pair_sources(world, r, False)]
+    assert sorted(both) == sorted(list(range(world)) * world)
+
+
+def test_auxiliary_shells_are_shared_by_function_count():
+    ao_loc = np.array([0, 1, 4, 9, 10, 15, 16, 21, 22, 27, 30])
+    for world in (1, 2, 3, 4):
+        shares = distributed.aux_shares(ao_loc, world)
+        assert shares[0][0] == 0 and shares[-1][1] == len(ao_loc) - 1
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))  # contiguous
+        sizes = [p1 - p0 for _, _, p0, p1 in shares]
+        assert sum(sizes) == 30 and max(sizes) - min(sizes) <= 6  # whole shells of <= 5
+    # more ranks than shells: the last ones get none, and nothing is lost
+    assert [p1 - p0 for *_, p0, p1 in distributed.aux_shares(np.array([0, 5, 10]), 3)] == \
+        [5, 0, 5]
+
+
+def test_occupied_slices_differ_by_at_most_one_orbital():
+    for nocc in (0, 1, 5, 13):
+        for world in (1, 2, 3, 7):
+            sizes = [b - a for a, b in (distributed.occ_slice(nocc, world, r)
+                                        for r in range(world))]
+            assert sum(sizes) == nocc and max(sizes) - min(sizes) <= 1
+
+
+def test_a_rank_plans_for_its_slice():
+    one = distributed.plan_rank(100, [(40, 300)], 900, 1, 4000, 8)
+    four = distributed.plan_rank(100, [(40, 300)], 900, 4, 4000, 8)
+    assert four.b_bytes == one.b_bytes // 4 and four.occ_block <= 10
+
+
+def test_no_torchrun_no_group():
+    assert distributed.init_from_environment({}) is None
+    assert distributed.init_from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    assert distributed.current() is None
+
+
+# -- torchrun ----------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun(world: int, args, tmp_path, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+         "--nproc-per-node", str(world), "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "dfmp2", "run", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
+
+
+@pytest.fixture(scope="module")
+def single():
+    """Single-process references: closed shell and cation, in core (the out-of-core route
+    agrees to TOL_OUTCORE, tested elsewhere)."""
+    return {"closed": dfmp2.run(WATER), "open": dfmp2.run(WATER, charge=1, spin=1)}
+
+
+@pytest.mark.parametrize("outcore", [False, True], ids=["incore", "outcore"])
+@pytest.mark.parametrize("shell", ["closed", "open"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchrun_equals_one_process(tmp_path, single, world, shell, outcore):
+    """2 and 3 ranks give the single-process energy; rank 0 alone prints and writes the JSON;
+    the record shows the work split; no rank leaves a file behind."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "r.json"
+    args = [WATER, "--json", str(out), "--scratch-dir", str(scratch), "-v"]
+    args += (CATION if shell == "open" else []) + (["--force-outcore"] if outcore else [])
+    proc = _torchrun(world, args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("E(MP2) total") == 1  # rank 0 only
+    record = json.loads(out.read_text())
+    ref = single[shell]
+    props = record["properties"]
+    assert abs(props["mp2_correlation_energy"] - ref.e_corr) <= TOL_DISTRIBUTED
+    assert abs(props["mp2_total_energy"] - ref.e_tot) <= TOL_DISTRIBUTED
+    assert props["mp2_opposite_spin_correlation_energy"] == pytest.approx(
+        ref.e_corr_os, abs=TOL_DISTRIBUTED)
+    dist = record["extras"]["distributed"]
+    assert (dist["world_size"], dist["backend"]) == (world, "gloo")
+    # the work split: every pair once, every rank a share; functions and orbitals all dealt
+    assert sum(dist["pair_shares"]) == record["extras"]["sizes"]["npairs"] == ref.sizes.npairs
+    assert len(dist["pair_shares"]) == world and min(dist["pair_shares"]) > 0
+    assert sum(dist["aux_shares"]) == ref.sizes.naux and min(dist["aux_shares"]) > 0
+    nocc = [ref.sizes.nocc] + ([ref.sizes.nocc_beta] if shell == "open" else [])
+    assert [sum(s) for s in dist["occ_shares"]] == nocc
+    # the redistribution alone: rank r sends (ia|P) of its functions for every other rank's
+    # orbitals, in fp64 (padding and the pair stage's chunks come on top)
+    spaces = [(ref.sizes.nocc, ref.sizes.nvir)]
+    if shell == "open":
+        spaces.append((ref.sizes.nocc_beta, ref.sizes.nvir_beta))
+    for rank, sent in enumerate(dist["bytes_sent"]):
+        least = sum((o - (lambda a, b: b - a)(*distributed.occ_slice(o, world, rank))) * v
+                    for o, v in spaces) * dist["aux_shares"][rank] * 8
+        assert sent >= least > 0
+    assert all(set(t) >= {"transform", "redistribute", "fit", "pair_energy"}
+               for t in dist["stage_seconds"])
+    assert record["extras"]["method"]["blocks"]["storage"] == ("hdf5" if outcore else "incore")
+    assert f"distributed over {world} ranks (gloo)" in proc.stdout
+    assert list(scratch.iterdir()) == []
+
+
+def test_torchrun_bad_input_ends_every_rank_with_one_line(tmp_path):
+    proc = _torchrun(2, [str(tmp_path / "missing.xyz")], tmp_path, timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 2 and all("missing.xyz" in line for line in errors)
+    assert {"(rank 0 of 2)", "(rank 1 of 2)"} == {e.split(":")[0][5:].strip() for e in errors}
+    # no traceback from a rank (torchrun's launcher adds its own report of the failed job)
+    assert f"{os.sep}dfmp2{os.sep}" not in proc.stderr
+
+
+def test_torchrun_signal_removes_every_ranks_files(tmp_path):
+    """SIGTERM to torchrun (what a scheduler sends) reaches every rank: each ends with one line
+    and exit 143, and every rank's scratch file is gone."""
+    import signal
+    import time
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+         "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m",
+         "dfmp2", "run", str(INPUTS / "naphthalene.xyz"), "--force-outcore", "--scratch-dir",
+         str(scratch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(scratch.iterdir())) < 2 and time.monotonic() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(list(scratch.iterdir())) == 2, "both ranks' files should exist by now"
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert sorted(lines) == [f"error (rank {r} of 2): interrupted by SIGTERM; temporary files "
+                             "removed; exit status 143" for r in (0, 1)]
+    assert list(scratch.iterdir()) == []
+
+
+# -- failing ranks (spawned processes calling dfmp2.run on their own gloo group) --------------
+def _spawn(target, world, *args, timeout=240):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=target, args=(rank, world, port, queue, *args))
+             for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout)
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:
+        proc.kill()
+    assert not alive, "a rank hung"
+    reports = {}
+    while not queue.empty():
+        rank, kind, text = queue.get()
+        reports[rank] = (kind, text)
+    return procs, reports
+
+
+def test_a_failing_rank_ends_every_rank_and_leaves_no_file(tmp_path):
+    """Rank 1's fit fails: rank 1 raises its own error, rank 0 a RankFailed naming rank 1 and
+    its message; the scratch files of both (out of core) are gone."""
+    _procs, reports = _spawn(fail_in_fit, 2, WATER, str(tmp_path))
+    assert reports[1] == ("ResourceError", "rank 1 ran out of memory in the fit (injected)")
+    kind, text = reports[0]
+    assert kind == "RankFailed"
+    assert text == ("rank 1 of 2 failed during fit: rank 1 ran out of memory in the fit "
+                    "(injected)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_vanished_rank_does_not_hang_the_others(tmp_path):
+    """Rank 1 exits abruptly inside the pair stage: rank 0's collective fails (the peer is
+    gone, or its 20 s timeout) instead of waiting forever, and rank 0's files are removed."""
+    procs, reports = _spawn(die_in_pairs, 2, WATER, str(tmp_path))
+    assert procs[1].exitcode == 3 and 1 not in reports
+    kind, _text = reports[0]
+    assert kind in ("RuntimeError", "DistBackendError", "DistNetworkError", "RankFailed")
+    assert distributed.ProcessGroup.is_collective_error(RuntimeError(_text)) or \
+        kind == "RankFailed"
+    # rank 0 removed its files; rank 1 ended like a SIGKILL, which no process can clean after
+    assert [p.name for p in tmp_path.iterdir()
+            if not p.name.startswith(f"dfmp2-{procs[1].pid}-")] == []
