@@ -111,7 +111,8 @@ def _torchrun(world: int, args, tmp_path, timeout=300):
 def single():
     """Single-process references: closed shell and cation, in core (the out-of-core route
     agrees to TOL_OUTCORE, tested elsewhere)."""
-    return {"closed": dfmp2.run(WATER), "open": dfmp2.run(WATER, charge=1, spin=1)}
+    return {"closed": dfmp2.run(WATER), "open": dfmp2.run(WATER, charge=1, spin=1),
+            "rohf": dfmp2.run(WATER, charge=1, spin=1, reference="rohf")}
 
 
 @pytest.mark.parametrize("outcore", [False, True], ids=["incore", "outcore"])
@@ -157,6 +158,18 @@ def test_torchrun_equals_one_process(tmp_path, single, world, shell, outcore):
     assert record["extras"]["method"]["blocks"]["storage"] == ("hdf5" if outcore else "incore")
     assert f"distributed over {world} ranks (gloo)" in proc.stdout
     assert list(scratch.iterdir()) == []
+
+
+def test_torchrun_rohf_adds_rank_0s_singles(tmp_path, single):
+    """ROHF-MBPT(2) over 2 ranks: the semicanonical spaces are rank 0's, the singles too."""
+    out = tmp_path / "r.json"
+    proc = _torchrun(2, [WATER, *CATION, "--reference", "rohf", "--json", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    props = json.loads(out.read_text())["properties"]
+    ref = single["rohf"]
+    assert ref.e_singles < 0.0
+    assert abs(props["mp2_singles_energy"] - ref.e_singles) <= TOL_DISTRIBUTED
+    assert abs(props["mp2_correlation_energy"] - ref.e_corr) <= TOL_DISTRIBUTED
 
 
 def test_torchrun_bad_input_ends_every_rank_with_one_line(tmp_path):
