@@ -39,6 +39,7 @@ __all__ = [
     "RankFailed",
     "aux_shares",
     "occ_slice",
+    "block_pieces",
     "pair_sources",
     "current",
     "init_from_environment",
@@ -310,40 +311,52 @@ def occ_slice(nocc: int, world_size: int, rank: int) -> tuple[int, int]:
     return rank * nocc // world_size, (rank + 1) * nocc // world_size
 
 
-def pair_sources(world_size: int, rank: int, triangular: bool
-                 ) -> list[tuple[int, int | None, int | None]]:
-    """The slice blocks rank ``rank`` computes: ``(source, rows, cols)``, its own slice's rows
-    against slice ``source``'s orbitals; ``rows``/``cols`` None for all of them, 0 for the first
-    half (``ceil(n/2)``) and 1 for the second.
+def pair_sources(world_size: int, rank: int, triangular: bool) -> list[tuple[int, str | None]]:
+    """The slice blocks rank ``rank`` computes: ``(source, share)``, its own slice's rows
+    against slice ``source``'s orbitals, all of the block (``share`` None) or its part of a
+    block shared with the rank that owns ``source`` ("lower" or "upper": :func:`block_pieces`).
 
     triangular (closed-shell and same-spin blocks, pairs I <= J): its own slice (the diagonal
     block), then the round-robin deal of the blocks between two slices: slices ``rank + k``
     for ``k = 1 .. (world_size-1)//2``; for an even ``world_size`` the block with slice ``rank
-    + world_size/2`` is shared: the lower rank takes the first half of its rows against all of
-    the other slice, the upper rank all of its rows against the second half of the lower
-    slice. Every unordered pair of orbitals is then computed exactly once, and with equal
-    slices every rank gets the same number of pairs. Otherwise (alpha-beta: every pair
+    + world_size/2`` is shared, the lower rank "lower", the upper one "upper". Every unordered
+    pair of orbitals is then computed exactly once, and with equal slices every rank gets the
+    same number of pairs, in every step of the gathers. Otherwise (alpha-beta: every pair
     (i, j)) all slices, whole."""
     if not triangular:
-        return [(s, None, None) for s in range(world_size)]
-    blocks = [(rank, None, None)] + [((rank + k) % world_size, None, None)
-                                     for k in range(1, (world_size - 1) // 2 + 1)]
+        return [(s, None) for s in range(world_size)]
+    blocks = [(rank, None)] + [((rank + k) % world_size, None)
+                               for k in range(1, (world_size - 1) // 2 + 1)]
     if world_size % 2 == 0:
         half = world_size // 2
-        if rank < half:
-            blocks.append((rank + half, 0, None))
-        else:
-            blocks.append((rank - half, None, 1))
+        blocks.append((rank + half, "lower") if rank < half else (rank - half, "upper"))
     return blocks
 
 
-def half_range(n: int, half: int | None) -> tuple[int, int]:
-    """``(lo, hi)`` of ``n`` orbitals: all (None), the first ``ceil(n/2)`` (0) or the rest
-    (1)."""
-    if half is None:
-        return 0, n
-    mid = (n + 1) // 2
-    return (0, mid) if half == 0 else (mid, n)
+def block_pieces(share: str | None, step: int, chunk: int, n_rows: int, n_cols: int
+                 ) -> list[tuple[int, int, int, int]]:
+    """``(r0, r1, c0, c1)``: the rows of the rank's own slice (``n_rows`` orbitals) and the
+    columns of the gathered chunk ``step`` (``n_cols`` orbitals, ``chunk`` per full chunk) that
+    a block's ``share`` (:func:`pair_sources`) computes in that step.
+
+    A shared block L x U (L the lower rank's slice, U the upper's, both cut into chunks of
+    ``chunk``): cell (a, b) of L-chunk a and U-chunk b goes to the lower rank when a > b, to the
+    upper one when b > a, and a diagonal cell a == b is split by L's rows, the first
+    ``ceil(n/2)`` to the lower rank. The lower rank, at step b (U-chunk b gathered), takes its
+    rows past chunk b and the first half of chunk b; the upper one, at step a (L-chunk a
+    gathered), its rows past chunk a, and its rows of chunk a against the second half of L-chunk
+    a. Both compute in every step, and equal amounts overall."""
+    if n_cols <= 0 or n_rows <= 0:
+        return []
+    if share is None:
+        return [(0, n_rows, 0, n_cols)]
+    lo, hi = min(n_rows, step * chunk), min(n_rows, (step + 1) * chunk)
+    if share == "lower":  # own rows are L; the chunk is U's
+        own = hi - lo
+        pieces = [(hi, n_rows, 0, n_cols), (lo, lo + (own + 1) // 2, 0, n_cols)]
+    else:  # "upper": own rows are U; the chunk is L's, of n_cols orbitals
+        pieces = [(hi, n_rows, 0, n_cols), (lo, hi, (n_cols + 1) // 2, n_cols)]
+    return [p for p in pieces if p[1] > p[0] and p[3] > p[2]]
 
 
 # -- the distributed MP2 step -----------------------------------------------------------------
@@ -538,12 +551,14 @@ def _redistribute(comm: Comm, by_aux, store, space, shares, fit_occ: int, progre
 
 def _pair_stage(comm: Comm, stores: dict, spaces, la, occ_block: int, fused: bool,
                 b_dtype, reduce_dtype, progress) -> list[float]:
-    """This rank's ``[E_OS, E_SS, pairs]``: its slice of every space against the blocks of
-    :func:`pair_sources`, the other slices' B arriving by ``all_gather`` in chunks (each
-    rank's next ``occ_block // world_size`` orbitals, at least one), so a rank holds about one
-    pair block of remote B at a time. Every rank runs every gather."""
-    from .energy import CLOSED, OPPOSITE, SAME, pair_weights
-    from .pipeline import _unfused
+    """This rank's ``[E_OS, E_SS, pairs]``: first the pairs within its own slices (every spin
+    block, as one process computes them: :func:`dfmp2.pipeline.pair_energies`, blocks I <= J
+    of ``occ_block``), then its slices against the other slices of :func:`pair_sources`, whose B
+    arrives by ``all_gather`` in chunks (each rank's next ``occ_block // world_size`` orbitals,
+    at least one), so a rank holds about one pair block of remote B at a time. Every rank runs
+    every gather."""
+    from .energy import CLOSED, OPPOSITE, SAME
+    from .pipeline import _unfused, pair_energies
 
     world, rank = comm.world_size, comm.rank
     eps = [tuple(torch.from_numpy(np.ascontiguousarray(e)).to(reduce_dtype)
@@ -554,9 +569,14 @@ def _pair_stage(comm: Comm, stores: dict, spaces, la, occ_block: int, fused: boo
         tasks = [(SAME, k, k) for k in (0, 1) if k in stores]
         if 0 in stores and 1 in stores:
             tasks.append((OPPOSITE, 0, 1))
-    e_os = e_ss = 0.0
-    pairs = 0
     deferred = _Deferred()
+    own = [stores.get(k) if _slice_size(sp.nocc, world, rank) else None
+           for k, sp in enumerate(spaces)]
+    own_eps = [(e_o[slice(*occ_slice(sp.nocc, world, rank))], e_v)
+               for sp, (e_o, e_v) in zip(spaces, eps)]
+    local = deferred(pair_energies, own, own_eps, la, occ_block, fused)
+    e_os, e_ss = (local.e_os, local.e_ss) if local is not None else (0.0, 0.0)
+    pairs = local.npairs if local is not None else 0
     steps = [math.ceil(math.ceil(spaces[sj].nocc / world)
                        / max(1, occ_block // world)) for _k, _si, sj in tasks]
     done, total = 0, sum(steps)
@@ -566,7 +586,9 @@ def _pair_stage(comm: Comm, stores: dict, spaces, la, occ_block: int, fused: boo
         n_i = _slice_size(spaces[si].nocc, world, rank)
         nvir_j, naux_fit = spaces[sj].nvir, store_j.naux_fit
         chunk = max(1, occ_block // world)
-        blocks = pair_sources(world, rank, kind.triangular)
+        blocks = [b for b in pair_sources(world, rank, kind.triangular) if b[0] != rank]
+        # with every block whole (share None) a chunk is all its source's; shared blocks are
+        # cut by block_pieces
         e_oi, e_vi = eps[si]
         e_oj, e_vj = eps[sj]
         for t in range(nsteps):
@@ -578,32 +600,26 @@ def _pair_stage(comm: Comm, stores: dict, spaces, la, occ_block: int, fused: boo
 
             def compute():
                 nonlocal e_os, e_ss, pairs
-                for src, rows, cols in blocks:
+                for src, share in blocks:
                     s0, s1 = occ_slice(spaces[sj].nocc, world, src)
-                    c_lo, c_hi = half_range(s1 - s0, cols)
-                    j0, j1 = max(c_lo, t * chunk), min(c_hi, (t + 1) * chunk)
-                    if j1 <= j0:
-                        continue
-                    ovl_j = gathered[src, j0 - t * chunk: j1 - t * chunk]
-                    r_lo, r_hi = half_range(n_i, rows)
-                    for i0 in range(r_lo, r_hi, occ_block):
-                        i1 = min(r_hi, i0 + occ_block)
-                        if kind.triangular and src == rank:
-                            weights = pair_weights(i0, i1, j0, j1, True)
-                        else:  # distinct orbitals: 2 (I < J stands for both), or 1 (alpha-beta)
-                            weights = pair_weights(0, i1 - i0, i1 - i0, i1 - i0 + j1 - j0,
-                                                   kind.triangular)
-                        if not weights.any():
-                            continue
-                        args = (store_i.read_b(i0, i1), ovl_j,
-                                e_oi[i_base + i0: i_base + i1], e_oj[s0 + j0: s0 + j1], e_vi,
-                                e_vj, torch.from_numpy(weights), kind.exchange)
-                        direct, exchange = (float(x) for x in (
-                            la.mp2_pair_sums(*args) if fused else _unfused(la, *args)))
-                        os_part, ss_part = kind.energies(direct, exchange)
-                        e_os += os_part
-                        e_ss += ss_part
-                        pairs += int(np.count_nonzero(weights))
+                    j_lo, j_hi = t * chunk, min(s1 - s0, (t + 1) * chunk)  # this chunk
+                    for r_lo, r_hi, c0, c1 in block_pieces(share, t, chunk, n_i, j_hi - j_lo):
+                        ovl_j = gathered[src, c0:c1]
+                        j0, j1 = j_lo + c0, j_lo + c1
+                        for i0 in range(r_lo, r_hi, occ_block):
+                            i1 = min(r_hi, i0 + occ_block)
+                            # distinct orbitals: 2 (I < J stands for both), or 1 (alpha-beta)
+                            weights = np.full((i1 - i0, j1 - j0),
+                                              2.0 if kind.triangular else 1.0)
+                            args = (store_i.read_b(i0, i1), ovl_j,
+                                    e_oi[i_base + i0: i_base + i1], e_oj[s0 + j0: s0 + j1],
+                                    e_vi, e_vj, torch.from_numpy(weights), kind.exchange)
+                            direct, exchange = (float(x) for x in (
+                                la.mp2_pair_sums(*args) if fused else _unfused(la, *args)))
+                            os_part, ss_part = kind.energies(direct, exchange)
+                            e_os += os_part
+                            e_ss += ss_part
+                            pairs += int(np.count_nonzero(weights))
 
             deferred(compute)
             done += 1

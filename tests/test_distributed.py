@@ -27,35 +27,57 @@ CATION = ["--charge", "1", "--spin", "1"]
 
 
 # -- the split ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7])
-@pytest.mark.parametrize("nocc", [1, 2, 5, 13, 40])
-def test_every_pair_is_computed_once_and_the_shares_balance(world, nocc):
-    """The slice blocks of :func:`pair_sources` (with its halves) cover every pair i <= j of one
-    space exactly once, and every i, j of two spaces; with slices of equal size the ranks'
-    shares of the pairs are equal."""
+def _cover(nocc, world, chunk, triangular=True):
+    """Run the pair stage's schedule on paper: (times each pair is computed, pairs per rank,
+    pairs per rank and gather step)."""
     seen = np.zeros((nocc, nocc), dtype=int)
-    shares = []
+    shares = np.zeros(world, dtype=int)
+    steps = -(-(-(-nocc // world)) // chunk)
+    per_step = np.zeros((world, steps), dtype=int)
     for rank in range(world):
         i0, i1 = distributed.occ_slice(nocc, world, rank)
-        count = 0
-        for src, rows, cols in distributed.pair_sources(world, rank, True):
+        for src, share in distributed.pair_sources(world, rank, triangular):
             s0, s1 = distributed.occ_slice(nocc, world, src)
-            r_lo, r_hi = distributed.half_range(i1 - i0, rows)
-            c_lo, c_hi = distributed.half_range(s1 - s0, cols)
-            if src == rank:  # the diagonal block: the weights keep i <= j
-                w = pair_weights(r_lo, r_hi, c_lo, c_hi, True)
-            else:
-                w = np.ones((r_hi - r_lo, c_hi - c_lo))
-            for a, b in zip(*np.nonzero(w)):
-                i, j = i0 + r_lo + a, s0 + c_lo + b
-                seen[min(i, j), max(i, j)] += 1
-                count += 1
-        shares.append(count)
+            if src == rank and triangular:  # the own triangle: one process's I <= J blocks
+                w = pair_weights(0, i1 - i0, 0, i1 - i0, True)
+                for a, b in zip(*np.nonzero(w)):
+                    seen[i0 + a, i0 + b] += 1
+                shares[rank] += int(np.count_nonzero(w))
+                continue
+            for t in range(steps):
+                j_lo, j_hi = t * chunk, min(s1 - s0, (t + 1) * chunk)
+                for r0, r1, c0, c1 in distributed.block_pieces(share, t, chunk, i1 - i0,
+                                                               j_hi - j_lo):
+                    for i in range(i0 + r0, i0 + r1):
+                        for j in range(s0 + j_lo + c0, s0 + j_lo + c1):
+                            seen[min(i, j), max(i, j)] += 1 if triangular else 0
+                            if not triangular:
+                                seen[i, j] += 1
+                    n = (r1 - r0) * (c1 - c0)
+                    shares[rank] += n
+                    per_step[rank, t] += n
+    return seen, shares, per_step
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("nocc", [1, 2, 5, 13, 40])
+@pytest.mark.parametrize("chunk", [1, 3, 20])
+def test_every_pair_is_computed_once_and_the_shares_balance(world, nocc, chunk):
+    """The blocks of :func:`pair_sources`, cut by :func:`block_pieces` step by step, cover every
+    pair i <= j of one space exactly once (and every i, j of two spaces); with slices of equal
+    size the ranks' shares are equal, and a shared block gives both ranks work in every step."""
+    seen, shares, per_step = _cover(nocc, world, chunk)
     assert (seen == np.triu(np.ones((nocc, nocc), dtype=int))).all()
-    if nocc % world == 0 and (nocc // world) % 2 == 0:
-        assert len(set(shares)) == 1, shares
-    both = [s for r in range(world) for s, _, _ in distributed.pair_sources(world, r, False)]
-    assert sorted(both) == sorted(list(range(world)) * world)
+    assert shares.sum() == nocc * (nocc + 1) // 2
+    n = nocc // world
+    if nocc % world == 0 and n % chunk == 0 and chunk % 2 == 0:
+        assert len(set(shares.tolist())) == 1, shares
+    if nocc % world == 0:  # an odd chunk's diagonal cells split unevenly by one row each
+        assert shares.max() - shares.min() <= (n // chunk + 1) * chunk, shares
+    if world == 2 and nocc == 40 and chunk == 3:  # the shared block, step by step
+        assert (np.abs(per_step[0] - per_step[1]) <= chunk * chunk).all(), per_step
+    both, _, _ = _cover(nocc, world, chunk, triangular=False)
+    assert (both == 1).all()
 
 
 def test_auxiliary_shells_are_shared_by_function_count():
