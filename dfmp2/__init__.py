@@ -15,12 +15,17 @@ from .errors import (
     UnsupportedShapeError,
 )
 from .options import Options
+from .qcengine_harness import arm as _arm_qcengine
 from .results import Result
 
 __all__ = [
-    "__version__", "run", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
+    "__version__", "run", "run_qcschema", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
     "ConvergenceError", "BackendUnavailableError", "UnsupportedShapeError", "ResourceError",
 ]
+
+
+# QCEngine's program "dfmp2": registered when qcengine is (or gets) imported; never imports it.
+_arm_qcengine()
 
 
 def __getattr__(name):
@@ -29,4 +34,8 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "run_qcschema":
+        from .qcschema import run_qcschema
+
+        return run_qcschema
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")

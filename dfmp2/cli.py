@@ -160,7 +160,14 @@ _D = Options.default
                    "debug detail.")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the MP2 total energy.")
 def run(geometry, json_path, verbose, quiet, **options):
-    """Run DF-MP2 on GEOMETRY (an xyz file, or an atom string like "O 0 0 0; H 0 0 1; ...")."""
+    """Run DF-MP2 on GEOMETRY (an xyz file, an atom string like "O 0 0 0; H 0 0 1; ...", or a
+    QCSchema AtomicInput .json file, v1 or v2, whose keywords set the options: those given on
+    the command line win, and --json writes an AtomicResult of the input's version)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    options["_explicit"] = {name for name in options if context.get_parameter_source(name) in
+                            (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     restore_logging = _configure_logging(verbose, quiet)
     try:
         _run_command(geometry, json_path, verbose, quiet, options)
@@ -172,6 +179,7 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
+    explicit = options.pop("_explicit", set(options))
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
     from .distributed import init_from_environment
 
@@ -180,15 +188,18 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     except DFMP2Error as exc:
         raise _fail(exc) from None
     try:
-        _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks)
+        _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks, explicit)
     finally:
         if ranks is not None:
             ranks.close()
 
 
-def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks) -> None:
+def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
+              explicit=frozenset()) -> None:
     """The run on this process: the only one, or one rank of a torchrun job (rank 0 alone
-    prints, writes the JSON and shows progress; every rank's error names it)."""
+    prints, writes the JSON and shows progress; every rank's error names it). A QCSchema input
+    sets the options from its keywords, under those in ``explicit`` (given on the command
+    line)."""
     leader = ranks is None or ranks.rank == 0
     if leader:
         _check_json_path(json_path)
@@ -203,9 +214,15 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks) 
         terminal(stage, done, total)
 
     try:
+        from . import qcschema
         from .api import run as run_dfmp2
         from .errors import DFMP2Error
 
+        job = None
+        if qcschema.is_schema_input(geometry):
+            job = qcschema.read_input(geometry)
+            options = {**job.options, **{k: v for k, v in options.items() if k in explicit}}
+            geometry = job.mole
         try:
             result = run_dfmp2(geometry, progress=progress, environment=environment, **options)
         finally:
@@ -226,17 +243,24 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks) 
         restore()
     if result is None:  # a rank other than 0: rank 0 reports
         return
+    if job is not None:  # an AtomicResult of the input's schema version, validated
+        import json
+
+        text, energy = json.dumps(qcschema.result_dict(result, job), indent=2), None
+        energy = result.e_scs_tot if job.method == "scs-mp2" else result.e_tot
+    else:
+        text, energy = result.to_json(), result.e_tot
     if json_path == "-":
-        click.echo(result.to_json())
+        click.echo(text)
         return
     write_error = None
     if json_path:
         try:
             with open(json_path, "w") as handle:
-                handle.write(result.to_json() + "\n")
+                handle.write(text + "\n")
         except OSError as exc:
             write_error = f"cannot write JSON to {json_path!r}: {exc.strerror}"
-    click.echo(f"{result.e_tot:.12f}" if quiet else result.summary(verbose=verbose >= 1))
+    click.echo(f"{energy:.12f}" if quiet else result.summary(verbose=verbose >= 1))
     if write_error:  # the summary above still carries every energy
         raise _fail(write_error)
 

@@ -1,0 +1,260 @@
+"""QCSchema in and out: an ``AtomicInput`` (schema v1 or v2, detected) as a dfmp2 run, and its
+result as an ``AtomicResult`` of the same version, validated by qcelemental's models.
+
+Keywords take Psi4's names where Psi4 has one (:data:`PSI4_KEYWORDS`), so an input written for
+Psi4 through QCEngine runs here unchanged, plus dfmp2's own option names (:data:`OWN_KEYWORDS`).
+An unknown keyword, method, driver or value is an :class:`~dfmp2.errors.InputError` naming
+the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total) and ``scs-mp2`` (the SCS-MP2
+total).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from .errors import InputError
+
+__all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "is_schema_input",
+           "read_input", "result_dict", "run_qcschema", "schema_version"]
+
+#: Methods an input's ``model.method`` may name (case-insensitive).
+METHODS = ("mp2", "scs-mp2")
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise InputError(f"keyword {name}={value!r}: expected true or false")
+
+
+def _choice(name: str, value, table: dict):
+    key = str(value).strip().lower()
+    if key not in table:
+        raise InputError(f"keyword {name}={value!r}: expected one of {', '.join(table)}")
+    return table[key]
+
+
+def _number(kind):
+    def convert(name: str, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise InputError(f"keyword {name}={value!r}: expected a number")
+        try:
+            return kind(value)
+        except ValueError:
+            raise InputError(f"keyword {name}={value!r}: expected a number") from None
+    return convert
+
+
+def _text(name: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"keyword {name}={value!r}: expected a name")
+    return value.strip()
+
+
+#: Psi4's SCF types and what dfmp2 runs for them (density fitting, or exact integrals).
+_SCF_TYPES = {"df": "df", "mem_df": "df", "disk_df": "df", "dfdirect": "df", "pk": "conv",
+              "direct": "conv", "out_of_core": "conv", "conv": "conv"}
+_MP2_TYPES = {"df": "df"}
+_REFERENCES = {"rhf": "rhf", "uhf": "uhf", "rohf": "rohf"}
+
+#: Psi4 keyword -> (dfmp2 option, converter).
+PSI4_KEYWORDS = {
+    "scf_type": ("scf_type", lambda n, v: _choice(n, v, _SCF_TYPES)),
+    "mp2_type": (None, lambda n, v: _choice(n, v, _MP2_TYPES)),  # dfmp2 computes DF-MP2 only
+    "reference": ("reference", lambda n, v: _choice(n, v, _REFERENCES)),
+    "freeze_core": ("frozen_core", _flag),
+    "df_basis_mp2": ("auxbasis", _text),
+    "df_basis_scf": ("scf_auxbasis", _text),
+    "mp2_os_scale": ("os_scale", _number(float)),
+    "mp2_ss_scale": ("ss_scale", _number(float)),
+    "e_convergence": ("conv_tol", _number(float)),
+    "d_convergence": ("conv_tol_grad", _number(float)),
+    "maxiter": ("max_cycle", _number(int)),
+}
+
+#: dfmp2's own option names a keyword may use (``dfmp2 run --help`` says what each does).
+OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
+                "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
+                "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target")
+
+
+@dataclass(frozen=True)
+class SchemaJob:
+    """One QCSchema input as a dfmp2 run: the molecule (an unbuilt PySCF ``Mole`` in Bohr),
+    the run's options, the method, the schema version and the validated input (a dict of
+    schema v1 field names)."""
+
+    mole: object
+    options: dict
+    method: str
+    version: int
+    input: dict
+
+
+def _models(version: int):
+    try:
+        from qcelemental.models import v1, v2
+    except ImportError as exc:  # a dependency: only a broken install lacks it
+        raise InputError(f"QCSchema needs qcelemental ({exc}); pip install qcelemental") from None
+    return v1 if version == 1 else v2
+
+
+def is_schema_input(geometry) -> bool:
+    """Whether a GEOMETRY argument is a QCSchema input: a ``.json`` path or JSON text."""
+    if not isinstance(geometry, (str, os.PathLike)):
+        return False
+    text = str(geometry)
+    return text.lower().endswith(".json") or text.lstrip().startswith("{")
+
+
+def schema_version(data: dict) -> int:
+    """1 or 2, from ``schema_name``/``schema_version`` (v1: ``qcschema_input``; v2:
+    ``qcschema_atomic_input``)."""
+    name, version = data.get("schema_name"), data.get("schema_version")
+    if name in ("qcschema_input", None) and version in (1, None) and "model" in data:
+        return 1
+    if name == "qcschema_atomic_input" or version == 2 or "specification" in data:
+        return 2
+    raise InputError(f"not a QCSchema AtomicInput: schema_name {name!r}, schema_version "
+                     f"{version!r} (expected qcschema_input v1 or qcschema_atomic_input v2)")
+
+
+def read_input(source) -> SchemaJob:
+    """A QCSchema ``AtomicInput`` (a dict, JSON text, or a path to a JSON file) as a
+    :class:`SchemaJob`; raises :class:`InputError` with one line on anything dfmp2 cannot
+    run."""
+    data = _load(source)
+    version = schema_version(data)
+    models = _models(version)
+    try:
+        model = models.AtomicInput(**data)
+    except Exception as exc:  # pydantic's validation error: keep its first lines
+        raise InputError(f"invalid QCSchema v{version} AtomicInput: "
+                         f"{_first_lines(exc)}") from None
+    if version == 2:  # one form from here on: v1 field names
+        spec = model.specification
+        driver, method, basis = str(spec.driver.value), spec.model.method, spec.model.basis
+        keywords, molecule = dict(spec.keywords), model.molecule
+        as_v1 = model.convert_v(1).dict()
+    else:
+        driver, method, basis = str(model.driver.value), model.model.method, model.model.basis
+        keywords, molecule = dict(model.keywords), model.molecule
+        as_v1 = model.dict()
+    if driver != "energy":
+        raise InputError(f"driver {driver!r}: dfmp2 computes energies (driver 'energy')")
+    method = (method or "").strip().lower()
+    if method not in METHODS:
+        raise InputError(f"method {method!r}: dfmp2 runs {', '.join(METHODS)}")
+    if not isinstance(basis, str) or not basis.strip():
+        raise InputError("model.basis must name an orbital basis set (e.g. 'cc-pvdz')")
+    options = {"basis": basis.strip(), **keyword_options(keywords)}
+    return SchemaJob(_mole(molecule), options, method, version, as_v1)
+
+
+def keyword_options(keywords: dict) -> dict:
+    """dfmp2 options from QCSchema keywords (Psi4's names, or dfmp2's own)."""
+    options = {}
+    for name, value in keywords.items():
+        key = name.lower()
+        if key in PSI4_KEYWORDS:
+            option, convert = PSI4_KEYWORDS[key]
+            converted = convert(name, value)
+            if option is not None:
+                options[option] = converted
+        elif key in OWN_KEYWORDS:
+            options[key] = value
+        else:
+            valid = sorted(PSI4_KEYWORDS) + sorted(OWN_KEYWORDS)
+            raise InputError(f"unknown keyword {name!r}; valid keywords: {', '.join(valid)}")
+    return options
+
+
+def _mole(molecule):
+    """An unbuilt PySCF ``Mole`` (Bohr) of a qcelemental Molecule: ghost atoms (``real``
+    false) as ``GHOST-`` atoms, the charge and multiplicity as given."""
+    from pyscf import gto
+
+    from .geometry import GHOST_PREFIX
+
+    geometry = molecule.geometry.reshape(-1, 3)
+    real = list(molecule.real) if molecule.real is not None else [True] * len(geometry)
+    atoms = [((symbol.capitalize() if is_real else GHOST_PREFIX + symbol.capitalize()),
+              tuple(float(x) for x in xyz))
+             for symbol, xyz, is_real in zip(molecule.symbols, geometry, real)]
+    mole = gto.Mole()
+    mole.atom = atoms
+    mole.unit = "Bohr"
+    mole.charge = int(round(float(molecule.molecular_charge)))
+    mole.spin = int(molecule.molecular_multiplicity) - 1
+    return mole
+
+
+def result_dict(result, job: SchemaJob) -> dict:
+    """The ``AtomicResult`` (as JSON-ready data) of ``result`` for ``job``'s input, in the
+    input's schema version, validated by qcelemental: the input's molecule, model, keywords
+    and id echoed, ``return_result`` the method's total energy."""
+    data = result.to_dict()
+    given = job.input
+    data.update({
+        "molecule": given["molecule"],
+        "model": given["model"],
+        "keywords": given.get("keywords", {}),
+        "return_result": result.e_scs_tot if job.method == "scs-mp2" else result.e_tot,
+    })
+    data["properties"]["return_energy"] = data["return_result"]
+    data["extras"]["method"]["qcschema_method"] = job.method
+    for key in ("id", "protocols"):
+        if given.get(key) is not None:
+            data[key] = given[key]
+    v1 = _models(1)
+    try:
+        model = v1.AtomicResult(**data)
+        if job.version == 2:
+            return json.loads(model.convert_v(2).serialize("json"))
+        return json.loads(model.serialize("json"))
+    except Exception as exc:  # a result that does not validate is dfmp2's bug: say so
+        raise RuntimeError(f"dfmp2's AtomicResult does not validate against qcelemental "
+                           f"v{job.version}: {_first_lines(exc)}") from exc
+
+
+def run_qcschema(source, **overrides) -> dict:
+    """Run a QCSchema ``AtomicInput`` (dict, JSON text or path) and return the ``AtomicResult``
+    of the same schema version as data. ``overrides``: dfmp2 options that win over the input's
+    keywords (e.g. ``progress`` is not one: pass it to :func:`dfmp2.run` instead)."""
+    from .api import run
+
+    job = read_input(source)
+    result = run(job.mole, **{**job.options, **overrides})
+    return result_dict(result, job)
+
+
+def _load(source) -> dict:
+    if isinstance(source, dict):
+        return source
+    text = source
+    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
+        try:
+            with open(source, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise InputError(f"cannot read QCSchema input {str(source)!r}: "
+                             f"{exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"QCSchema input is not JSON: line {exc.lineno}, column {exc.colno}: "
+                         f"{exc.msg}") from None
+    if not isinstance(data, dict):
+        raise InputError("QCSchema input must be a JSON object (an AtomicInput)")
+    return data
+
+
+def _first_lines(exc: Exception, lines: int = 3) -> str:
+    text = " ".join(str(exc).split("\n")[:lines])
+    return " ".join(text.split())

@@ -1,0 +1,208 @@
+"""QCSchema in and out (v1 and v2), Psi4's keyword names, and dfmp2 as a QCEngine program."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from qcelemental.models import v1, v2
+
+import dfmp2
+from dfmp2 import qcschema
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+
+from conftest import INPUTS
+from tolerances import TOL_OUTCORE
+
+#: Water in Bohr (a QCSchema molecule), and the same with a ghost water beside it.
+WATER = {"symbols": ["O", "H", "H"],
+         "geometry": [0.0, 0.0, -0.1294769411, 0.0, -1.494187339, 1.0274465079,
+                      0.0, 1.494187339, 1.0274465079]}
+DIMER_GHOST = {"symbols": ["O", "H", "H", "O", "H", "H"],
+               "geometry": WATER["geometry"] + [5.6, 0.0, 0.0, 6.2, 1.4, 0.0, 6.2, -1.4, 0.0],
+               "real": [True, True, True, False, False, False]}
+
+
+def v1_input(keywords=None, method="mp2", molecule=WATER, **extra) -> dict:
+    return {"schema_name": "qcschema_input", "schema_version": 1, "molecule": molecule,
+            "driver": "energy", "model": {"method": method, "basis": "cc-pvdz"},
+            "keywords": keywords or {}, **extra}
+
+
+def v2_input(**kwargs) -> dict:
+    return json.loads(v1.AtomicInput(**v1_input(**kwargs)).convert_v(2).serialize("json"))
+
+
+@pytest.fixture(scope="module")
+def frozen_core():
+    """The v1 result of water with Psi4's keywords, and the same run through dfmp2.run."""
+    job = qcschema.read_input(v1_input({"freeze_core": True, "scf_type": "df",
+                                        "df_basis_mp2": "cc-pvdz-ri", "mp2_type": "df"}))
+    direct = dfmp2.run(job.mole, **job.options)
+    return job, direct, qcschema.result_dict(direct, job)
+
+
+def test_v1_in_v1_out_validates_and_carries_the_run(frozen_core):
+    job, direct, out = frozen_core
+    assert job.version == 1 and job.options == {"basis": "cc-pvdz", "frozen_core": True,
+                                                "scf_type": "df", "auxbasis": "cc-pvdz-ri"}
+    model = v1.AtomicResult(**out)  # validates
+    assert model.schema_name == "qcschema_output" and model.schema_version == 1
+    assert out["return_result"] == out["properties"]["return_energy"] == direct.e_tot
+    assert out["properties"]["mp2_correlation_energy"] == direct.e_corr
+    assert direct.sizes.nfrozen_occ == 1
+    assert out["molecule"]["symbols"] == ["O", "H", "H"]
+    assert out["keywords"]["freeze_core"] is True
+
+
+def test_v2_in_v2_out(frozen_core):
+    job, direct, _ = frozen_core
+    data = v2_input(keywords={"freeze_core": True, "df_basis_mp2": "cc-pvdz-ri"})
+    assert qcschema.schema_version(data) == 2
+    out = qcschema.run_qcschema(data)
+    model = v2.AtomicResult(**out)
+    assert (model.schema_name, model.schema_version) == ("qcschema_atomic_result", 2)
+    assert abs(model.return_result - direct.e_tot) <= TOL_OUTCORE
+    assert model.input_data.specification.keywords["freeze_core"] is True
+
+
+def test_ghost_atoms_come_and_go_as_real_false():
+    out = qcschema.run_qcschema(v1_input(molecule=DIMER_GHOST))
+    model = v1.AtomicResult(**out)
+    assert list(model.molecule.real) == DIMER_GHOST["real"]
+    assert out["extras"]["molecule"]["nghost"] == 3
+    bare = qcschema.run_qcschema(v1_input())
+    assert out["return_result"] < bare["return_result"]  # the ghost basis lowers the energy
+
+
+def test_scs_mp2_returns_the_scs_total_and_psi4_scales_apply():
+    out = qcschema.run_qcschema(v1_input({"mp2_os_scale": 1.0, "mp2_ss_scale": 0.5},
+                                         method="scs-mp2"))
+    props, extras = out["properties"], out["extras"]
+    e_scs = props["scf_total_energy"] + props["mp2_opposite_spin_correlation_energy"] + 0.5 * \
+        props["mp2_same_spin_correlation_energy"]
+    assert abs(out["return_result"] - e_scs) <= TOL_OUTCORE
+    assert extras["scs_mp2_total_energy"] == out["return_result"]
+    assert extras["method"]["os_scale"] == 1.0 and extras["method"]["ss_scale"] == 0.5
+
+
+def test_psi4_keywords_map_onto_options():
+    options = qcschema.keyword_options({
+        "scf_type": "pk", "reference": "UHF", "freeze_core": "false", "df_basis_scf":
+        "cc-pvdz-jkfit", "e_convergence": 1e-10, "d_convergence": "1e-8", "maxiter": 60,
+        "backend": "pytorch", "precision": "mixed", "max_memory": 2000})
+    assert options == {"scf_type": "conv", "reference": "uhf", "frozen_core": False,
+                       "scf_auxbasis": "cc-pvdz-jkfit", "conv_tol": 1e-10,
+                       "conv_tol_grad": 1e-8, "max_cycle": 60, "backend": "pytorch",
+                       "precision": "mixed", "max_memory": 2000}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"keywords": {"basis_guess": True}}, "unknown keyword 'basis_guess'; valid keywords: "),
+    ({"keywords": {"mp2_type": "conv"}}, "mp2_type='conv': expected one of df"),
+    ({"keywords": {"scf_type": "cd"}}, "scf_type='cd': expected one of df"),
+    ({"keywords": {"freeze_core": "policy"}}, "freeze_core='policy': expected true or false"),
+    ({"keywords": {"maxiter": "many"}}, "maxiter='many': expected a number"),
+    ({"method": "ccsd(t)"}, "method 'ccsd(t)': dfmp2 runs mp2, scs-mp2"),
+    ({"driver": "gradient"}, "driver 'gradient': dfmp2 computes energies"),
+])
+def test_what_dfmp2_cannot_run_is_one_line(change, message):
+    data = v1_input(**{k: v for k, v in change.items() if k in ("keywords", "method")})
+    if "driver" in change:
+        data["driver"] = change["driver"]
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        qcschema.read_input(data)
+
+
+def test_malformed_inputs_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_name": "qcschema_input",\n "molecule": ')
+    with pytest.raises(InputError, match="not JSON: line 2"):
+        qcschema.read_input(bad)
+    with pytest.raises(InputError, match="not a QCSchema AtomicInput"):
+        qcschema.read_input({"schema_name": "qcschema_output", "schema_version": 1})
+    with pytest.raises(InputError, match="invalid QCSchema v1 AtomicInput"):
+        qcschema.read_input({**v1_input(), "molecule": {"symbols": ["O"]}})
+    with pytest.raises(InputError, match="cannot read QCSchema input"):
+        qcschema.read_input(tmp_path / "missing.json")
+
+
+def test_cli_reads_a_schema_file_and_writes_its_version(tmp_path, frozen_core):
+    _job, direct, _ = frozen_core
+    for version, make in ((1, v1_input), (2, v2_input)):
+        path = tmp_path / f"in{version}.json"
+        path.write_text(json.dumps(make(keywords={"freeze_core": True,
+                                                  "df_basis_mp2": "cc-pvdz-ri"})))
+        out = tmp_path / f"out{version}.json"
+        result = CliRunner().invoke(main, ["run", str(path), "--json", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        model = (v1 if version == 1 else v2).AtomicResult(**data)
+        assert model.schema_version == version
+        assert abs(model.return_result - direct.e_tot) <= TOL_OUTCORE
+        assert float(result.output.split()[-1]) == pytest.approx(direct.e_tot, abs=1e-11)
+
+
+def test_cli_options_given_win_over_keywords(tmp_path):
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v1_input({"precision": "fp64", "freeze_core": True})))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, ["run", str(path), "--precision", "mixed", "--json",
+                                       str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    method = json.loads(out.read_text())["extras"]["method"]
+    assert method["precision"] == "mixed"  # the command line's
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(v1_input({"nonsense": 1})))
+    failed = CliRunner().invoke(main, ["run", str(bad)])
+    assert failed.exit_code == 1 and "unknown keyword 'nonsense'" in failed.output
+
+
+# -- QCEngine ---------------------------------------------------------------------------------
+def test_qcengine_runs_dfmp2(frozen_core):
+    import qcengine
+
+    _job, direct, _ = frozen_core
+    assert "dfmp2" in qcengine.list_all_programs()
+    inp = v1.AtomicInput(**v1_input({"freeze_core": True, "df_basis_mp2": "cc-pvdz-ri"}))
+    result = qcengine.compute(inp, "dfmp2", raise_error=True,
+                              task_config={"memory": 2, "ncores": 1})
+    assert result.success and result.schema_version == 1
+    assert abs(result.return_result - direct.e_tot) <= TOL_OUTCORE
+    assert result.properties.mp2_correlation_energy == pytest.approx(direct.e_corr,
+                                                                      abs=TOL_OUTCORE)
+    assert result.extras["method"]["max_memory_mb"] == 2048  # QCEngine's task memory
+    scs = qcengine.compute(v2_input(method="scs-mp2", keywords={"freeze_core": True}), "dfmp2",
+                           raise_error=True)
+    assert abs(scs.return_result - direct.e_scs_tot) <= TOL_OUTCORE
+
+
+def test_qcengine_maps_errors():
+    import qcengine
+    from qcengine.exceptions import InputError as QCEngineInputError
+
+    failed = qcengine.compute(v1.AtomicInput(**v1_input({"bogus": 1})), "dfmp2")
+    assert not failed.success and failed.error.error_type == "input_error"
+    assert "unknown keyword 'bogus'" in failed.error.error_message
+    with pytest.raises(QCEngineInputError):
+        qcengine.compute(v1.AtomicInput(**v1_input({"bogus": 1})), "dfmp2", raise_error=True)
+
+
+@pytest.mark.parametrize("order", ["dfmp2 first", "qcengine first"])
+def test_import_dfmp2_registers_in_either_order_and_loads_nothing_heavy(order):
+    """``import dfmp2`` registers with an imported qcengine, or arms itself for a later import;
+    it never imports qcengine (or numpy, or torch) itself."""
+    first, second = ("dfmp2", "qcengine") if order == "dfmp2 first" else ("qcengine", "dfmp2")
+    code = (f"import sys; import {first}; light = 'qcengine' not in sys.modules and "
+            f"'numpy' not in sys.modules and 'torch' not in sys.modules; import {second}; "
+            "import qcengine; print(light, 'dfmp2' in qcengine.list_all_programs())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=INPUTS)
+    assert proc.returncode == 0, proc.stderr
+    light, registered = proc.stdout.split()
+    assert registered == "True"
+    assert light == ("True" if order == "dfmp2 first" else "False")
