@@ -144,6 +144,15 @@ _D = Options.default
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess.")
+@click.option("--counterpoise", is_flag=True,
+              help="Counterpoise-corrected interaction energy: the complex, then each fragment "
+                   "in the complex's basis (needs --fragments).")
+@click.option("--fragments", default=None, metavar="N1,N2,...",
+              help="Atom counts of the fragments, in file order (e.g. 3,3).")
+@click.option("--fragment-charges", default=None, metavar="Q1,Q2,...",
+              help="Charge of each fragment [default: 0 each].")
+@click.option("--fragment-spins", default=None, metavar="S1,S2,...",
+              help="2S of each fragment [default: 0 or 1 by its electron count].")
 @click.option("--dist-backend", type=click.Choice(("auto",) + DIST_BACKENDS), default="auto",
               show_default=True,
               help="Under torchrun: the torch.distributed backend (auto: nccl with CUDA, xla "
@@ -180,6 +189,14 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
 
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
     explicit = options.pop("_explicit", set(options))
+    cp = {k: options.pop(k, None) for k in ("counterpoise", "fragments", "fragment_charges",
+                                            "fragment_spins")}
+    if not cp["counterpoise"] and any(cp[k] is not None for k in cp if k != "counterpoise"):
+        raise _fail("--fragments, --fragment-charges and --fragment-spins belong to "
+                    "--counterpoise; add it")
+    if cp["counterpoise"] and cp["fragments"] is None:
+        raise _fail("--counterpoise needs --fragments (atom counts in file order, e.g. 3,3)")
+    options["_counterpoise"] = cp if cp["counterpoise"] else None
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
     from .distributed import init_from_environment
 
@@ -223,8 +240,18 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             job = qcschema.read_input(geometry)
             options = {**job.options, **{k: v for k, v in options.items() if k in explicit}}
             geometry = job.mole
+        counterpoise = options.pop("_counterpoise", None)
         try:
-            result = run_dfmp2(geometry, progress=progress, environment=environment, **options)
+            if counterpoise:
+                from .counterpoise import run_counterpoise
+
+                result = run_counterpoise(
+                    geometry, counterpoise["fragments"], counterpoise["fragment_charges"],
+                    counterpoise["fragment_spins"], progress=progress,
+                    environment=environment, **options)
+            else:
+                result = run_dfmp2(geometry, progress=progress, environment=environment,
+                                   **options)
         finally:
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report

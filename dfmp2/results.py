@@ -148,7 +148,8 @@ class Result:
     e_scf + e_scs. ``environment`` is the record
     of what the ``dfmp2`` command set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
-    one process).
+    one process); ``interaction`` the counterpoise-corrected interaction energies of a
+    ``--counterpoise`` run (``extras.interaction``, :mod:`dfmp2.counterpoise`).
     """
 
     e_scf: float
@@ -165,6 +166,7 @@ class Result:
     versions: dict
     environment: dict | None = None
     distributed: dict | None = None
+    interaction: dict | None = None
 
     @property
     def e_hf(self) -> float | None:
@@ -234,6 +236,7 @@ class Result:
                 "versions": self.versions,
                 "environment": self.environment,
                 **({"distributed": self.distributed} if self.distributed else {}),
+                **({"interaction": self.interaction} if self.interaction else {}),
             },
             "provenance": {
                 "creator": "dfmp2",
@@ -294,6 +297,8 @@ class Result:
             f"  {'E(corr) SCS-MP2':<22s}{self.e_scs:22.12f} Eh",
             f"  {'E(SCS-MP2) total':<22s}{self.e_scs_tot:22.12f} Eh",
         ]
+        if self.interaction:
+            lines += ["", *_interaction_lines(self.interaction)]
         if verbose:
             lines += ["", *self._machinery()]
         return "\n".join(lines)
@@ -396,3 +401,16 @@ def versions() -> dict:
 
     return {"dfmp2": __version__, "pyscf": pyscf.__version__, "torch": torch.__version__,
             "numpy": numpy.__version__, "python": platform.python_version()}
+
+
+def _interaction_lines(inter: dict) -> list[str]:
+    """The counterpoise section of the summary: the fragments, then E_int per level."""
+    frags = ", ".join(f"atoms {f['atoms'][0] + 1}-{f['atoms'][1]} (charge {f['charge']:+d}, "
+                      f"multiplicity {f['multiplicity']})" for f in inter["fragments"])
+    lines = [f"  Counterpoise-corrected interaction energy, {len(inter['fragments'])} fragments "
+             f"in the complex's basis: {frags}"]
+    for level, label in (("hf", "HF"), ("mp2", "MP2"), ("scs_mp2", "SCS-MP2")):
+        value = inter[level]
+        lines.append(f"  {'E(int) ' + label:<22s}{value['eh']:22.12f} Eh "
+                     f"{value['kcal_mol']:12.4f} kcal/mol")
+    return lines

@@ -1,0 +1,170 @@
+"""Counterpoise-corrected interaction energies (Boys and Bernardi, Mol. Phys. 19, 553 (1970)).
+
+The complex, then each fragment alone in the complex's basis (the other fragments' atoms as
+ghosts: their basis functions, no nuclei, no electrons), each a whole dfmp2 run with the same
+options; the CP-corrected interaction energy at each level is
+
+    E_int = E(complex) - sum_k E(fragment k in the complex's basis)
+
+at HF (the reference's energy), MP2 and SCS-MP2 (the reference's energy plus each correlation
+energy), in Hartree and kcal/mol (qcelemental's CODATA conversion factor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import InputError
+
+__all__ = ["Fragments", "parse_fragments", "run_counterpoise"]
+
+#: The levels of the interaction energy, and the Result attribute of each total.
+LEVELS = {"hf": "e_scf", "mp2": "e_tot", "scs_mp2": "e_scs_tot"}
+
+
+@dataclass(frozen=True)
+class Fragments:
+    """Atom counts (in file order), charges and 2S of each fragment."""
+
+    counts: tuple[int, ...]
+    charges: tuple[int, ...]
+    spins: tuple[int, ...]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """``(first, stop)`` atom indices of each fragment."""
+        out, start = [], 0
+        for count in self.counts:
+            out.append((start, start + count))
+            start += count
+        return out
+
+
+def _int_list(name: str, value, count: int | None = None) -> tuple[int, ...]:
+    if isinstance(value, str):
+        items = [x for x in value.replace(" ", "").split(",") if x != ""]
+    else:
+        items = list(value)
+    try:
+        numbers = tuple(int(x) for x in items)
+        if any(str(x).strip() not in (str(n), f"+{n}") for x, n in zip(items, numbers)
+               if isinstance(x, str)):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputError(f"{name} {value!r}: expected whole numbers separated by commas"
+                         ) from None
+    if count is not None and len(numbers) != count:
+        raise InputError(f"{name} {value!r}: {len(numbers)} values for {count} fragments")
+    return numbers
+
+
+def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
+                    spins=None) -> Fragments:
+    """The fragments of a complex of ``natom`` atoms: ``counts`` atom counts in file order
+    (e.g. "3,3"), summing to ``natom``, at least two; ``charges`` (default all 0, then summing
+    to the complex's ``charge``) and ``spins`` 2S (default 0 or 1 by each fragment's electron
+    count). ``electrons[k]`` is the electron count of fragment k's atoms when neutral."""
+    sizes = _int_list("--fragments", counts)
+    if len(sizes) < 2 or any(n < 1 for n in sizes):
+        raise InputError(f"--fragments {counts!r}: give at least two positive atom counts in "
+                         "file order, e.g. --fragments 3,3")
+    if sum(sizes) != natom:
+        raise InputError(f"--fragments {counts!r} counts {sum(sizes)} atoms; the molecule has "
+                         f"{natom}")
+    n = len(sizes)
+    q = _int_list("--fragment-charges", charges, n) if charges is not None else (0,) * n
+    if charges is None and charge != 0:
+        raise InputError(f"the complex has charge {charge}: give --fragment-charges (summing "
+                         f"to {charge})")
+    if sum(q) != charge:
+        raise InputError(f"--fragment-charges {charges!r} sum to {sum(q)}; the complex's charge "
+                         f"is {charge}")
+    counts_e = [electrons[k] - q[k] for k in range(n)]
+    s = _int_list("--fragment-spins", spins, n) if spins is not None else tuple(
+        e % 2 for e in counts_e)
+    for k, (e, two_s) in enumerate(zip(counts_e, s)):
+        if two_s < 0 or (e - two_s) % 2 or two_s > e:
+            raise InputError(f"fragment {k + 1}: {e} electrons cannot have 2S = {two_s}; give "
+                             "--fragment-spins with matching parity")
+    return Fragments(sizes, q, s)
+
+
+def _fragment_mole(mol, fragments: Fragments, k: int):
+    """Fragment k of the built complex ``mol`` in the complex's basis: the other atoms as
+    ghosts (an unbuilt Mole in Bohr with the complex's basis and ECP settings)."""
+    from pyscf import gto
+
+    from .geometry import GHOST_PREFIX
+    from .molecule import element_of
+
+    first, stop = fragments.ranges()[k]
+    atoms = []
+    for index, (label, coords) in enumerate(mol._atom):
+        element = element_of(label)
+        atoms.append((label if first <= index < stop else GHOST_PREFIX + element,
+                      tuple(coords)))
+    frag = gto.Mole()
+    frag.atom = atoms
+    frag.unit = "Bohr"
+    frag.basis = mol.basis
+    frag.ecp = mol.ecp
+    frag.charge = fragments.charges[k]
+    frag.spin = fragments.spins[k]
+    return frag
+
+
+def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=None,
+                     progress=None, environment=None, **options):
+    """The complex's :class:`~dfmp2.results.Result` with ``interaction`` set: the
+    counterpoise-corrected interaction energies (module docstring), each fragment's energies
+    and what the fragments were. ``fragments``: atom counts in file order ("3,3" or a
+    sequence); ``fragment_charges``/``fragment_spins`` per fragment (see
+    :func:`parse_fragments`); ``options``: those of :func:`dfmp2.run`, for every run."""
+    from qcelemental import constants
+
+    from .api import run
+    from .molecule import build_mole
+    from .options import Options
+
+    opts = Options.from_kwargs(**options)
+    if isinstance(geometry, str) or not hasattr(geometry, "atom"):
+        mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
+                         ecp=opts.ecp)
+    else:
+        mol = build_mole(geometry)
+    sizes = _int_list("--fragments", fragments)
+    start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
+    for n in sizes:
+        electrons.append(int(sum(mol.atom_charge(i)
+                                 for i in range(start, min(mol.natm, start + n)))))
+        start += n
+    frags = parse_fragments(fragments, mol.natm, electrons, int(mol.charge), fragment_charges,
+                            fragment_spins)
+    complex_result = run(geometry, progress=progress, environment=environment, **options)
+    parts = []
+    fragment_options = {**options, "chkfile": None}
+    for k in range(len(frags.counts)):
+        frag = _fragment_mole(mol, frags, k)
+        stage = f"fragment {k + 1}/{len(frags.counts)}"
+        report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
+        parts.append(run(frag, progress=report, **{**fragment_options,
+                                                   "charge": frags.charges[k],
+                                                   "spin": frags.spins[k]}))
+    if complex_result is None:  # a distributed run's other ranks: rank 0 reports
+        return None
+    to_kcal = constants.conversion_factor("hartree", "kcal/mol")
+    interaction = {
+        "method": "counterpoise (Boys-Bernardi): every fragment in the complex's basis",
+        "fragments": [{"atoms": [first, stop], "natom": stop - first, "charge": q,
+                       "multiplicity": s + 1}
+                      for (first, stop), q, s in zip(frags.ranges(), frags.charges,
+                                                     frags.spins)],
+        "totals_eh": {"complex": {lv: getattr(complex_result, attr)
+                                  for lv, attr in LEVELS.items()},
+                      "fragments": [{lv: getattr(part, attr) for lv, attr in LEVELS.items()}
+                                    for part in parts]},
+        "hartree_to_kcal_mol": to_kcal,
+    }
+    for level, attr in LEVELS.items():
+        value = getattr(complex_result, attr) - sum(getattr(part, attr) for part in parts)
+        interaction[level] = {"eh": value, "kcal_mol": value * to_kcal}
+    return replace(complex_result, interaction=interaction)

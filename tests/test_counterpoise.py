@@ -1,0 +1,98 @@
+"""Counterpoise-corrected interaction energies: Psi4's dfmp2-1 formic acid dimer, three
+fragments, charged fragments, and every way to get the fragments wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from qcelemental.models import v1
+
+import dfmp2
+from dfmp2.cli import main
+from dfmp2.counterpoise import run_counterpoise
+from dfmp2.errors import InputError
+
+from conftest import INPUTS
+from tolerances import TOL_FP64, TOL_OUTCORE
+
+FORMIC = str(INPUTS / "formic_acid_dimer.xyz")
+#: Psi4 tests/dfmp2-1 output.ref (references.md): CP-corrected DF-MP2 interaction energy from
+#: its totals, and the dimer's SCS correlation energy.
+PSI4_CP_MP2 = -0.0224119330
+PSI4_DIMER_SCS_CORR = -0.9841695292
+
+
+@pytest.fixture(scope="module")
+def formic():
+    return run_counterpoise(FORMIC, "5,5")
+
+
+def test_formic_acid_dimer_matches_psi4(formic):
+    inter = formic.interaction
+    assert abs(inter["mp2"]["eh"] - PSI4_CP_MP2) <= TOL_FP64
+    assert abs(formic.e_scs - PSI4_DIMER_SCS_CORR) <= TOL_FP64
+    assert inter["mp2"]["kcal_mol"] == pytest.approx(inter["mp2"]["eh"] * 627.5094740631,
+                                                     rel=1e-9)
+    totals = inter["totals_eh"]
+    for level in ("hf", "mp2", "scs_mp2"):
+        assert inter[level]["eh"] == pytest.approx(
+            totals["complex"][level] - sum(f[level] for f in totals["fragments"]),
+            abs=1e-13)
+    assert [f["atoms"] for f in inter["fragments"]] == [[0, 5], [5, 10]]
+
+
+def test_a_fragment_is_the_monomer_in_the_complex_basis(formic):
+    """Fragment 2 equals a plain run of the dimer with fragment 1's atoms written as ghosts."""
+    lines = open(FORMIC).read().splitlines()[2:]
+    ghosted = "; ".join(("@" + line.strip()) if k < 5 else line.strip()
+                        for k, line in enumerate(lines))
+    plain = dfmp2.run(ghosted)
+    frag2 = formic.interaction["totals_eh"]["fragments"][1]
+    assert abs(frag2["mp2"] - plain.e_tot) <= TOL_OUTCORE
+    assert plain.molecule.nghost == 5
+
+
+def test_three_fragments_and_charged_ones():
+    # water, ammonium, water: charges 0, +1, 0
+    geometry = ("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; "
+                "N 2.9 0 0; H 3.9 0 0; H 2.55 0.95 0; H 2.55 -0.47 0.82; H 2.55 -0.47 -0.82; "
+                "O 5.8 0 0; H 5.8 0.757 0.587; H 5.8 -0.757 0.587")
+    result = run_counterpoise(geometry, [3, 5, 3], fragment_charges="0,1,0", charge=1,
+                              basis="sto-3g", auxbasis="def2-svp-ri")
+    inter = result.interaction
+    assert [f["charge"] for f in inter["fragments"]] == [0, 1, 0]
+    assert len(inter["totals_eh"]["fragments"]) == 3
+    assert inter["mp2"]["eh"] < 0.0  # bound
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"fragments": "5,4"}, "counts 9 atoms; the molecule has 10"),
+    ({"fragments": "10"}, "at least two positive atom counts"),
+    ({"fragments": "5,x"}, "expected whole numbers"),
+    ({"fragments": "5,5", "fragment_charges": "1,0"}, "sum to 1; the complex's charge is 0"),
+    ({"fragments": "5,5", "fragment_charges": "0,0,0"}, "3 values for 2 fragments"),
+    ({"fragments": "5,5", "fragment_spins": "1,0"}, "fragment 1: 24 electrons cannot have 2S = 1"),
+])
+def test_wrong_fragments_are_one_line(kwargs, message):
+    fragments = kwargs.pop("fragments")
+    with pytest.raises(InputError, match=message):
+        run_counterpoise(FORMIC, fragments, **kwargs)
+
+
+def test_cli_counterpoise_prints_and_records(tmp_path, formic):
+    out = tmp_path / "cp.json"
+    result = CliRunner().invoke(main, ["run", FORMIC, "--counterpoise", "--fragments", "5,5",
+                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Counterpoise-corrected interaction energy, 2 fragments" in result.output
+    assert "E(int) MP2" in result.output and "kcal/mol" in result.output
+    data = json.loads(out.read_text())
+    v1.AtomicResult(**data)  # still a valid AtomicResult
+    assert data["extras"]["interaction"]["mp2"]["eh"] == pytest.approx(
+        formic.interaction["mp2"]["eh"], abs=TOL_OUTCORE)
+    for args, message in ((["--fragments", "5,5"], "belong to --counterpoise"),
+                          (["--counterpoise"], "--counterpoise needs --fragments")):
+        failed = CliRunner().invoke(main, ["run", FORMIC, *args])
+        assert failed.exit_code == 1 and message in failed.output
