@@ -131,3 +131,6 @@ TOL_SUM_ORDER_REL = 1e-12
 #: A run split over torch.distributed ranks against the single-process run: the same fp64
 #: arithmetic, summed in another order (the issue's bound).
 TOL_DISTRIBUTED = 1e-10
+#: The hartree -> kcal/mol factor across CODATA releases (2014: 627.509474, 2018:
+#: 627.5094740631): they differ by 1e-10 relative.
+TOL_KCAL_FACTOR_REL = 1e-9
