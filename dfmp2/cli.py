@@ -75,7 +75,7 @@ _D = Options.default
 
 
 @main.command()
-@click.argument("geometry")
+@click.argument("geometry", nargs=-1, required=True)
 @click.option("--basis", default=_D("basis"), show_default=True, help="Orbital basis set.")
 @click.option("--auxbasis", default=_D("auxbasis"),
               help="MP2 fitting basis [default: RI partner of --basis, e.g. cc-pvdz-ri].")
@@ -161,7 +161,7 @@ _D = Options.default
               show_default=True,
               help="Under torchrun: seconds a rank waits in a collective (the other ranks wait "
                    "for rank 0's SCF within it) before the run ends with an error.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--json", "json_path", type=click.Path(allow_dash=True),
               default=None, help="Write the QCSchema AtomicResult to this file ('-': stdout, "
                                  "instead of the text summary).")
 @click.option("-v", "--verbose", count=True,
@@ -171,7 +171,11 @@ _D = Options.default
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, an atom string like "O 0 0 0; H 0 0 1; ...", or a
     QCSchema AtomicInput .json file, v1 or v2, whose keywords set the options: those given on
-    the command line win, and --json writes an AtomicResult of the input's version)."""
+    the command line win, and --json writes an AtomicResult of the input's version).
+
+    Several GEOMETRY arguments, or an xyz file of several frames, run one after another in this
+    process and print one table; --json then names a directory or a path with {name} or {index}
+    (each result its own file)."""
     from click.core import ParameterSource
 
     context = click.get_current_context()
@@ -205,14 +209,97 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     except DFMP2Error as exc:
         raise _fail(exc) from None
     try:
-        _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks, explicit)
+        entries = _batch_entries(geometry)
+        if len(entries) == 1:
+            _run_rank(entries[0][1], json_path, verbose, quiet, options, environment, ranks,
+                      explicit)
+        else:
+            _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
+                       explicit)
     finally:
         if ranks is not None:
             ranks.close()
 
 
+def _batch_entries(arguments) -> list[tuple[str, object]]:
+    """``(name, geometry)`` of every job: each argument, an xyz file of several frames as one
+    job per frame (named ``stem#k``)."""
+    from pathlib import Path
+
+    from .geometry import read_xyz_frames
+
+    entries = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.suffix.lower() == ".xyz" and path.is_file():
+            try:
+                frames = read_xyz_frames(path)
+            except DFMP2Error as exc:
+                raise _fail(exc) from None
+            if len(frames) > 1:
+                entries += [(f"{path.stem}#{k}", frame) for k, frame in enumerate(frames, 1)]
+                continue
+        entries.append((argument, argument))
+    return entries
+
+
+def _batch_json(json_path, name: str, index: int) -> str | None:
+    """Where one result of a batch goes: None, ``DIR/<name>.json`` or the path with ``{name}``
+    and ``{index}`` filled in."""
+    if json_path is None:
+        return None
+    safe = "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name.split("/")[-1])
+    safe = safe.removesuffix(".xyz").removesuffix(".json").replace("#", "-")
+    if "{name}" in json_path or "{index}" in json_path:
+        return json_path.replace("{name}", safe).replace("{index}", str(index))
+    return os.path.join(json_path, safe + ".json")
+
+
+def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
+               explicit) -> None:
+    """Every entry in turn in this process (the libraries load once); one table at the end,
+    a failed entry its error line and a row saying so, exit status 1 if any failed."""
+    if json_path is not None and "{name}" not in json_path and "{index}" not in json_path \
+            and not os.path.isdir(json_path):
+        raise _fail(f"--json {json_path!r}: with {len(entries)} geometries each result needs "
+                    "its own file; give a directory or a path with {name} or {index}")
+    leader = ranks is None or ranks.rank == 0
+    rows = []
+    for index, (name, geometry) in enumerate(entries, 1):
+        if leader and not quiet:
+            click.echo(f"[{index}/{len(entries)}] {name}", err=True)
+        collected: list = []
+        try:
+            _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
+                      dict(options), environment, ranks, explicit, collect=collected,
+                      label=name)
+        except click.exceptions.Exit as exc:
+            if exc.exit_code >= 128:  # a signal ends the batch
+                raise
+            collected = []
+        rows.append((name, collected[0] if collected else None))
+    if leader:
+        click.echo(_batch_table(rows))
+    if any(result is None for _name, result in rows):
+        raise click.exceptions.Exit(1)
+
+
+def _batch_table(rows) -> str:
+    width = max(12, *(len(name) for name, _ in rows))
+    lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} {'E(HF)':>20s} "
+             f"{'E(corr) MP2':>18s} {'E(MP2) total':>20s} {'E(SCS-MP2) total':>20s}"]
+    for name, result in rows:
+        if result is None:
+            lines.append(f"{name:<{width}s}  failed (its error is above)")
+            continue
+        lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
+                     f"{result.sizes.nbasis:5d} {result.e_scf:20.12f} {result.e_corr:18.12f} "
+                     f"{result.e_tot:20.12f} {result.e_scs_tot:20.12f}")
+    return "\n".join(lines)
+
+
 def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
-              explicit=frozenset()) -> None:
+              explicit=frozenset(), collect: list | None = None, label: str = "") -> None:
     """The run on this process: the only one, or one rank of a torchrun job (rank 0 alone
     prints, writes the JSON and shows progress; every rank's error names it). A QCSchema input
     sets the options from its keywords, under those in ``explicit`` (given on the command
@@ -225,6 +312,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     terminal = _TerminalProgress(enabled=not quiet and leader)
     restore, pending = _raise_on_signals()
     who = "" if ranks is None else f" (rank {ranks.rank} of {ranks.world_size})"
+    if label:  # a batch entry: its error line names it
+        who = f" ({label})" if not who else who[:-1] + f", {label})"
 
     def progress(stage: str, done: int, total: int) -> None:
         pending.check()  # a signal whose exception Python swallowed (in a __del__ or callback)
@@ -287,7 +376,10 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
                 handle.write(text + "\n")
         except OSError as exc:
             write_error = f"cannot write JSON to {json_path!r}: {exc.strerror}"
-    click.echo(f"{energy:.12f}" if quiet else result.summary(verbose=verbose >= 1))
+    if collect is not None:  # a batch entry: the batch prints one table
+        collect.append(result)
+    else:
+        click.echo(f"{energy:.12f}" if quiet else result.summary(verbose=verbose >= 1))
     if write_error:  # the summary above still carries every energy
         raise _fail(write_error)
 

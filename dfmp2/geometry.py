@@ -27,7 +27,8 @@ from pyscf.data.elements import ELEMENTS
 
 from .errors import InputError
 
-__all__ = ["GHOST_PREFIX", "Geometry", "atom_label", "parse_geometry", "read_xyz"]
+__all__ = ["GHOST_PREFIX", "Geometry", "atom_label", "parse_geometry", "read_xyz",
+           "read_xyz_frames"]
 
 #: PySCF's spelling of a ghost atom: ``GHOST-O`` carries O's basis functions and nothing else.
 GHOST_PREFIX = "GHOST-"
@@ -177,36 +178,61 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def read_xyz(path: str | os.PathLike) -> Geometry:
-    """Read an xyz file (count line, comment line, atom lines); errors name the file and line."""
+    """Read an xyz file (count line, comment line, atom lines); errors name the file and line.
+    A file of several frames is refused here (:func:`read_xyz_frames` reads them)."""
+    frames = read_xyz_frames(path)
+    if len(frames) > 1:
+        raise InputError(f"{path} holds {len(frames)} frames (a multi-frame xyz): run it with "
+                         "the dfmp2 command, which takes each frame in turn, or read the frames "
+                         "with dfmp2.geometry.read_xyz_frames")
+    return frames[0]
+
+
+def read_xyz_frames(path: str | os.PathLike) -> list[Geometry]:
+    """Every frame of an xyz file (one or more blocks of count line, comment line, atom lines,
+    back to back; blank lines between blocks allowed); errors name the file and line."""
     path = Path(path)
     lines = _read_lines(path)
-    if not lines or not lines[0].strip():
-        raise InputError(f"{path} line 1: expected the number of atoms, got an empty line")
+    frames, start = [], 0
+    while True:
+        count_line = start + 1
+        geometry, start = _read_frame(path, lines, start)
+        frames.append(geometry)
+        while start < len(lines) and not lines[start].strip():
+            start += 1
+        if start >= len(lines):
+            return frames
+        if not _fields(lines[start])[0].isdigit():  # no count line: no next frame
+            raise InputError(
+                f"{path} line {start + 1}: line {count_line} says {len(geometry.atoms)} atoms "
+                f"but more lines follow: {lines[start].strip()!r}")
+
+
+def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int]:
+    """The frame whose count line is ``lines[start]``, and the index after its atom lines."""
+    first = start + 1  # 1-based line number of the count line
+    if start >= len(lines) or not lines[start].strip():
+        raise InputError(f"{path} line {first}: expected the number of atoms, got an empty line")
     try:
-        natm = int(_fields(lines[0])[0])
+        natm = int(_fields(lines[start])[0])
     except ValueError:
         raise InputError(
-            f"{path} line 1: expected the number of atoms, got {lines[0].strip()!r}"
+            f"{path} line {first}: expected the number of atoms, got {lines[start].strip()!r}"
         ) from None
     if natm < 1:
-        raise InputError(f"{path} line 1: the number of atoms must be positive, got {natm}")
-    body = lines[2 : 2 + natm]
+        raise InputError(f"{path} line {first}: the number of atoms must be positive, got "
+                         f"{natm}")
+    body = lines[start + 2: start + 2 + natm]
     if len(body) < natm or any(not line.strip() for line in body):
-        first_bad = next((k for k, line in enumerate(body) if not line.strip()), len(body))
+        bad = next((k for k, line in enumerate(body) if not line.strip()), len(body))
         raise InputError(
-            f"{path} line {first_bad + 3}: expected {natm} atom lines after the comment line, "
-            f"found {first_bad}"
+            f"{path} line {first + 2 + bad}: expected {natm} atom lines after the comment "
+            f"line, found {bad}"
         )
-    extra = [k for k, line in enumerate(lines[2 + natm :], start=3 + natm) if line.strip()]
-    if extra:
-        raise InputError(
-            f"{path} line {extra[0]}: line 1 says {natm} atoms but more lines follow: "
-            f"{lines[extra[0] - 1].strip()!r}"
-        )
-    where = tuple(f"{path} line {k}" for k in range(3, 3 + natm))
+    where = tuple(f"{path} line {k}" for k in range(first + 2, first + 2 + natm))
     atoms = tuple(_atom_line(line, w) for line, w in zip(body, where))
-    comment = lines[1].strip() if len(lines) > 1 else ""
-    return Geometry(atoms, str(path), comment, where)
+    comment = lines[start + 1].strip() if len(lines) > start + 1 else ""
+    return Geometry(atoms, str(path), comment, where), start + 2 + natm
 
 
 def parse_atom_string(text: str) -> Geometry:

@@ -1,0 +1,74 @@
+"""Several geometries in one `dfmp2 run`: arguments and multi-frame xyz files, one table, one
+JSON per result, a failing entry reported while the others run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import dfmp2
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+from dfmp2.geometry import read_xyz, read_xyz_frames
+
+from conftest import INPUTS
+from tolerances import TOL_OUTCORE
+
+FRAMES = ("3\nwater 1\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n\n"
+          "3\nwater 2\nO 0 0 0\nH 0 0.76 0.58\nH 0 -0.76 0.58\n")
+
+
+def test_frames_are_read_in_order_with_their_lines(tmp_path):
+    path = tmp_path / "w.xyz"
+    path.write_text(FRAMES)
+    frames = read_xyz_frames(path)
+    assert [f.comment for f in frames] == ["water 1", "water 2"]
+    assert frames[1].where[0] == f"{path} line 9"
+    with pytest.raises(InputError, match="holds 2 frames"):
+        read_xyz(path)
+    with pytest.raises(InputError, match="holds 2 frames"):
+        dfmp2.run(str(path))
+    path.write_text(FRAMES + "H 0 0 0\n")
+    with pytest.raises(InputError, match="line 12: line 7 says 3 atoms but more lines follow"):
+        read_xyz_frames(path)
+    path.write_text(FRAMES + "2\nshort\nH 0 0 0\n")
+    with pytest.raises(InputError, match="line 15: expected 2 atom lines after the comment line, found 1"):
+        read_xyz_frames(path)
+
+
+def test_batch_prints_one_table_and_writes_one_json_each(tmp_path):
+    frames = tmp_path / "w.xyz"
+    frames.write_text(FRAMES)
+    out = tmp_path / "out"
+    out.mkdir()
+    methane = str(INPUTS / "methane.xyz")
+    result = CliRunner().invoke(main, ["run", str(frames), methane, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    table = [line for line in result.output.splitlines() if line.startswith(("w#", methane))]
+    assert [line.split()[0] for line in table] == ["w#1", "w#2", methane]
+    assert sorted(p.name for p in out.iterdir()) == ["methane.json", "w-1.json", "w-2.json"]
+    single = dfmp2.run(methane)
+    data = json.loads((out / "methane.json").read_text())
+    assert abs(data["properties"]["mp2_total_energy"] - single.e_tot) <= TOL_OUTCORE
+    assert float(table[2].split()[5]) == pytest.approx(single.e_tot, abs=TOL_OUTCORE)
+
+
+def test_a_failing_entry_does_not_stop_the_others(tmp_path):
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "missing.xyz"),
+                                       str(INPUTS / "water.xyz"), "--json",
+                                       str(tmp_path / "{index}.json")])
+    assert result.exit_code == 1
+    assert "error (" in result.output and "missing.xyz" in result.output
+    assert "failed (its error is above)" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["2.json"]
+
+
+def test_several_results_need_several_json_files(tmp_path):
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                       str(INPUTS / "methane.xyz"), "--json",
+                                       str(tmp_path / "one.json")])
+    assert result.exit_code == 1
+    assert "each result needs its own file; give a directory or a path with {name}" \
+        in result.output
