@@ -269,6 +269,7 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         if leader and not quiet:
             click.echo(f"[{index}/{len(entries)}] {name}", err=True)
         collected: list = []
+        failed = False
         try:
             _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
                       dict(options), environment, ranks, explicit, collect=collected,
@@ -276,8 +277,8 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         except click.exceptions.Exit as exc:
             if exc.exit_code >= 128:  # a signal ends the batch
                 raise
-            collected = []
-        rows.append((name, collected[0] if collected else None))
+            failed = True
+        rows.append((name, None if failed else (collected[0] or "done on rank 0")))
     if leader:
         click.echo(_batch_table(rows))
     if any(result is None for _name, result in rows):
@@ -358,6 +359,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     finally:
         restore()
     if result is None:  # a rank other than 0: rank 0 reports
+        if collect is not None:
+            collect.append(None)
         return
     if job is not None:  # an AtomicResult of the input's schema version, validated
         import json
