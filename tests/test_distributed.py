@@ -283,3 +283,36 @@ def test_a_vanished_rank_does_not_hang_the_others(tmp_path):
     # rank 0 removed its files; rank 1 ended like a SIGKILL, which no process can clean after
     assert [p.name for p in tmp_path.iterdir()
             if not p.name.startswith(f"dfmp2-{procs[1].pid}-")] == []
+
+
+def test_torchrun_runs_workflows(tmp_path):
+    """A QCSchema input and a counterpoise job over 2 ranks: the same energies as one process,
+    rank 0 writing the JSON."""
+    from qcelemental.models import v1
+
+    from dfmp2.counterpoise import run_counterpoise
+
+    schema = tmp_path / "in.json"
+    schema.write_text(json.dumps({
+        "schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+        "molecule": {"symbols": ["O", "H", "H"],
+                     "geometry": [0.0, 0.0, -0.1294769411, 0.0, -1.494187339, 1.0274465079,
+                                  0.0, 1.494187339, 1.0274465079]},
+        "model": {"method": "mp2", "basis": "cc-pvdz"}, "keywords": {"freeze_core": True}}))
+    out = tmp_path / "out.json"
+    proc = _torchrun(2, [str(schema), "--json", str(out), "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    v1.AtomicResult(**data)
+    assert data["extras"]["distributed"]["world_size"] == 2
+    single = dfmp2.run_qcschema(json.loads(schema.read_text()))
+    assert abs(data["return_result"] - single["return_result"]) <= TOL_DISTRIBUTED
+    cp = tmp_path / "cp.json"
+    dimer = "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587; O 0 0 2.9; H 0 0.757 3.5; H 0 -0.757 3.5"
+    proc = _torchrun(2, [dimer, "--counterpoise", "--fragments", "3,3", "--basis", "sto-3g",
+                         "--auxbasis", "def2-svp-ri", "--json", str(cp)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("E(int) MP2") == 1
+    got = json.loads(cp.read_text())["extras"]["interaction"]["mp2"]["eh"]
+    want = run_counterpoise(dimer, "3,3", basis="sto-3g", auxbasis="def2-svp-ri")
+    assert abs(got - want.interaction["mp2"]["eh"]) <= TOL_DISTRIBUTED
