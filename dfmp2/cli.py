@@ -365,7 +365,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     if job is not None:  # an AtomicResult of the input's schema version, validated
         import json
 
-        text, energy = json.dumps(qcschema.result_dict(result, job), indent=2), None
+        text = json.dumps(qcschema.result_dict(result, job), indent=2)
         energy = result.e_scs_tot if job.method == "scs-mp2" else result.e_tot
     else:
         text, energy = result.to_json(), result.e_tot

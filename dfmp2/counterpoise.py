@@ -44,12 +44,9 @@ def _int_list(name: str, value, count: int | None = None) -> tuple[int, ...]:
         items = [x for x in value.replace(" ", "").split(",") if x != ""]
     else:
         items = list(value)
-    try:
-        numbers = tuple(int(x) for x in items)
-        if any(str(x).strip() not in (str(n), f"+{n}") for x, n in zip(items, numbers)
-               if isinstance(x, str)):
-            raise ValueError
-    except (TypeError, ValueError):
+    try:  # text is parsed; anything else must already be an integer (no float is cut)
+        numbers = tuple(int(x) if isinstance(x, str) else x.__index__() for x in items)
+    except (AttributeError, TypeError, ValueError):
         raise InputError(f"{name} {value!r}: expected whole numbers separated by commas"
                          ) from None
     if count is not None and len(numbers) != count:
@@ -139,11 +136,15 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         start += n
     frags = parse_fragments(fragments, mol.natm, electrons, int(mol.charge), fragment_charges,
                             fragment_spins)
+    # every fragment's molecule is built (and checked) before any SCF: no complex result is
+    # computed only to be lost to a fragment that cannot be built
+    moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
+    for frag in moles:
+        build_mole(frag)
     complex_result = run(geometry, progress=progress, environment=environment, **options)
     parts = []
     fragment_options = {**options, "chkfile": None}
-    for k in range(len(frags.counts)):
-        frag = _fragment_mole(mol, frags, k)
+    for k, frag in enumerate(moles):
         stage = f"fragment {k + 1}/{len(frags.counts)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
         parts.append(run(frag, progress=report, **{**fragment_options,

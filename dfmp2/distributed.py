@@ -61,8 +61,8 @@ class Comm:
 
     rank, world_size : this process and the number of ranks; backend : the process group's
     (:data:`BACKENDS`); device : where collectives take their tensors (CPU for gloo; the rank's
-    GPU for nccl; the XLA device for xla). group : the ``torch.distributed`` process group
-    (None: the default one). bytes_sent : payload this rank contributed to other ranks (an
+    GPU for nccl; the XLA device for xla); the collectives run on the default process group.
+    bytes_sent : payload this rank contributed to other ranks (an
     ``all_to_all`` block per other rank, its ``all_gather`` chunk once per other rank, a
     ``broadcast`` from it once per other rank, an ``all_reduce`` operand once), cumulative.
     stage_seconds : wall time of each stage on this rank.
@@ -72,7 +72,6 @@ class Comm:
     world_size: int
     backend: str
     device: torch.device
-    group: object = None
     bytes_sent: int = 0
     stage_seconds: dict = field(default_factory=dict)
 
@@ -88,21 +87,16 @@ class Comm:
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """``tensor`` of rank ``src`` on every rank (the same shape and dtype everywhere)."""
         data = self._on(tensor.contiguous())
-        self._dist().broadcast(data, src=src, group=self.group)
+        self._dist().broadcast(data, src=src)
         if self.rank == src:
             self.bytes_sent += _nbytes(data) * (self.world_size - 1)
         return data.cpu()
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The elementwise sum over the ranks (float64 sums stay float64)."""
+    def all_reduce(self, tensor: torch.Tensor, op: str = "SUM") -> torch.Tensor:
+        """The elementwise ``op`` (a ``ReduceOp`` name: SUM, MIN) over the ranks (float64 sums
+        stay float64)."""
         data = self._on(tensor.clone())
-        self._dist().all_reduce(data, group=self.group)
-        self.bytes_sent += _nbytes(data)
-        return data.cpu()
-
-    def all_reduce_min(self, tensor: torch.Tensor) -> torch.Tensor:
-        data = self._on(tensor.clone())
-        self._dist().all_reduce(data, op=self._dist().ReduceOp.MIN, group=self.group)
+        self._dist().all_reduce(data, op=getattr(self._dist().ReduceOp, op))
         self.bytes_sent += _nbytes(data)
         return data.cpu()
 
@@ -114,7 +108,7 @@ class Comm:
                           device=self.device)
         dist = self._dist()  # all_gather_single: the name torch >= 2.10 gives this collective
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(out, data, group=self.group)
+        gather(out, data)
         self.bytes_sent += _nbytes(data) * (self.world_size - 1)
         return out.cpu().view(self.world_size, *data.shape)
 
@@ -125,7 +119,7 @@ class Comm:
             raise ValueError(f"all_to_all: {send.shape[0]} blocks for {self.world_size} ranks")
         data = self._on(send.contiguous())
         out = torch.empty_like(data)
-        self._dist().all_to_all_single(out, data, group=self.group)
+        self._dist().all_to_all_single(out, data)
         self.bytes_sent += _nbytes(data) // self.world_size * (self.world_size - 1)
         return out.cpu()
 
@@ -136,7 +130,7 @@ class Comm:
         failing rank its own error, the others :class:`RankFailed`."""
         mine = torch.tensor([self.rank if error is not None else self.world_size],
                             dtype=torch.int64)
-        failed = int(self.all_reduce_min(mine)[0])
+        failed = int(self.all_reduce(mine, "MIN")[0])
         if failed == self.world_size:
             return
         text = np.zeros(_MESSAGE_BYTES, dtype=np.uint8)
@@ -499,7 +493,7 @@ def distributed_pair_energies(mol, auxmol, spaces, la, comm: Comm, *, max_memory
     finally:
         for store in opened:
             store.close()
-    e_os, e_ss, pairs = (float(x) for x in comm.all_reduce_sum(
+    e_os, e_ss, pairs = (float(x) for x in comm.all_reduce(
         torch.tensor(local, dtype=torch.float64)))
     record = _record(comm, shares, spaces, used, int(local[2]))
     return PairEnergies(e_os, e_ss, int(round(pairs)), stages), factor, record
@@ -577,15 +571,14 @@ def _pair_stage(comm: Comm, stores: dict, spaces, la, occ_block: int, fused: boo
     local = deferred(pair_energies, own, own_eps, la, occ_block, fused)
     e_os, e_ss = (local.e_os, local.e_ss) if local is not None else (0.0, 0.0)
     pairs = local.npairs if local is not None else 0
-    steps = [math.ceil(math.ceil(spaces[sj].nocc / world)
-                       / max(1, occ_block // world)) for _k, _si, sj in tasks]
+    chunk = max(1, occ_block // world)  # orbitals each rank adds to a gather
+    steps = [math.ceil(math.ceil(spaces[sj].nocc / world) / chunk) for _k, _si, sj in tasks]
     done, total = 0, sum(steps)
     for (kind, si, sj), nsteps in zip(tasks, steps):
         store_i, store_j = stores[si], stores[sj]
         i_base = occ_slice(spaces[si].nocc, world, rank)[0]
         n_i = _slice_size(spaces[si].nocc, world, rank)
         nvir_j, naux_fit = spaces[sj].nvir, store_j.naux_fit
-        chunk = max(1, occ_block // world)
         blocks = [b for b in pair_sources(world, rank, kind.triangular) if b[0] != rank]
         # with every block whole (share None) a chunk is all its source's; shared blocks are
         # cut by block_pieces

@@ -113,6 +113,19 @@ def test_no_torchrun_no_group():
     assert distributed.current() is None
 
 
+def test_a_group_that_cannot_be_joined_is_one_line():
+    from dfmp2.errors import BackendUnavailableError, InputError
+
+    env = {"RANK": "0", "WORLD_SIZE": "2"}
+    with pytest.raises(InputError, match="are not integers"):
+        distributed.init_from_environment({"RANK": "zero", "WORLD_SIZE": "2"})
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(BackendUnavailableError, match="nccl needs CUDA; use gloo"):
+            distributed.init_from_environment(env, "nccl")
+    with pytest.raises(BackendUnavailableError, match="xla needs torch-xla"):
+        distributed.init_from_environment(env, "xla")
+
+
 # -- torchrun ----------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as sock:
