@@ -19,7 +19,7 @@ from .qcengine_harness import arm as _arm_qcengine
 from .results import Result
 
 __all__ = [
-    "__version__", "run", "run_qcschema", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
+    "__version__", "run", "run_counterpoise", "run_qcschema", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
     "ConvergenceError", "BackendUnavailableError", "UnsupportedShapeError", "ResourceError",
 ]
 
@@ -34,6 +34,10 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "run_counterpoise":
+        from .counterpoise import run_counterpoise
+
+        return run_counterpoise
     if name == "run_qcschema":
         from .qcschema import run_qcschema
 

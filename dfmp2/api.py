@@ -8,6 +8,7 @@ ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ from .blocking import MB, BlockPlan, plan_blocks
 from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
+from .functionals import check_grid, grid_record
 from .integrals import auxbasis_record, make_auxmol
 from .jk import DFJK
 from .linalg import Dispatcher, DispatchPolicy, numpy_ops
@@ -74,8 +76,12 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     """
     opts = Options.from_kwargs(**options)
     start = time.perf_counter()
+    opts.scaling  # noqa: B018 -- a custom functional PySCF cannot evaluate fails here, not later
+    check_grid(opts.grid)
     if isinstance(geometry, gto.Mole):
         mol = build_mole(geometry, **{k: options[k] for k in _MOLE_SETTINGS if k in options})
+        # the Mole's charge and spin are the run's (an open-shell Mole gets UHF by default)
+        opts = dataclasses.replace(opts, charge=int(mol.charge), spin=int(mol.spin))
     else:
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp)
@@ -312,6 +318,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
     """The :class:`Result` of a run from the SCF object, the prepared reference and the MP2
     step's ``(energies, factor)`` (None when there are no pairs)."""
     mol, auxmol, ref, plan = prep.mol, prep.auxmol, prep.ref, prep.plan
+    scaling = opts.scaling
     if energies is not None:
         energies, factor = energies
         e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
@@ -347,23 +354,36 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         auxbasis=auxbasis_record(mol, opts.auxbasis), ecp=ecp_record(mol),
         scf_type="df" if getattr(mf, "with_df", None) is not None else "conv",
         scf_auxbasis=scf_fit_record(mf), fused_energy=opts.fused_energy,
-        precision=opts.precision, os_scale=opts.os_scale, ss_scale=opts.ss_scale, metric=metric,
+        precision=opts.precision, os_scale=scaling.os, ss_scale=scaling.ss, metric=metric,
         metric_condition=condition, stage_precision=stages,
         int3c2e_expcutoff=float(mol._env[gto.PTR_EXPCUTOFF] or INT3C_EXPCUTOFF),
         blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
-        max_memory_mb=opts.max_memory, note=note)
+        max_memory_mb=opts.max_memory, note=note, scaling=scaling.as_dict())
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
                           nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None,
                           nki_device=la.device_record() if la.backend == "nki" else None)
+    e_scs = scs_energy(e_os, e_ss, scaling.os, scaling.ss, ref.e_singles)
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
-        e_scs=scs_energy(e_os, e_ss, opts.os_scale, opts.ss_scale, ref.e_singles),
+        e_scs=e_scs, double_hybrid=_double_hybrid_record(scaling, mf, e_scs),
         molecule=_molecule_info(mol), scf=_scf_info(mf, prep.kind, prep.xc, prep.orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
         versions=versions(), environment=environment, distributed=distributed,
     )
+
+
+def _double_hybrid_record(scaling, mf, e_pt2: float) -> dict | None:
+    """``Result.double_hybrid`` of a double-hybrid run (None otherwise): the functional, its KS
+    part and PT2 scales, where they are published, and the energies (KS part, scaled PT2
+    without singles, total)."""
+    if not scaling.is_double_hybrid:
+        return None
+    e_ks = float(mf.e_tot)
+    return {"functional": scaling.double_hybrid.name if scaling.double_hybrid else None,
+            "label": scaling.label, "xc": scaling.xc, "c_os": scaling.os, "c_ss": scaling.ss,
+            "source": scaling.source, "e_ks": e_ks, "e_pt2": e_pt2, "e_total": e_ks + e_pt2}
 
 
 def _occupations(ref: Reference, mf) -> list[np.ndarray]:
@@ -489,7 +509,8 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
                    orbital_check=orbital_check,
-                   s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None)
+                   s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None,
+                   grid=grid_record(mf) if xc is not None else None)
 
 
 def check_float64_k(mf) -> None:
@@ -612,6 +633,11 @@ class DFMP2:
         stored here)."""
         merged = {**self.options, **options}
         refused = sorted(set(merged) & set(_MOLE_SETTINGS))
+        scf_only = sorted(set(merged) & {"xc", "grid"})
+        if scf_only:
+            raise InputError(f"{', '.join(scf_only)}: DFMP2(mf) takes the functional and grid of "
+                             "the SCF object it is given; for a double hybrid run "
+                             "dfmp2.run(geometry, xc='B2PLYP', ...)")
         if refused:
             verb = "belongs" if len(refused) == 1 else "belong"
             raise InputError(f"{', '.join(refused)} {verb} to the SCF's molecule; build the "

@@ -144,6 +144,21 @@ _D = Options.default
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess.")
+@click.option("--xc", default=_D("xc"), metavar="NAME",
+              help="Double hybrid on a Kohn-Sham reference (RKS, or UKS for open shells): "
+                   "B2PLYP, B2GPPLYP, DSD-BLYP, DSD-PBEP86, DSD-PBEPBE, PBE0-DH, PBE0-2; or any "
+                   "functional PySCF knows as the KS part of your own, with --os-scale and "
+                   "--ss-scale.")
+@click.option("--grid", default=_D("grid"), metavar="LEVEL|RADIAL,ANGULAR",
+              help="DFT grid of --xc: PySCF's level 0-9 [default: 3], or radial,angular points "
+                   "per atom, unpruned (e.g. 99,590).")
+@click.option("--os-scale", type=float, default=_D("os_scale"),
+              help="Opposite-spin scale of the scaled energy [default: SCS-MP2's 1.2; SOS-MP2's "
+                   "1.3; a double hybrid's own].")
+@click.option("--ss-scale", type=float, default=_D("ss_scale"),
+              help="Same-spin scale [default: SCS-MP2's 1/3; a double hybrid's own].")
+@click.option("--sos", is_flag=True, default=_D("sos"),
+              help="Spin-opposite scaling: same-spin scale 0 (SOS-MP2, opposite-spin 1.3).")
 @click.option("--counterpoise", is_flag=True,
               help="Counterpoise-corrected interaction energy: the complex, then each fragment "
                    "in the complex's basis (needs --fragments).")
@@ -286,16 +301,28 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
 
 
 def _batch_table(rows) -> str:
+    """One row per entry: the reference's energy, the correlation and totals (MP2 and the
+    scaled MP2; or a double hybrid's PT2 term and total)."""
     width = max(12, *(len(name) for name, _ in rows))
-    lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} {'E(HF)':>20s} "
-             f"{'E(corr) MP2':>18s} {'E(MP2) total':>20s} {'E(SCS-MP2) total':>20s}"]
+    done = [r for _n, r in rows if r is not None]
+    first = done[0] if done else None
+    if first is not None and first.double_hybrid:
+        name = first.double_hybrid["functional"] or "double hybrid"
+        heads = ("E(KS)", "E(PT2) scaled", f"E({name}) total")
+        columns = ("e_scf", "e_scs", "e_scs_tot")
+    else:
+        label = first.scaled_label if first is not None else "SCS-MP2"
+        heads = ("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total")
+        columns = ("e_scf", "e_corr", "e_tot", "e_scs_tot")
+    lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} "
+             + " ".join(f"{h:>20s}" for h in heads)]
     for name, result in rows:
         if result is None:
             lines.append(f"{name:<{width}s}  failed (its error is above)")
             continue
         lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
-                     f"{result.sizes.nbasis:5d} {result.e_scf:20.12f} {result.e_corr:18.12f} "
-                     f"{result.e_tot:20.12f} {result.e_scs_tot:20.12f}")
+                     f"{result.sizes.nbasis:5d} "
+                     + " ".join(f"{getattr(result, c):20.12f}" for c in columns))
     return "\n".join(lines)
 
 
@@ -366,9 +393,9 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         import json
 
         text = json.dumps(qcschema.result_dict(result, job), indent=2)
-        energy = result.e_scs_tot if job.method == "scs-mp2" else result.e_tot
+        energy = qcschema.method_energy(result, job.method)
     else:
-        text, energy = result.to_json(), result.e_tot
+        text, energy = result.to_json(), result.e_return
     if json_path == "-":
         click.echo(text)
         return

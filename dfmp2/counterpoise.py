@@ -6,8 +6,9 @@ options; the CP-corrected interaction energy at each level is
 
     E_int = E(complex) - sum_k E(fragment k in the complex's basis)
 
-at HF (the reference's energy), MP2 and SCS-MP2 (the reference's energy plus each correlation
-energy), in Hartree and kcal/mol (qcelemental's CODATA conversion factor).
+at HF (the reference's energy), MP2 and SCS-MP2 (or the run's other scaled MP2: SOS-MP2, given
+scales), or for a double-hybrid run (``--xc``) at its KS part and the double hybrid (KS plus
+scaled PT2), in Hartree and kcal/mol (qcelemental's CODATA conversion factor).
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ from dataclasses import dataclass, replace
 
 from .errors import InputError
 
-__all__ = ["Fragments", "parse_fragments", "run_counterpoise"]
+__all__ = ["Fragments", "levels", "parse_fragments", "run_counterpoise"]
 
-#: The levels of the interaction energy, and the Result attribute of each total.
-LEVELS = {"hf": "e_scf", "mp2": "e_tot", "scs_mp2": "e_scs_tot"}
+#: The keys of the scaled-MP2 level by the run's label.
+_SCALED_KEYS = {"SCS-MP2": "scs_mp2", "SOS-MP2": "sos_mp2", "scaled MP2": "scaled_mp2"}
+
+
+def levels(result) -> dict[str, tuple[str, str]]:
+    """The levels of a run's interaction energy: key -> (label, Result attribute of the
+    total)."""
+    if result.double_hybrid:
+        name = result.double_hybrid["functional"] or "double hybrid"
+        return {"ks": (f"{result.scf.kind.upper()} (KS part)", "e_scf"),
+                "double_hybrid": (name, "e_scs_tot")}
+    label = result.scaled_label
+    return {"hf": ("HF", "e_scf"), "mp2": ("MP2", "e_tot"),
+            _SCALED_KEYS[label]: (label, "e_scs_tot")}
 
 
 @dataclass(frozen=True)
@@ -153,19 +166,22 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None
     to_kcal = constants.conversion_factor("hartree", "kcal/mol")
+    table = levels(complex_result)
     interaction = {
         "method": "counterpoise (Boys-Bernardi): every fragment in the complex's basis",
         "fragments": [{"atoms": [first, stop], "natom": stop - first, "charge": q,
                        "multiplicity": s + 1}
                       for (first, stop), q, s in zip(frags.ranges(), frags.charges,
                                                      frags.spins)],
+        "levels": {lv: label for lv, (label, _attr) in table.items()},
         "totals_eh": {"complex": {lv: getattr(complex_result, attr)
-                                  for lv, attr in LEVELS.items()},
-                      "fragments": [{lv: getattr(part, attr) for lv, attr in LEVELS.items()}
+                                  for lv, (_label, attr) in table.items()},
+                      "fragments": [{lv: getattr(part, attr)
+                                     for lv, (_label, attr) in table.items()}
                                     for part in parts]},
         "hartree_to_kcal_mol": to_kcal,
     }
-    for level, attr in LEVELS.items():
+    for level, (_label, attr) in table.items():
         value = getattr(complex_result, attr) - sum(getattr(part, attr) for part in parts)
         interaction[level] = {"eh": value, "kcal_mol": value * to_kcal}
     return replace(complex_result, interaction=interaction)

@@ -7,6 +7,7 @@ from dataclasses import MISSING, dataclass, fields
 
 from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
 from .errors import InputError
+from .functionals import parse_grid, resolve
 
 __all__ = ["Options", "SCF_TYPES", "SCF_PRECISIONS", "REFERENCES", "PRECISIONS", "BACKENDS"]
 
@@ -46,7 +47,16 @@ class Options:
         (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
     force_outcore : keep B in a temporary HDF5 file even when it fits in memory.
     scratch_dir : directory of that file (default: the system's temporary directory).
-    os_scale, ss_scale : SCS-MP2 scales (Grimme: 6/5 and 1/3).
+    xc : None (HF reference, MP2) or a functional: a double hybrid's name (B2PLYP, B2GPPLYP,
+        DSD-BLYP, DSD-PBEP86, ...; :data:`dfmp2.functionals.DOUBLE_HYBRIDS`) runs an RKS or
+        UKS reference with its KS part and reports the double hybrid's energy; any other
+        functional is the KS part of a custom double hybrid and needs both scales.
+    grid : DFT grid of a KS reference: None (PySCF's level 3), a level 0-9, or
+        "RADIAL,ANGULAR" points per atom (unpruned).
+    os_scale, ss_scale : scales of the opposite- and same-spin energies in the scaled energy
+        reported beside MP2 (None: SCS-MP2, Grimme's 6/5 and 1/3) or of a double hybrid's PT2
+        term (None: the functional's own).
+    sos : the spin-opposite-scaled variant: same-spin scale 0 (SOS-MP2: opposite-spin 1.3).
     scf_precision : 'fp64' (default: float64 K in every cycle of a DF-SCF on dfmp2's J/K, the
         iterations of PySCF's own DF-SCF) or 'mixed' (K in float32 until the orbital gradient is
         below 1e-4, then float64; only a float64 cycle can converge, so the SCF energy is the
@@ -81,8 +91,11 @@ class Options:
     precision: str = "fp64"
     force_outcore: bool = False
     scratch_dir: str | None = None
-    os_scale: float = 6.0 / 5.0
-    ss_scale: float = 1.0 / 3.0
+    xc: str | None = None
+    grid: int | tuple[int, int] | str | None = None
+    os_scale: float | None = None
+    ss_scale: float | None = None
+    sos: bool = False
     conv_tol: float = 1e-11
     conv_tol_grad: float = 1e-7
     max_cycle: int = 100
@@ -125,6 +138,19 @@ class Options:
         if isinstance(self.frozen, tuple) and not (
                 len(self.frozen) == 2 and all(isinstance(f, tuple) for f in self.frozen)):
             _check_indices(self.frozen)
+        for name in ("os_scale", "ss_scale"):
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, numbers.Real) or _is_bool(value):
+                    raise InputError(f"{name} must be a number, got {value!r}")
+                object.__setattr__(self, name, float(value))
+        if self.xc is not None and self.reference == "rohf":
+            raise InputError(f"--xc {self.xc} runs a Kohn-Sham reference: RKS or UKS "
+                             "(--reference rhf or uhf); ROKS orbitals are not supported")
+        object.__setattr__(self, "grid", parse_grid(self.grid))
+        if self.grid is not None and self.xc is None:
+            raise InputError("--grid sets the DFT grid of a Kohn-Sham reference; it needs --xc")
+        resolve(self.xc, self.os_scale, self.ss_scale, self.sos, parse=False)
         if self.spin < 0:
             raise InputError(f"spin (2S) must be >= 0, got {self.spin}")
         if self.max_memory <= 0:
@@ -140,6 +166,12 @@ class Options:
     @property
     def resolved_reference(self) -> str:
         return self.reference or ("rhf" if self.spin == 0 else "uhf")
+
+    @property
+    def scaling(self):
+        """The run's :class:`dfmp2.functionals.Scaling` (a custom functional is checked with
+        PySCF here)."""
+        return resolve(self.xc, self.os_scale, self.ss_scale, self.sos)
 
     @classmethod
     def default(cls, name: str):

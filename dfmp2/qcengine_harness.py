@@ -36,7 +36,8 @@ def harness():
     from qcengine.programs.model import ProgramHarness
 
     class DFMP2Harness(ProgramHarness):
-        """dfmp2's DF-MP2 (methods ``mp2`` and ``scs-mp2``) in the calling process."""
+        """dfmp2 in the calling process: methods ``mp2``, ``scs-mp2``, ``sos-mp2`` and the double
+        hybrids (:mod:`dfmp2.functionals`)."""
 
         _defaults: ClassVar[dict[str, Any]] = {
             "name": "dfmp2",

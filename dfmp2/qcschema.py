@@ -4,8 +4,9 @@ result as an ``AtomicResult`` of the same version, validated by qcelemental's mo
 Keywords take Psi4's names where Psi4 has one (:data:`PSI4_KEYWORDS`), so an input written for
 Psi4 through QCEngine runs here unchanged, plus dfmp2's own option names (:data:`OWN_KEYWORDS`).
 An unknown keyword, method, driver or value is an :class:`~dfmp2.errors.InputError` naming
-the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total) and ``scs-mp2`` (the SCS-MP2
-total).
+the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total), ``scs-mp2`` and ``sos-mp2``
+(the scaled total), and the double hybrids of :mod:`dfmp2.functionals` by name (``b2plyp``,
+``dsd-pbep86``, ...: the double hybrid's total, on an RKS or UKS reference).
 """
 
 from __future__ import annotations
@@ -17,10 +18,31 @@ from dataclasses import dataclass
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "is_schema_input",
-           "read_input", "result_dict", "run_qcschema", "schema_version"]
+           "method_energy", "method_options", "read_input", "result_dict", "run_qcschema",
+           "schema_version"]
 
-#: Methods an input's ``model.method`` may name (case-insensitive).
-METHODS = ("mp2", "scs-mp2")
+#: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
+METHODS = ("mp2", "scs-mp2", "sos-mp2")
+
+
+def method_options(method: str) -> dict:
+    """The dfmp2 options a method name sets: ``sos`` for sos-mp2, ``xc`` for a double
+    hybrid; an :class:`InputError` naming the valid methods otherwise."""
+    from .functionals import DOUBLE_HYBRIDS, find_double_hybrid
+
+    if method in METHODS:
+        return {"sos": True} if method == "sos-mp2" else {}
+    dh = find_double_hybrid(method) if method else None
+    if dh is None:
+        names = ", ".join([*METHODS, *(n.lower() for n in DOUBLE_HYBRIDS)])
+        raise InputError(f"method {method!r}: dfmp2 runs {names}")
+    return {"xc": dh.name}
+
+
+def method_energy(result, method: str) -> float:
+    """``return_result`` of a method: the scaled total for scs-mp2 and sos-mp2, else the run's
+    own answer (the MP2 total, or a double hybrid's total)."""
+    return result.e_scs_tot if method in ("scs-mp2", "sos-mp2") else result.e_return
 
 
 def _flag(name: str, value) -> bool:
@@ -61,7 +83,7 @@ def _text(name: str, value) -> str:
 _SCF_TYPES = {"df": "df", "mem_df": "df", "disk_df": "df", "dfdirect": "df", "pk": "conv",
               "direct": "conv", "out_of_core": "conv", "conv": "conv"}
 _MP2_TYPES = {"df": "df"}
-_REFERENCES = {"rhf": "rhf", "uhf": "uhf", "rohf": "rohf"}
+_REFERENCES = {"rhf": "rhf", "uhf": "uhf", "rohf": "rohf", "rks": "rhf", "uks": "uhf"}
 
 #: Psi4 keyword -> (dfmp2 option, converter).
 PSI4_KEYWORDS = {
@@ -76,12 +98,18 @@ PSI4_KEYWORDS = {
     "e_convergence": ("conv_tol", _number(float)),
     "d_convergence": ("conv_tol_grad", _number(float)),
     "maxiter": ("max_cycle", _number(int)),
+    "dft_radial_points": ("_radial", _number(int)),  # with dft_spherical_points: grid
+    "dft_spherical_points": ("_angular", _number(int)),
 }
+
+#: Psi4's DFT grid defaults (when an input gives one of the two point counts).
+PSI4_GRID = (75, 302)
 
 #: dfmp2's own option names a keyword may use (``dfmp2 run --help`` says what each does).
 OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
                 "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
-                "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target")
+                "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target",
+                "grid")
 
 
 @dataclass(frozen=True)
@@ -149,11 +177,14 @@ def read_input(source) -> SchemaJob:
     if driver != "energy":
         raise InputError(f"driver {driver!r}: dfmp2 computes energies (driver 'energy')")
     method = (method or "").strip().lower()
-    if method not in METHODS:
-        raise InputError(f"method {method!r}: dfmp2 runs {', '.join(METHODS)}")
+    by_method = method_options(method)
     if not isinstance(basis, str) or not basis.strip():
         raise InputError("model.basis must name an orbital basis set (e.g. 'cc-pvdz')")
-    options = {"basis": basis.strip(), **keyword_options(keywords)}
+    reference = str(keywords.get("reference", "")).strip().lower()
+    if reference in ("rks", "uks") and "xc" not in by_method:
+        raise InputError(f"keyword reference={reference!r} is a Kohn-Sham reference: it needs a "
+                         f"double-hybrid method, not {method!r}")
+    options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
     return SchemaJob(_mole(molecule), options, method, version, as_v1)
 
 
@@ -172,6 +203,12 @@ def keyword_options(keywords: dict) -> dict:
         else:
             valid = sorted(PSI4_KEYWORDS) + sorted(OWN_KEYWORDS)
             raise InputError(f"unknown keyword {name!r}; valid keywords: {', '.join(valid)}")
+    radial, angular = options.pop("_radial", None), options.pop("_angular", None)
+    if radial is not None or angular is not None:
+        if "grid" in options:
+            raise InputError("keywords dft_radial_points/dft_spherical_points contradict grid; "
+                             "give one of them")
+        options["grid"] = (radial or PSI4_GRID[0], angular or PSI4_GRID[1])
     return options
 
 
@@ -205,7 +242,7 @@ def result_dict(result, job: SchemaJob) -> dict:
         "molecule": given["molecule"],
         "model": given["model"],
         "keywords": given.get("keywords", {}),
-        "return_result": result.e_scs_tot if job.method == "scs-mp2" else result.e_tot,
+        "return_result": method_energy(result, job.method),
     })
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method

@@ -40,7 +40,8 @@ class ScfInfo:
     unrestricted determinant and ``s2_deviation`` <S^2> - S(S+1) (None for restricted ones),
     ``restart`` what dfmp2's own SCF did with ``--chkfile`` (None without one), ``jk`` what
     built its J and K matrices, ``jk_stats`` for dfmp2's own J/K: calls, seconds and GFLOP of
-    their products (None otherwise)."""
+    their products (None otherwise), ``grid`` the DFT grid of a KS reference
+    (:func:`dfmp2.functionals.grid_record`; None for HF)."""
 
     kind: str
     xc: str | None
@@ -56,6 +57,7 @@ class ScfInfo:
     restart: str | None = None
     jk: str | None = None
     jk_stats: dict | None = None
+    grid: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ class Method:
     ``metric`` says how the Coulomb metric was factored ('cholesky', 'eigh') and
     ``metric_condition`` its condition estimate; ``stage_precision`` where each pipeline stage
     computed and why (``{stage: {"placement", "reason"}}``); ``note`` explains a zero
-    correlation energy (no active pairs)."""
+    correlation energy (no active pairs); ``scaling`` what the scaled energy is (label, scales,
+    source; :class:`dfmp2.functionals.Scaling`), its scales also in ``os_scale``/``ss_scale``."""
 
     reference: str
     basis_name: str | None
@@ -118,6 +121,7 @@ class Method:
     max_memory_mb: int
     stage_precision: dict = field(default_factory=dict)
     note: str | None = None
+    scaling: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -144,8 +148,12 @@ class Result:
     e_scf : the reference's total energy (``e_hf`` is it for an HF reference only);
     e_corr_os / e_corr_ss : opposite- and same-spin correlation (unscaled); e_singles : singles
     (ROHF-MBPT(2); zero otherwise); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot :
-    e_scf + e_corr; e_scs : SCS-MP2 correlation energy (singles unscaled); e_scs_tot :
-    e_scf + e_scs. ``environment`` is the record
+    e_scf + e_corr; e_scs : the scaled correlation energy os * E_OS + ss * E_SS (singles
+    unscaled): SCS-MP2 unless ``method.scaling`` says otherwise (SOS-MP2, given scales, or a
+    double hybrid's PT2 term); e_scs_tot : e_scf + e_scs; ``double_hybrid`` the record of a
+    double-hybrid run (functional, KS part, scales, citation, energies; None otherwise), whose
+    total ``e_return`` is then; otherwise ``e_return`` is the MP2 total. ``environment`` is the
+    record
     of what the ``dfmp2`` command set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
     one process); ``interaction`` the counterpoise-corrected interaction energies of a
@@ -167,6 +175,7 @@ class Result:
     environment: dict | None = None
     distributed: dict | None = None
     interaction: dict | None = None
+    double_hybrid: dict | None = None
 
     @property
     def e_hf(self) -> float | None:
@@ -189,9 +198,21 @@ class Result:
     def e_scs_tot(self) -> float:
         return self.e_scf + self.e_scs
 
+    @property
+    def e_return(self) -> float:
+        """The run's answer: the double hybrid's total for a double-hybrid run, else the MP2
+        total."""
+        return self.e_scs_tot if self.double_hybrid else self.e_tot
+
+    @property
+    def scaled_label(self) -> str:
+        """'SCS-MP2', 'SOS-MP2', 'scaled MP2' or the double hybrid's name."""
+        return self.method.scaling.get("label", "SCS-MP2")
+
     def properties(self) -> dict:
         """QCSchema ``AtomicResultProperties`` names and values (Hartree)."""
         s = self.sizes
+        dh = self.double_hybrid is not None  # MP2 parts on KS orbitals: no MP2 total
         return {
             "scf_total_energy": self.e_scf,
             "nuclear_repulsion_energy": self.molecule.nuclear_repulsion,
@@ -200,9 +221,9 @@ class Result:
             "mp2_opposite_spin_correlation_energy": self.e_corr_os,
             "mp2_singles_energy": self.e_singles,
             "mp2_doubles_energy": self.e_doubles,
-            "mp2_correlation_energy": self.e_corr,
-            "mp2_total_energy": self.e_tot,
-            "return_energy": self.e_tot,
+            "mp2_correlation_energy": None if dh else self.e_corr,
+            "mp2_total_energy": None if dh else self.e_tot,
+            "return_energy": self.e_return,
             "calcinfo_nbasis": s.nbasis,
             "calcinfo_nmo": s.nmo,
             "calcinfo_nalpha": s.nalpha,
@@ -212,7 +233,10 @@ class Result:
 
     def to_dict(self) -> dict:
         """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
-        method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
+        if self.double_hybrid:
+            method = (self.double_hybrid["functional"] or "custom double hybrid").lower()
+        else:
+            method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
         basis = self.method.basis_name or ", ".join(sorted(set(self.method.basis.values())))
         return {
             "schema_name": "qcschema_output",
@@ -222,11 +246,10 @@ class Result:
             "keywords": {},
             "molecule": self.molecule.qcschema,
             "success": True,
-            "return_result": self.e_tot,
+            "return_result": self.e_return,
             "properties": {k: v for k, v in self.properties().items() if v is not None},
             "extras": {
-                "scs_mp2_correlation_energy": self.e_scs,
-                "scs_mp2_total_energy": self.e_scs_tot,
+                **self._scaled_extras(),
                 "molecule": {k: v for k, v in asdict(self.molecule).items() if k != "qcschema"},
                 "scf": asdict(self.scf),
                 "sizes": {**asdict(self.sizes), "nfrozen": self.sizes.nfrozen},
@@ -237,6 +260,7 @@ class Result:
                 "environment": self.environment,
                 **({"distributed": self.distributed} if self.distributed else {}),
                 **({"interaction": self.interaction} if self.interaction else {}),
+                **({"double_hybrid": self.double_hybrid} if self.double_hybrid else {}),
             },
             "provenance": {
                 "creator": "dfmp2",
@@ -244,6 +268,15 @@ class Result:
                 "routine": "dfmp2.run",
             },
         }
+
+    def _scaled_extras(self) -> dict:
+        """The scaled energies under their name: ``scs_mp2_*`` (SCS-MP2, or Psi4's convention
+        for given scales), ``sos_mp2_*``; none for a double hybrid (its record has them)."""
+        if self.double_hybrid:
+            return {}
+        prefix = "sos_mp2" if self.scaled_label == "SOS-MP2" else "scs_mp2"
+        return {f"{prefix}_correlation_energy": self.e_scs,
+                f"{prefix}_total_energy": self.e_scs_tot}
 
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -282,6 +315,11 @@ class Result:
             spin = (mo.multiplicity - 1) / 2
             lines.append(f"  <S^2> {scf.s2:.6f}  (S(S+1) = {spin * (spin + 1):.6f}, deviation "
                          f"{scf.s2_deviation:+.6f})")
+        if scf.grid is not None:
+            lines.append(f"  DFT grid   {_grid_text(scf.grid)}")
+        if (dh := self.double_hybrid) is not None:
+            lines.append(f"  double hybrid {dh['functional'] or '(custom)'}: {dh['xc']}; PT2 "
+                         f"{dh['c_os']:g} OS + {dh['c_ss']:g} SS, no singles ({dh['source']})")
         if m.note:
             lines.append(f"  note: {m.note}")
         scf_label = "E(HF)" if self.e_hf is not None else f"E({scf.kind.upper()})"
@@ -292,11 +330,23 @@ class Result:
             f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.12f} Eh",
             *([f"  {'E(singles)':<22s}{self.e_singles:22.12f} Eh"]
               if self.scf.kind == "rohf" else []),
-            f"  {'E(corr) MP2':<22s}{self.e_corr:22.12f} Eh",
-            f"  {'E(MP2) total':<22s}{self.e_tot:22.12f} Eh",
-            f"  {'E(corr) SCS-MP2':<22s}{self.e_scs:22.12f} Eh",
-            f"  {'E(SCS-MP2) total':<22s}{self.e_scs_tot:22.12f} Eh",
         ]
+        if dh is not None:
+            name = dh["functional"] or "double hybrid"
+            lines += [
+                f"  {'E(PT2) scaled':<22s}{self.e_scs:22.12f} Eh",
+                f"  {f'E({name}) total':<22s}{self.e_scs_tot:22.12f} Eh",
+            ]
+        else:
+            label = self.scaled_label
+            lines += [
+                f"  {'E(corr) MP2':<22s}{self.e_corr:22.12f} Eh",
+                f"  {'E(MP2) total':<22s}{self.e_tot:22.12f} Eh",
+                f"  {f'E(corr) {label}':<22s}{self.e_scs:22.12f} Eh"
+                + (f"  (os {m.os_scale:g}, ss {m.ss_scale:g})" if label == "scaled MP2"
+                   else ""),
+                f"  {f'E({label}) total':<22s}{self.e_scs_tot:22.12f} Eh",
+            ]
         if self.interaction:
             lines += ["", *_interaction_lines(self.interaction)]
         if verbose:
@@ -358,6 +408,17 @@ class Result:
         return self.summary()
 
 
+def _grid_text(grid: dict) -> str:
+    """'level 3 (nwchem_prune), 31016 points' or '99 radial x 302 angular (unpruned), ...'."""
+    if grid.get("atom_grid"):
+        radial, angular = grid["atom_grid"]
+        what = f"{radial} radial x {angular} angular per atom"
+    else:
+        what = f"level {grid['level']}"
+    prune = grid.get("prune")
+    return f"{what} ({prune or 'unpruned'}), {grid['points']} points"
+
+
 def _frozen_text(s: Sizes) -> str:
     """'all electrons', '1 occupied and 0 virtual frozen', or per spin where the spins differ."""
     alpha = (s.nfrozen_occ, s.nfrozen_vir)
@@ -409,7 +470,7 @@ def _interaction_lines(inter: dict) -> list[str]:
                       f"multiplicity {f['multiplicity']})" for f in inter["fragments"])
     lines = [f"  Counterpoise-corrected interaction energy, {len(inter['fragments'])} fragments "
              f"in the complex's basis: {frags}"]
-    for level, label in (("hf", "HF"), ("mp2", "MP2"), ("scs_mp2", "SCS-MP2")):
+    for level, label in inter["levels"].items():
         value = inter[level]
         lines.append(f"  {'E(int) ' + label:<22s}{value['eh']:22.12f} Eh "
                      f"{value['kcal_mol']:12.4f} kcal/mol")

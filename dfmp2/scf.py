@@ -1,5 +1,5 @@
-"""The reference SCF through PySCF: RHF, UHF or ROHF, density-fitted (JK-fit basis) or with
-exact integrals."""
+"""The reference SCF through PySCF: RHF, UHF or ROHF, or with ``--xc`` RKS or UKS, density-fitted
+(JK-fit basis) or with exact integrals."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ import logging
 import os
 
 import numpy as np
-from pyscf import df, gto, scf
+from pyscf import df, dft, gto, lib, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .blocking import jk_square_fits
 from .errors import ConvergenceError, InputError
+from .functionals import grid_settings
 from .jk import DFJK, UNPACK_BLOCK
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_reference_spin", "jk_auxbasis", "release_integrals", "restart_guess",
-           "run_scf", "scf_fit_record"]
+__all__ = ["CHK_XC_KEY", "check_reference_spin", "jk_auxbasis", "make_scf", "release_integrals",
+           "restart_guess", "run_scf", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -33,11 +34,13 @@ def jk_auxbasis(mol, options: Options):
 def run_scf(mol, options: Options, progress=None, la=None):
     """Run and return a converged SCF object for ``mol``.
 
-    ``options.resolved_reference``: 'rhf' (2S = 0 only), 'uhf' or 'rohf'. A non-converged SCF
+    ``options.resolved_reference``: 'rhf' (2S = 0 only), 'uhf' or 'rohf'; with ``options.xc``
+    the Kohn-Sham RKS or UKS of :func:`make_scf`. A non-converged SCF
     raises :class:`ConvergenceError`: no MP2 energy is computed from it. Each iteration is
     logged at INFO (cycle, energy, change, orbital gradient) and reported to
     ``progress(stage, cycle, max_cycle)`` when given. With ``options.chkfile`` the converged SCF
-    is written there; a chkfile of the same molecule, basis and reference already there is the
+    is written there (with its functional, :data:`CHK_XC_KEY`); a chkfile of the same molecule,
+    basis, reference and functional already there is the
     initial guess (:func:`restart_guess`), so a converged one costs a single iteration. The
     object's ``restart`` attribute says which.
 
@@ -49,7 +52,7 @@ def run_scf(mol, options: Options, progress=None, la=None):
     """
     reference = options.resolved_reference
     check_reference_spin(mol, reference)
-    mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
+    mf = make_scf(mol, options)
     dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
@@ -57,14 +60,36 @@ def run_scf(mol, options: Options, progress=None, la=None):
         mf = mf.density_fit(auxbasis=auxbasis)
         mf.jk = _choose_jk(mf, mol, auxbasis, options, la, restart=dm0 is not None)
     try:  # from here on a built tensor (a temporary file when out of core) is released on error
-        _converge(mf, options, progress, dm0, reference)
+        _converge(mf, options, progress, dm0)
     except BaseException:
         release_integrals(mf)
         raise
     return mf
 
 
-def _converge(mf, options: Options, progress, dm0, reference: str) -> None:
+def make_scf(mol, options: Options):
+    """The unconverged SCF object of a run: RHF, UHF or ROHF; with ``options.xc``, RKS or UKS
+    with the functional's KS part (a double hybrid's, :mod:`dfmp2.functionals`) on the grid of
+    ``options.grid``."""
+    reference = options.resolved_reference
+    xc = options.scaling.xc
+    if xc is None:
+        return {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
+    mf = {"rhf": dft.RKS, "uhf": dft.UKS}[reference](mol, xc=xc)
+    grid_settings(mf.grids, options.grid)
+    return mf
+
+
+def _label(mf, options: Options) -> str:
+    """'DF-RHF', 'DF-RKS (0.53*HF + 0.47*B88, 0.73*LYP)', ... for messages."""
+    kind = type(mf).__name__.replace("SymAdaptedR", "R").replace("SymAdaptedU", "U")
+    kind = next((k for k in ("ROHF", "RHF", "UHF", "RKS", "UKS") if k in kind),
+                options.resolved_reference.upper())
+    xc = f" ({mf.xc})" if getattr(mf, "xc", None) and options.xc is not None else ""
+    return f"{options.scf_type.upper()}-{kind}{xc}"
+
+
+def _converge(mf, options: Options, progress, dm0) -> None:
     """Build ``mf``'s DF tensor, run its SCF and write the chkfile (see :func:`run_scf`)."""
     if options.scf_type == "df":
         try:
@@ -90,7 +115,7 @@ def _converge(mf, options: Options, progress, dm0, reference: str) -> None:
                   f"{sum(jk.k_calls.values())} builds, then float64")
     if not mf.converged:
         raise ConvergenceError(
-            f"the {options.scf_type.upper()}-{reference.upper()} did not converge in "
+            f"the {_label(mf, options)} did not converge in "
             f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
             "check the geometry"
         )
@@ -98,6 +123,7 @@ def _converge(mf, options: Options, progress, dm0, reference: str) -> None:
     if options.chkfile is not None:  # written once, converged
         scf.chkfile.dump_scf(mf.mol, options.chkfile, mf.e_tot, mf.mo_energy, mf.mo_coeff,
                              mf.mo_occ)
+        lib.chkfile.save(options.chkfile, CHK_XC_KEY, _functional_of(mf))
         mf.chkfile = options.chkfile
 
 
@@ -227,6 +253,7 @@ def restart_guess(mf, chkfile: str | None):
         return None, None
     if not os.path.exists(chkfile):
         return None, f"new chkfile {chkfile}"
+    from pyscf import lib as pyscf_lib
     from pyscf.scf import chkfile as pyscf_chk
 
     try:
@@ -241,10 +268,23 @@ def restart_guess(mf, chkfile: str | None):
         differs = "another reference (restricted vs unrestricted)"
     if differs is None and not unrestricted and mf.mol.spin > 0 and not np.any(mo_occ == 1):
         differs = "another reference (RHF vs ROHF)"  # a singlet's ROHF is its RHF
+    saved_xc = pyscf_lib.chkfile.load(chkfile, CHK_XC_KEY)  # None: not written by dfmp2
+    if isinstance(saved_xc, bytes):
+        saved_xc = saved_xc.decode()
+    if differs is None and saved_xc is not None and saved_xc != _functional_of(mf):
+        differs = f"another functional ({saved_xc} vs {_functional_of(mf)})"
     if differs is not None:
         raise InputError(f"chkfile {chkfile!r} holds another calculation ({differs}); remove it "
                          "or choose another --chkfile")
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
+
+
+#: Where dfmp2 records the SCF's functional in its chkfile ("HF" for an HF reference).
+CHK_XC_KEY = "dfmp2/xc"
+
+
+def _functional_of(mf) -> str:
+    return str(mf.xc) if isinstance(mf, dft.rks.KohnShamDFT) else "HF"
 
 
 def scf_fit_record(mf):
