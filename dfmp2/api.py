@@ -89,6 +89,9 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     auxmol = make_auxmol(mol, opts.auxbasis)
     comm = distributed.current()
     world = comm.world_size if comm is not None else 1
+    if comm is not None and opts.pair_energies:
+        raise InputError("pair energies (--pair-energies, --plot) are computed on one process; "
+                         "run without torchrun")
     plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts, world)
     check_scratch(plan, opts, auxmol.nao_nr(), world)
     check_chkfile(opts.chkfile)
@@ -266,7 +269,7 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     energies = None
     if prep.ref.has_pairs:
         kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
-                  "scratch_dir": opts.scratch_dir}
+                  "scratch_dir": opts.scratch_dir, "pair_table": opts.pair_energies}
         if progress is not None:
             kwargs["progress"] = progress
         energies = dfmp2_pair_energies(prep.mol, prep.auxmol, prep.ref.spaces,
@@ -367,11 +370,31 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
         e_scs=e_scs, double_hybrid=_double_hybrid_record(scaling, mf, e_scs),
+        pair_energies=_pair_record(ref, energies.pairs if energies is not None else None,
+                                   opts.pair_energies),
         molecule=_molecule_info(mol), scf=_scf_info(mf, prep.kind, prep.xc, prep.orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
         versions=versions(), environment=environment, distributed=distributed,
     )
+
+
+def _pair_record(ref: Reference, pairs, wanted: bool) -> dict | None:
+    """``Result.pair_energies`` (None unless asked for): per spin block the opposite- and
+    same-spin energy of every ordered pair of active occupied orbitals (their sums over all
+    entries are the block's E_OS and E_SS), and the orbital energies that label the rows and
+    columns."""
+    if not wanted:
+        return None
+    spaces = [{"orbital_energies": [float(e) for e in sp.eps_occ]} for sp in ref.spaces]
+    blocks = {m.block: {"spaces": list(m.spaces), "os": m.os.tolist(), "ss": m.ss.tolist()}
+              for m in pairs or ()}
+    return {"convention": "energies of ordered pairs (i, j) of active occupied orbitals, "
+                          "unscaled; a pair i != j of one space appears at [i, j] and [j, i] "
+                          "with half its energy each, so every matrix sums to its block's "
+                          "E_OS or E_SS; rows and columns are the orbitals of spaces[k] "
+                          "(closed shell: one space; open shell: alpha, beta)",
+            "spaces": spaces, "blocks": blocks}
 
 
 def _double_hybrid_record(scaling, mf, e_pt2: float) -> dict | None:

@@ -159,6 +159,13 @@ _D = Options.default
               help="Same-spin scale [default: SCS-MP2's 1/3; a double hybrid's own].")
 @click.option("--sos", is_flag=True, default=_D("sos"),
               help="Spin-opposite scaling: same-spin scale 0 (SOS-MP2, opposite-spin 1.3).")
+@click.option("--pair-energies", is_flag=True, default=_D("pair_energies"),
+              help="Keep the energy of every occupied pair (in the JSON: "
+                   "extras.pair_energies).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=True), default=None,
+              metavar="PATH.png",
+              help="Draw the pair-energy matrix (and a counterpoise run's interaction parts) to "
+                   "this file; needs matplotlib (pip install 'dfmp2[plot]').")
 @click.option("--counterpoise", is_flag=True,
               help="Counterpoise-corrected interaction energy: the complex, then each fragment "
                    "in the complex's basis (needs --fragments).")
@@ -207,6 +214,9 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
+    options["_plot"] = options.pop("plot_path", None)
+    if options["_plot"] is not None:
+        options["pair_energies"] = True
     explicit = options.pop("_explicit", set(options))
     cp = {k: options.pop(k, None) for k in ("counterpoise", "fragments", "fragment_charges",
                                             "fragment_spins")}
@@ -258,26 +268,27 @@ def _batch_entries(arguments) -> list[tuple[str, object]]:
     return entries
 
 
-def _batch_json(json_path, name: str, index: int) -> str | None:
-    """Where one result of a batch goes: None, ``DIR/<name>.json`` or the path with ``{name}``
-    and ``{index}`` filled in."""
+def _batch_json(json_path, name: str, index: int, suffix: str = ".json") -> str | None:
+    """Where one result (or picture) of a batch goes: None, ``DIR/<name><suffix>`` or the path
+    with ``{name}`` and ``{index}`` filled in."""
     if json_path is None:
         return None
     safe = "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name.split("/")[-1])
     safe = safe.removesuffix(".xyz").removesuffix(".json").replace("#", "-")
     if "{name}" in json_path or "{index}" in json_path:
         return json_path.replace("{name}", safe).replace("{index}", str(index))
-    return os.path.join(json_path, safe + ".json")
+    return os.path.join(json_path, safe + suffix)
 
 
 def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                explicit) -> None:
     """Every entry in turn in this process (the libraries load once); one table at the end,
     a failed entry its error line and a row saying so, exit status 1 if any failed."""
-    if json_path is not None and "{name}" not in json_path and "{index}" not in json_path \
-            and not os.path.isdir(json_path):
-        raise _fail(f"--json {json_path!r}: with {len(entries)} geometries each result needs "
-                    "its own file; give a directory or a path with {name} or {index}")
+    for flag, path in (("--json", json_path), ("--plot", options.get("_plot"))):
+        if path is not None and "{name}" not in path and "{index}" not in path \
+                and not os.path.isdir(path):
+            raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result needs "
+                        "its own file; give a directory or a path with {name} or {index}")
     leader = ranks is None or ranks.rank == 0
     rows = []
     for index, (name, geometry) in enumerate(entries, 1):
@@ -286,9 +297,9 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         collected: list = []
         failed = False
         try:
+            entry = {**options, "_plot": _batch_json(options.get("_plot"), name, index, ".png")}
             _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
-                      dict(options), environment, ranks, explicit, collect=collected,
-                      label=name)
+                      entry, environment, ranks, explicit, collect=collected, label=name)
         except click.exceptions.Exit as exc:
             if exc.exit_code >= 128:  # a signal ends the batch
                 raise
@@ -333,8 +344,16 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     sets the options from its keywords, under those in ``explicit`` (given on the command
     line)."""
     leader = ranks is None or ranks.rank == 0
+    plot_path = options.pop("_plot", None)
     if leader:
         _check_json_path(json_path)
+        if plot_path is not None:
+            from .plot import check_plot_path
+
+            try:
+                check_plot_path(plot_path)
+            except InputError as exc:
+                raise _fail(str(exc)) from None
     else:  # rank 0 logs for the run; the others only their errors
         logging.getLogger("dfmp2").setLevel(logging.ERROR)
     terminal = _TerminalProgress(enabled=not quiet and leader)
@@ -406,6 +425,13 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
                 handle.write(text + "\n")
         except OSError as exc:
             write_error = f"cannot write JSON to {json_path!r}: {exc.strerror}"
+    if plot_path is not None and write_error is None:
+        from .plot import plot_pair_energies
+
+        try:
+            plot_pair_energies(result, plot_path)
+        except InputError as exc:
+            write_error = str(exc)
     if collect is not None:  # a batch entry: the batch prints one table
         collect.append(result)
     else:

@@ -156,7 +156,8 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         build_mole(frag)
     complex_result = run(geometry, progress=progress, environment=environment, **options)
     parts = []
-    fragment_options = {**options, "chkfile": None}
+    # the fragments' own pair energies are not asked for (the plot shows the complex's)
+    fragment_options = {**options, "chkfile": None, "pair_energies": False}
     for k, frag in enumerate(moles):
         stage = f"fragment {k + 1}/{len(frags.counts)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
@@ -181,6 +182,11 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
                                     for part in parts]},
         "hartree_to_kcal_mol": to_kcal,
     }
+    # the correlation's parts: what opposite- and same-spin pairs add to the interaction
+    for part, attr in (("reference", "e_scf"), ("os", "e_corr_os"), ("ss", "e_corr_ss")):
+        value = getattr(complex_result, attr) - sum(getattr(p, attr) for p in parts)
+        interaction.setdefault("components", {})[part] = {"eh": value,
+                                                          "kcal_mol": value * to_kcal}
     for level, (_label, attr) in table.items():
         value = getattr(complex_result, attr) - sum(getattr(part, attr) for part in parts)
         interaction[level] = {"eh": value, "kcal_mol": value * to_kcal}

@@ -56,6 +56,8 @@ class Options:
     os_scale, ss_scale : scales of the opposite- and same-spin energies in the scaled energy
         reported beside MP2 (None: SCS-MP2, Grimme's 6/5 and 1/3) or of a double hybrid's PT2
         term (None: the functional's own).
+    pair_energies : keep the energy of every occupied pair (``Result.pair_energies``; host ops,
+        one per block, instead of the fused pair sums).
     sos : the spin-opposite-scaled variant: same-spin scale 0 (SOS-MP2: opposite-spin 1.3).
     scf_precision : 'fp64' (default: float64 K in every cycle of a DF-SCF on dfmp2's J/K, the
         iterations of PySCF's own DF-SCF) or 'mixed' (K in float32 until the orbital gradient is
@@ -96,6 +98,7 @@ class Options:
     os_scale: float | None = None
     ss_scale: float | None = None
     sos: bool = False
+    pair_energies: bool = False
     conv_tol: float = 1e-11
     conv_tol_grad: float = 1e-7
     max_cycle: int = 100

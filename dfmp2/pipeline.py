@@ -40,6 +40,7 @@ __all__ = [
     "STAGES",
     "TRANSFORM_HOST_CONDITION",
     "PairEnergies",
+    "PairMatrix",
     "SpinTask",
     "StagePrecision",
     "TensorB",
@@ -221,16 +222,33 @@ class PairEnergies:
 
     stages : where each pipeline stage computed (:class:`StagePrecision` per :data:`STAGES`),
     filled by :func:`dfmp2_pair_energies`; :meth:`stages_dict` gives it as plain data.
+    pairs : with ``pair_table``, the pair energies of each spin block (:class:`PairMatrix`);
+    else None.
     """
 
     e_os: float
     e_ss: float
     npairs: int
     stages: tuple[StagePrecision, ...] = ()
+    pairs: tuple["PairMatrix", ...] | None = None
 
     def stages_dict(self) -> dict[str, dict]:
         """``{stage: {"placement": ..., "reason": ...}}`` for the result and JSON."""
         return {s.stage: s.as_dict() for s in self.stages}
+
+
+@dataclass(frozen=True)
+class PairMatrix:
+    """The pair energies of one spin block, float64 numpy: ``os[i, j]`` and ``ss[i, j]`` over
+    every ordered pair (i of the first space, j of the second), so that their sums over all
+    entries are the block's E_OS and E_SS (a pair i != j of one space appears as [i, j] and
+    [j, i], each with half its energy). ``block``: 'closed', 'alpha-alpha', 'beta-beta' or
+    'alpha-beta'; ``spaces``: the indices of the two orbital spaces."""
+
+    block: str
+    spaces: tuple[int, int]
+    os: np.ndarray
+    ss: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -264,7 +282,7 @@ def spin_tasks(stores: Sequence, eps: Sequence[tuple[torch.Tensor, torch.Tensor]
 
 
 def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = True,
-                  progress: Progress = _no_progress) -> PairEnergies:
+                  progress: Progress = _no_progress, pair_table: bool = False) -> PairEnergies:
     """E_OS and E_SS from the fitted B of every store, over blocks of ``occ_block`` occupied
     orbitals: blocks I <= J within a space (pair weights from :func:`dfmp2.energy.pair_weights`),
     all blocks I x J between the alpha and beta spaces.
@@ -273,9 +291,11 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
     ``read_b(i0, i1) -> (i1-i0, nvir, naux)`` (a storage object, or :class:`TensorB`). eps :
     ``(eps_occ, eps_vir)`` per store, in the reduction dtype. The GEMMs run in B's dtype.
     fused : one ``mp2_pair_sums`` op per block; else ``gemm`` for ``(ia|jb)`` and a separate
-    ``pair_sums_from_ovov`` reduction. Sums add in float64.
+    ``pair_sums_from_ovov`` reduction. Sums add in float64. pair_table : one
+    ``mp2_pair_table`` op per block instead (every pair kept, on the host), the energies their
+    weighted sums, and :attr:`PairEnergies.pairs` filled.
     """
-    if fused:  # a device backend keeps B there for the stage (one block per store)
+    if fused and not pair_table:  # a device backend keeps B there (one block per store)
         in_memory = all(getattr(st, "in_memory", True) for st in stores if st is not None)
         stores, occ_block = la.place_pair_operands(stores, occ_block, in_memory)
     tasks = spin_tasks(stores, eps)
@@ -283,7 +303,13 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
     nblocks = sum(len(b) for b in blocks)
     e_os = e_ss = 0.0
     npairs = done = 0
+    matrices = []
     for task, task_blocks in zip(tasks, blocks):
+        if pair_table:
+            shape = (task.store_i.nocc, task.store_j.nocc)
+            matrix = PairMatrix(_block_name(task, stores), _space_pair(task, stores),
+                                np.zeros(shape), np.zeros(shape))
+            matrices.append(matrix)
         cached = (None, None)
         for (i0, i1), (j0, j1) in task_blocks:
             if cached[0] != (i0, i1):
@@ -294,15 +320,48 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
             weights = pair_weights(i0, i1, j0, j1, task.kind.triangular)
             args = (ovL_i, ovL_j, task.eps_occ_i[i0:i1], task.eps_occ_j[j0:j1], task.eps_vir_i,
                     task.eps_vir_j, torch.from_numpy(weights), task.kind.exchange)
-            direct, exchange = (float(x) for x in (la.mp2_pair_sums(*args) if fused
-                                                    else _unfused(la, *args)))
+            if pair_table:
+                direct, exchange = _table_block(la, args, matrix, task.kind, (i0, i1), (j0, j1))
+            else:
+                direct, exchange = (float(x) for x in (la.mp2_pair_sums(*args) if fused
+                                                        else _unfused(la, *args)))
             os_part, ss_part = task.kind.energies(direct, exchange)
             e_os += os_part
             e_ss += ss_part
             npairs += int(np.count_nonzero(weights))
             done += 1
             progress("pair energy", done, nblocks)
-    return PairEnergies(e_os, e_ss, npairs)
+    return PairEnergies(e_os, e_ss, npairs, pairs=tuple(matrices) if pair_table else None)
+
+
+def _block_name(task: SpinTask, stores) -> str:
+    if task.kind is CLOSED:
+        return "closed"
+    if task.kind is OPPOSITE:
+        return "alpha-beta"
+    return "alpha-alpha" if task.store_i is stores[0] else "beta-beta"
+
+
+def _space_pair(task: SpinTask, stores) -> tuple[int, int]:
+    index = {id(st): k for k, st in enumerate(stores) if st is not None}
+    return index[id(task.store_i)], index[id(task.store_j)]
+
+
+def _table_block(la: Dispatcher, args, matrix: PairMatrix, kind: SpinBlock, rows, cols):
+    """One block's ``[direct, exchange]`` from its per-pair table (``mp2_pair_table``), its pair
+    energies written into ``matrix`` (a triangular block's mirror too)."""
+    ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights, exchange = args
+    table = la.mp2_pair_table(ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, exchange)
+    table = table.cpu().numpy()
+    w = weights.numpy()
+    direct, ex = float(np.sum(w * table[..., 0])), float(np.sum(w * table[..., 1]))
+    os_ij, ss_ij = kind.energies(table[..., 0], table[..., 1])
+    (i0, i1), (j0, j1) = rows, cols
+    for target, values in ((matrix.os, os_ij), (matrix.ss, ss_ij)):
+        target[i0:i1, j0:j1] = values
+        if kind.triangular and (i0, i1) != (j0, j1):
+            target[j0:j1, i0:i1] = np.transpose(values)
+    return direct, ex
 
 
 def _task_blocks(task: SpinTask, occ_block: int):
@@ -363,13 +422,15 @@ PRECISION_DTYPES = {
 def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: BlockPlan,
                         la: Dispatcher, fused: bool = True, precision: str = "fp64",
                         progress: Progress = _no_progress, timer: StageTimer | None = None,
-                        scratch_dir: str | None = None) -> tuple[PairEnergies, MetricFactor]:
+                        scratch_dir: str | None = None, pair_table: bool = False
+                        ) -> tuple[PairEnergies, MetricFactor]:
     """The whole post-SCF DF-MP2 step for a list of orbital spaces: one (closed shell) or
     alpha and beta (open shell, spin blocks as in :mod:`dfmp2.energy`).
 
     precision : 'fp64'; 'mixed' (B and the pair GEMMs in fp32, reduction and sums in fp64); or
     'fp32' (reduction of each block in fp32 too, block sums in fp64). The metric, transform and
-    fit always run in fp64 (on the pytorch backend).
+    fit always run in fp64 (on the pytorch backend). pair_table : keep every pair's energy
+    (:attr:`PairEnergies.pairs`; see :func:`pair_energies`).
 
     On the nki backend each stage runs where :func:`plan_stages` puts it for the metric's
     condition number (the op records say which calls ran on the host, and why); raises
@@ -413,7 +474,8 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
                      for e in (sp.eps_occ, sp.eps_vir)) for sp in spaces]
         energies = timer.run("pair_energy", pair_energies,
                              [by_space.get(k) for k in range(len(spaces))], eps,
-                             placed["pair_energy"], plan.occ_block, fused, progress)
+                             placed["pair_energy"], plan.occ_block, fused, progress,
+                             pair_table)
     finally:
         for store in opened:
             store.close()

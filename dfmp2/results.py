@@ -152,8 +152,9 @@ class Result:
     unscaled): SCS-MP2 unless ``method.scaling`` says otherwise (SOS-MP2, given scales, or a
     double hybrid's PT2 term); e_scs_tot : e_scf + e_scs; ``double_hybrid`` the record of a
     double-hybrid run (functional, KS part, scales, citation, energies; None otherwise), whose
-    total ``e_return`` is then; otherwise ``e_return`` is the MP2 total. ``environment`` is the
-    record
+    total ``e_return`` is then; otherwise ``e_return`` is the MP2 total; ``pair_energies`` the
+    energy of every occupied pair when asked for (``extras.pair_energies``). ``environment`` is
+    the record
     of what the ``dfmp2`` command set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
     one process); ``interaction`` the counterpoise-corrected interaction energies of a
@@ -176,6 +177,7 @@ class Result:
     distributed: dict | None = None
     interaction: dict | None = None
     double_hybrid: dict | None = None
+    pair_energies: dict | None = None
 
     @property
     def e_hf(self) -> float | None:
@@ -261,6 +263,7 @@ class Result:
                 **({"distributed": self.distributed} if self.distributed else {}),
                 **({"interaction": self.interaction} if self.interaction else {}),
                 **({"double_hybrid": self.double_hybrid} if self.double_hybrid else {}),
+                **({"pair_energies": self.pair_energies} if self.pair_energies else {}),
             },
             "provenance": {
                 "creator": "dfmp2",

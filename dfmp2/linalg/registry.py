@@ -49,7 +49,7 @@ __all__ = [
 #: Ops that have an implementation per backend.
 OPS = ("gemm", "cholesky", "trsm", "trmm", "mp2_pair_sums")
 #: Ops that always run on the host in float64 by design (no NKI kernel is planned for them).
-HOST_OPS = ("eigh", "pair_sums_from_ovov")
+HOST_OPS = ("eigh", "pair_sums_from_ovov", "mp2_pair_table")
 #: Ops with matrix products inside, implemented on numpy's BLAS too (the ``numpy`` backend,
 #: chosen for the host by ``cpu_blas``; see :mod:`dfmp2.linalg.cpu_blas` for why).
 MATMUL_OPS = ("gemm", "trmm", "mp2_pair_sums")
@@ -200,6 +200,9 @@ class _NamedOps:
                       exchange: bool):
         return self.call("mp2_pair_sums", ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights,
                          exchange)
+
+    def mp2_pair_table(self, ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, exchange: bool):
+        return self.call("mp2_pair_table", ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, exchange)
 
     def pair_sums_from_ovov(self, ovov, eps_i, eps_j, eps_va, eps_vb, weights, exchange: bool):
         return self.call("pair_sums_from_ovov", ovov, eps_i, eps_j, eps_va, eps_vb, weights,

@@ -23,6 +23,7 @@ __all__ = [
     "check_pair_sums_args",
     "is_diagonal_block",
     "mp2_pair_sums",
+    "mp2_pair_table",
     "pair_sums_from_ovov",
     "trmm",
     "trsm",
@@ -189,6 +190,41 @@ def pair_sums_from_ovov(
             t_jab = ovov[i, :, j0:j1, :].permute(1, 0, 2)  # (j1 - j0, nva, nvb)
             total += work.sums(t_jab, eps_i[i], j0, weights[i, j0:j1], exchange)
     return total
+
+
+def mp2_pair_table(
+    ovL_i: torch.Tensor,
+    ovL_j: torch.Tensor,
+    eps_i: torch.Tensor,
+    eps_j: torch.Tensor,
+    eps_va: torch.Tensor,
+    eps_vb: torch.Tensor,
+    exchange: bool,
+) -> torch.Tensor:
+    """Per-pair sums of a block, unweighted: the float64 (ni, nj, 2) tensor
+
+        [i, j] = [ sum_ab T_ab^2 / D,   sum_ab T_ab T_ba / D ]
+
+    with T and D as in :func:`mp2_pair_sums` (the second entry 0.0 when ``exchange`` is
+    False). What :func:`mp2_pair_sums` returns is ``sum_ij w_ij [i, j]``; this op keeps every
+    pair (the pair-energy diagnostics of ``--pair-energies``). One GEMM per i,
+    ``B_j x B_i^T`` ((nj*nvb, naux) x (naux, nva)); the reduction in eps_va's dtype."""
+    ni, nj, nva, nvb, naux = check_pair_sums_args(
+        ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, torch.zeros(
+            (ovL_i.shape[0], ovL_j.shape[0]), dtype=torch.float64), exchange)
+    table = torch.zeros((ni, nj, 2), dtype=torch.float64, device=ovL_i.device)
+    if ni == 0 or nj == 0 or nva == 0 or nvb == 0:
+        return table
+    dtype = eps_va.dtype
+    base = (eps_j.view(nj, 1, 1) - eps_va.view(1, nva, 1)) - eps_vb.to(dtype).view(1, 1, nvb)
+    jb_L = ovL_j.reshape(nj * nvb, naux)
+    for i in range(ni):
+        t = torch.matmul(ovL_i[i], jb_L.T).view(nva, nj, nvb).permute(1, 0, 2).to(dtype)
+        w = t / (base + eps_i[i])  # T / D, (nj, nva, nvb)
+        table[i, :, 0] = (w * t).sum(dim=(1, 2)).to(torch.float64)
+        if exchange:
+            table[i, :, 1] = (w * t.transpose(1, 2)).sum(dim=(1, 2)).to(torch.float64)
+    return table
 
 
 def mp2_pair_sums(

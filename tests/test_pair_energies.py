@@ -1,0 +1,163 @@
+"""Pair energies (``--pair-energies``) and their picture (``--plot``): every pair against
+PySCF's amplitudes and against whole einsums, blocked and out of core, open shells, the record,
+the CLI and the counterpoise panel."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from pyscf import scf
+
+import dfmp2
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+from dfmp2.linalg import Dispatcher, DispatchPolicy
+from dfmp2.molecule import build_mole
+from dfmp2.pipeline import TensorB, pair_energies
+from dfmp2.plot import pair_matrix, plot_pair_energies
+
+from conftest import INPUTS, pyscf_dfmp2
+from tolerances import TOL_COMPONENT_SUM, TOL_FP64, TOL_OUTCORE
+
+WATER = str(INPUTS / "water.xyz")
+NH2 = "N\nH 1 1.008\nH 1 1.008 2 105.0"
+
+
+def _einsum_pairs(b_i, b_j, e_i, e_j, e_a, e_b):
+    """Per-pair [direct, exchange] by whole einsums (float64)."""
+    t = np.einsum("iaP,jbP->ijab", b_i, b_j)
+    d = e_i[:, None, None, None] + e_j[None, :, None, None] - e_a[:, None] - e_b[None, :]
+    direct = np.einsum("ijab->ij", t * t / d)
+    exchange = np.einsum("ijab->ij", t * t.transpose(0, 1, 3, 2) / d) \
+        if b_i.shape[1] == b_j.shape[1] else np.zeros_like(direct)
+    return direct, exchange
+
+
+@pytest.mark.parametrize("occ_block", [1, 2, 3, 7])
+def test_blocked_pair_matrices_equal_whole_einsums(occ_block):
+    """Closed shell and alpha/beta stores over blocks of every size: each matrix entry is its
+    pair's energy, mirrored blocks included, and the matrices sum to the energies."""
+    rng = np.random.default_rng(7)
+    nocc_a, nocc_b, nvir_a, nvir_b, naux = 7, 5, 6, 8, 11
+    b_a = rng.standard_normal((nocc_a, nvir_a, naux)) * 0.1
+    b_b = rng.standard_normal((nocc_b, nvir_b, naux)) * 0.1
+    e_oa, e_ob = -1 - rng.random(nocc_a), -1 - rng.random(nocc_b)
+    e_va, e_vb = 1 + rng.random(nvir_a), 1 + rng.random(nvir_b)
+    la = Dispatcher(DispatchPolicy("pytorch"))
+    t = torch.from_numpy
+    closed = pair_energies([TensorB(t(b_a))], [(t(e_oa), t(e_va))], la, occ_block,
+                           pair_table=True)
+    (matrix,) = closed.pairs
+    direct, exchange = _einsum_pairs(b_a, b_a, e_oa, e_oa, e_va, e_va)
+    assert matrix.block == "closed"
+    np.testing.assert_allclose(matrix.os, direct, atol=TOL_OUTCORE, rtol=0)
+    np.testing.assert_allclose(matrix.ss, direct - exchange, atol=TOL_OUTCORE, rtol=0)
+    fused = pair_energies([TensorB(t(b_a))], [(t(e_oa), t(e_va))], la, occ_block)
+    assert abs(closed.e_os - fused.e_os) <= TOL_OUTCORE
+    assert abs(matrix.os.sum() - closed.e_os) <= TOL_COMPONENT_SUM
+    assert closed.npairs == fused.npairs
+    opened = pair_energies([TensorB(t(b_a)), TensorB(t(b_b))],
+                           [(t(e_oa), t(e_va)), (t(e_ob), t(e_vb))], la, occ_block,
+                           pair_table=True)
+    blocks = {m.block: m for m in opened.pairs}
+    assert set(blocks) == {"alpha-alpha", "beta-beta", "alpha-beta"}
+    d_ab, _ = _einsum_pairs(b_a, b_b, e_oa, e_ob, e_va, e_vb)
+    np.testing.assert_allclose(blocks["alpha-beta"].os, d_ab, atol=TOL_OUTCORE, rtol=0)
+    d_bb, x_bb = _einsum_pairs(b_b, b_b, e_ob, e_ob, e_vb, e_vb)
+    np.testing.assert_allclose(blocks["beta-beta"].ss, 0.5 * (d_bb - x_bb), atol=TOL_OUTCORE,
+                               rtol=0)
+    assert blocks["alpha-beta"].spaces == (0, 1) and blocks["beta-beta"].spaces == (1, 1)
+    total_ss = sum(m.ss.sum() for m in opened.pairs)
+    assert abs(total_ss - opened.e_ss) <= TOL_COMPONENT_SUM
+
+
+def test_pair_energies_match_pyscf_amplitudes():
+    """e_ij = sum_ab t_ij^ab [2 (ia|jb) - (ib|ja)] from PySCF's DF-MP2 amplitudes on the same
+    SCF: the pair matrix of a run on that SCF object."""
+    mol = build_mole(WATER, basis="cc-pvdz")
+    mf = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
+    pt = pyscf_dfmp2(mf, "cc-pvdz-ri", frozen=1)
+    pt.kernel(with_t2=True)
+    nocc = pt.nocc
+    t2 = pt.t2  # (i, j, a, b)
+    from pyscf import df, lib
+
+    eri = df.DF(mol, auxbasis="cc-pvdz-ri")
+    mo = mf.mo_coeff[:, 1:]
+    occ, vir = mo[:, :nocc], mo[:, nocc:]
+    b = lib.einsum("Lpq,pi,qa->iaL", lib.unpack_tril(eri.build()._cderi), occ, vir)
+    g = np.einsum("iaL,jbL->ijab", b, b)
+    expected = np.einsum("ijab,ijab->ij", t2, 2 * g - g.transpose(0, 1, 3, 2))
+    result = dfmp2.DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri", pair_energies=True).run().result
+    got = pair_matrix(result.pair_energies["blocks"]["closed"])
+    sym = expected + expected.T - np.diag(np.diag(expected))  # pair i != j: both orders
+    np.testing.assert_allclose(np.triu(got), np.triu(sym), atol=TOL_FP64, rtol=0)
+    assert abs(np.triu(got).sum() - pt.e_corr) <= TOL_FP64
+
+
+def test_record_out_of_core_and_open_shell(tmp_path):
+    incore = dfmp2.run(NH2, spin=1, reference="rohf", pair_energies=True)
+    outcore = dfmp2.run(NH2, spin=1, reference="rohf", pair_energies=True,
+                        force_outcore=True, max_memory=50)
+    rec = outcore.pair_energies
+    assert [len(s["orbital_energies"]) for s in rec["spaces"]] == [outcore.sizes.nocc,
+                                                                   outcore.sizes.nocc_beta]
+    for name in ("alpha-alpha", "beta-beta", "alpha-beta"):
+        for part in ("os", "ss"):
+            np.testing.assert_allclose(rec["blocks"][name][part],
+                                       incore.pair_energies["blocks"][name][part],
+                                       atol=TOL_OUTCORE, rtol=0)
+    assert abs(sum(np.sum(b["os"]) for b in rec["blocks"].values()) - outcore.e_corr_os) \
+        <= TOL_COMPONENT_SUM
+    assert abs(sum(np.sum(b["ss"]) for b in rec["blocks"].values()) - outcore.e_corr_ss) \
+        <= TOL_COMPONENT_SUM
+    assert outcore.backend.ops["mp2_pair_table"]["mode"] == "host"
+    plain = dfmp2.run(NH2, spin=1, reference="rohf")
+    assert plain.pair_energies is None and "pair_energies" not in plain.to_dict()["extras"]
+    assert abs(plain.e_corr - outcore.e_corr) <= TOL_OUTCORE
+
+
+def test_cli_pair_energies_and_plot(tmp_path):
+    out, png = tmp_path / "w.json", tmp_path / "w.png"
+    cli = CliRunner().invoke(main, ["run", WATER, "--pair-energies", "--json", str(out)])
+    assert cli.exit_code == 0, cli.output
+    extras = json.loads(out.read_text())["extras"]
+    assert set(extras["pair_energies"]["blocks"]) == {"closed"}
+    cli = CliRunner().invoke(main, ["run", WATER, "--frozen-core", "--plot", str(png), "-q"])
+    assert cli.exit_code == 0, cli.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--plot", "{tmp}/x.foo"], "matplotlib cannot write a foo file"),
+    (["--plot", "{tmp}/missing/x.png"], "cannot write plot"),
+    (["--plot", "{tmp}/x.png", str(INPUTS / "methane.xyz")], "each result needs its own file"),
+])
+def test_bad_plot_paths_fail_before_any_work(tmp_path, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    cli = CliRunner().invoke(main, ["run", WATER, *args])
+    assert cli.exit_code == 1 and message in cli.output
+    assert "Traceback" not in cli.output and len(cli.output.strip().splitlines()) == 1
+
+
+def test_batch_plots_one_picture_each(tmp_path):
+    cli = CliRunner().invoke(main, ["run", WATER, str(INPUTS / "methane.xyz"), "--plot",
+                                    str(tmp_path / "{name}.svg")])
+    assert cli.exit_code == 0, cli.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["methane.svg", "water.svg"]
+
+
+def test_counterpoise_plot_and_components(tmp_path):
+    result = dfmp2.run_counterpoise("He 0 0 0; He 0 0 3.0", "1,1", pair_energies=True)
+    parts = result.interaction["components"]
+    total = parts["reference"]["eh"] + parts["os"]["eh"] + parts["ss"]["eh"]
+    assert abs(total - result.interaction["mp2"]["eh"]) <= TOL_COMPONENT_SUM
+    path = tmp_path / "cp.pdf"
+    plot_pair_energies(result, str(path))
+    assert path.read_bytes()[:4] == b"%PDF"
+    with pytest.raises(InputError, match="no pair energies"):
+        plot_pair_energies(dfmp2.run("He 0 0 0"), str(tmp_path / "no.png"))
