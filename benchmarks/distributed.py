@@ -129,7 +129,15 @@ def model(case: dict, ranks: int, rate: dict, bandwidth: float, itemsize: int = 
         "pair_gather": b * itemsize * (r - 1) / r / bandwidth,
     }
     t["total"] = sum(t.values())
-    t["memory_gb_per_rank"] = 2 * math.ceil(o / r) * v * x * 8 / 1e9  # redistribution peak
+    # per rank: the redistribution's peak (two slices of (ia|P)), or the pair stage's B slice
+    # and gather buffers: occ_block // R orbitals from every rank, at least one (with more
+    # ranks than orbitals in a slice, one orbital of B from each of the R ranks)
+    # (the pair blocks at their largest, 64 orbitals; one process gathers nothing)
+    slice_o = math.ceil(o / r)
+    block = min(slice_o, 64)
+    gather = (r + 1) * max(1, block // r) * v * x * itemsize if r > 1 else 0
+    t["memory_gb_per_rank"] = max(2 * slice_o * v * x * 8,
+                                  slice_o * v * x * itemsize + gather) / 1e9
     return t
 
 

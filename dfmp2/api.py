@@ -74,8 +74,30 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
     progress : optional callback ``progress(stage, done, total)``; environment : the record of
     what the ``dfmp2`` command set in the process environment, stored in the result.
     """
-    opts = Options.from_kwargs(**options)
     start = time.perf_counter()
+    comm = distributed.current()
+    try:
+        opts, mol, auxmol, plan, la = _setup(geometry, options, comm)
+    except Exception as exc:  # under torchrun every rank stops alike, before any collective
+        if comm is None:
+            raise
+        comm.agree(exc, "the input checks")
+    if comm is not None:
+        comm.agree(None, "the input checks")
+        return _run_ranks(comm, mol, auxmol, plan, opts, la, progress, environment, start)
+    mf = run_scf(mol, opts, progress=progress, la=la)
+    try:
+        return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
+                       auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
+    finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
+        release_integrals(mf)
+
+
+def _setup(geometry, options: dict, comm):
+    """Everything :func:`run` decides before the SCF: the options, the molecule, the
+    auxiliary basis, the plan and its resources, the dispatcher. On a rank of a distributed run
+    the chkfile (written by rank 0 alone) is checked on rank 0 only."""
+    opts = Options.from_kwargs(**options)
     opts.scaling  # noqa: B018 -- a custom functional PySCF cannot evaluate fails here, not later
     check_grid(opts.grid)
     if isinstance(geometry, gto.Mole):
@@ -87,23 +109,15 @@ def run(geometry, progress=None, environment: dict | None = None, **options) -> 
                          ecp=opts.ecp)
     check_reference_spin(mol, opts.resolved_reference)
     auxmol = make_auxmol(mol, opts.auxbasis)
-    comm = distributed.current()
     world = comm.world_size if comm is not None else 1
     if comm is not None and opts.pair_energies:
         raise InputError("pair energies (--pair-energies, --plot) are computed on one process; "
                          "run without torchrun")
     plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts, world)
     check_scratch(plan, opts, auxmol.nao_nr(), world)
-    check_chkfile(opts.chkfile)
-    la = _dispatcher(opts)
-    if comm is not None:
-        return _run_ranks(comm, mol, auxmol, plan, opts, la, progress, environment, start)
-    mf = run_scf(mol, opts, progress=progress, la=la)
-    try:
-        return compute(mf, opts, progress=progress, scf_seconds=time.perf_counter() - start,
-                       auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
-    finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
-        release_integrals(mf)
+    if comm is None or comm.rank == 0:
+        check_chkfile(opts.chkfile)
+    return opts, mol, auxmol, plan, _dispatcher(opts)
 
 
 def _run_ranks(comm, mol, auxmol, plan: RunPlan, opts: Options, la: Dispatcher, progress,

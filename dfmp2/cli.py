@@ -292,6 +292,8 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
     leader = ranks is None or ranks.rank == 0
     rows = []
     for index, (name, geometry) in enumerate(entries, 1):
+        if ranks is not None:
+            _same_entry(ranks, index)
         if leader and not quiet:
             click.echo(f"[{index}/{len(entries)}] {name}", err=True)
         collected: list = []
@@ -309,6 +311,27 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         click.echo(_batch_table(rows))
     if any(result is None for _name, result in rows):
         raise click.exceptions.Exit(1)
+
+
+def _same_entry(ranks, index: int) -> None:
+    """Under torchrun, before each batch entry: every rank is at entry ``index`` (else the batch
+    ends: a rank that left, or ranks out of step, would pair one entry's collectives with
+    another's)."""
+    import torch
+
+    from .distributed import current
+
+    try:
+        seen = current().all_reduce(torch.tensor([index, -index], dtype=torch.int64), "MIN")
+    except RuntimeError as exc:
+        if not ranks.is_collective_error(exc):
+            raise
+        raise _fail(f"the batch stops at entry {index}: {ranks.collective_error(exc)}",
+                    f" (rank {ranks.rank} of {ranks.world_size})") from None
+    if int(seen[0]) != -int(seen[1]):
+        raise _fail(f"the ranks are at different batch entries ({int(seen[0])} to "
+                    f"{-int(seen[1])}); the batch stops",
+                    f" (rank {ranks.rank} of {ranks.world_size})")
 
 
 def _batch_table(rows) -> str:
@@ -345,22 +368,24 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     line)."""
     leader = ranks is None or ranks.rank == 0
     plot_path = options.pop("_plot", None)
-    if leader:
-        _check_json_path(json_path)
-        if plot_path is not None:
-            from .plot import check_plot_path
-
-            try:
-                check_plot_path(plot_path)
-            except InputError as exc:
-                raise _fail(str(exc)) from None
-    else:  # rank 0 logs for the run; the others only their errors
-        logging.getLogger("dfmp2").setLevel(logging.ERROR)
-    terminal = _TerminalProgress(enabled=not quiet and leader)
-    restore, pending = _raise_on_signals()
     who = "" if ranks is None else f" (rank {ranks.rank} of {ranks.world_size})"
     if label:  # a batch entry: its error line names it
         who = f" ({label})" if not who else who[:-1] + f", {label})"
+    unwritable = _output_error(json_path, plot_path) if leader else None
+    if ranks is not None:  # rank 0 alone writes; every rank stops with it
+        from .distributed import current
+        from .errors import DFMP2Error
+
+        try:
+            current().agree(unwritable, "the output checks")
+        except DFMP2Error as exc:
+            raise _fail(exc, who) from None
+    elif unwritable is not None:
+        raise _fail(unwritable)
+    if not leader:  # rank 0 logs for the run; the others only their errors
+        logging.getLogger("dfmp2").setLevel(logging.ERROR)
+    terminal = _TerminalProgress(enabled=not quiet and leader)
+    restore, pending = _raise_on_signals()
 
     def progress(stage: str, done: int, total: int) -> None:
         pending.check()  # a signal whose exception Python swallowed (in a __del__ or callback)
@@ -442,13 +467,26 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
 
 def _check_json_path(path) -> None:
     """Before any work: the JSON file can be created or overwritten."""
+    error = _output_error(path, None)
+    if error is not None:
+        raise _fail(str(error))
+
+
+def _output_error(json_path, plot_path) -> InputError | None:
+    """Before any work: the :class:`InputError` that writing the JSON or the plot would meet
+    (None when both can be written)."""
     from ._files import check_writable_file
 
-    if path is not None and path != "-":
-        try:
-            check_writable_file(path, "JSON")
-        except InputError as exc:
-            raise _fail(str(exc)) from None
+    try:
+        if json_path is not None and json_path != "-":
+            check_writable_file(json_path, "JSON")
+        if plot_path is not None:
+            from .plot import check_plot_path
+
+            check_plot_path(plot_path)
+    except InputError as exc:
+        return exc
+    return None
 
 
 class _PendingSignal:

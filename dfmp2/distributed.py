@@ -369,9 +369,41 @@ def plan_rank(nao: int, dims, naux: int, world_size: int, max_memory_mb: float,
     plan = plan_blocks(nao, [(2 * o, v) for o, v in slices], naux, max_memory_mb,
                        b_itemsize=b_itemsize, force_outcore=force_outcore)
     omax = max([o for o, _ in slices] + [1])
-    return replace(plan, occ_block=max(1, min(plan.occ_block, omax)),
+    plan = replace(plan, occ_block=max(1, min(plan.occ_block, omax)),
                    fit_occ=max(1, min(plan.fit_occ, omax)),
                    b_bytes=sum(o * v for o, v in slices) * naux * b_itemsize)
+    _check_gather(plan, slices, naux, world_size, max_memory_mb, b_itemsize)
+    return plan
+
+
+def gather_bytes(occ_block: int, nvir: int, naux: int, world_size: int,
+                 b_itemsize: int) -> int:
+    """A rank's buffers of one pair-stage gather: ``occ_block // world_size`` orbitals (at
+    least one) of B from each rank, and its own chunk to send."""
+    chunk = max(1, occ_block // world_size)
+    return (world_size + 1) * chunk * nvir * naux * b_itemsize
+
+
+def _check_gather(plan, slices, naux: int, world_size: int, max_memory_mb: float,
+                  b_itemsize: int) -> None:
+    """The pair stage within ``max_memory_mb``: the metric's factors, the rank's B slice (in
+    core), a pair block and the gather buffers (:func:`gather_bytes`: with more ranks than
+    orbitals in a block, one orbital from every rank). A :class:`ResourceError` naming what to
+    change otherwise (on every rank alike)."""
+    from .blocking import MB, least_max_memory, pair_block_bytes, usable_bytes
+    from .errors import ResourceError
+
+    vmax = max([v for _, v in slices] + [1])
+    gather = gather_bytes(plan.occ_block, vmax, naux, world_size, b_itemsize)
+    need = (3 * naux * naux * 8 + (0 if plan.outcore else plan.b_bytes) + gather
+            + pair_block_bytes(plan.occ_block, vmax, naux, b_itemsize if plan.outcore else 0))
+    if need > usable_bytes(max_memory_mb):
+        raise ResourceError(
+            f"max_memory {max_memory_mb:.0f} MB per rank is too small for the pair stage on "
+            f"{world_size} ranks: each gather brings {max(1, plan.occ_block // world_size)} "
+            f"occupied orbital(s) of B from every rank ({gather / MB:.0f} MB), and with the "
+            f"rank's B and a pair block it needs {need / MB:.0f} MB; give --max-memory "
+            f"{least_max_memory(need / MB)} or use fewer ranks")
 
 
 class _Deferred:
@@ -456,7 +488,13 @@ def distributed_pair_energies(mol, auxmol, spaces, la, comm: Comm, *, max_memory
                      world, max_memory, 8 if precision == "fp64" else 4, force_outcore)
     factor = comm.run_stage("metric", lambda: factor_metric(
         torch.from_numpy(metric(auxmol)), la))
-    stages = plan_stages(la.backend, factor.condition, precision, la.policy.require_nki)
+    kept = comm.all_reduce(torch.tensor([factor.naux_fit, -factor.naux_fit]), "MIN")
+    if int(kept[0]) != -int(kept[1]):  # every rank sees the same numbers: all raise alike
+        raise RankFailed(f"the ranks factored the metric differently (kept {int(kept[0])} to "
+                         f"{-int(kept[1])} auxiliary functions): run every rank with the same "
+                         "libraries on the same kind of machine")
+    stages = comm.run_stage("metric", plan_stages, la.backend, factor.condition, precision,
+                            la.policy.require_nki)
     placed = {stage.stage: _stage_ops(la, stage) for stage in stages}
     shares = aux_shares(auxmol.ao_loc_nr(), world)
     shell0, shell1, p0, p1 = shares[rank]
@@ -483,7 +521,7 @@ def distributed_pair_energies(mol, auxmol, spaces, la, comm: Comm, *, max_memory
                                    naux, factor.naux_fit)
             comm.run_stage("redistribute", _redistribute, comm, part, store, spaces[k], shares,
                            plan.fit_occ, progress)
-            part.close()
+            comm.run_stage("redistribute", part.close)
             stores.append(store)
         for store in stores:
             comm.run_stage("fit", fit, store, factor, placed["fit"], plan.fit_occ, progress)

@@ -60,3 +60,25 @@ def die_in_pairs(rank: int, world: int, port: int, queue, geometry: str, scratch
         queue.put((rank, "ok", ""))
     except Exception as exc:  # reported to the test
         queue.put((rank, type(exc).__name__, str(exc)[:300]))
+
+
+def scratch_missing_on_rank_1(rank: int, world: int, port: int, queue, geometry: str,
+                              scratch: str) -> None:
+    """Rank 1's scratch directory does not exist (node-local scratch): every rank stops in the
+    input checks, before the SCF, and the processes live on (a notebook's)."""
+    import time
+
+    import torch.distributed as dist
+
+    import dfmp2
+
+    _join(rank, world, port, timeout_s=60.0)
+    start = time.perf_counter()
+    where = scratch if rank == 0 else os.path.join(scratch, "missing-on-this-node")
+    try:
+        dfmp2.run(geometry, force_outcore=True, scratch_dir=where)
+        queue.put((rank, "ok", ""))
+    except Exception as exc:  # reported to the test, which checks the type, text and time
+        queue.put((rank, type(exc).__name__, f"{time.perf_counter() - start:.1f} {exc}"))
+    finally:
+        dist.destroy_process_group()

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import _dist_workers
 import numpy as np
 import pytest
 from _dist_workers import die_in_pairs, fail_in_fit
@@ -17,6 +18,8 @@ from _dist_workers import die_in_pairs, fail_in_fit
 import dfmp2
 from dfmp2 import distributed
 from dfmp2.energy import pair_weights
+from dfmp2.errors import ResourceError
+from dfmp2.geometry import read_xyz_frames
 
 from conftest import INPUTS
 from tolerances import TOL_DISTRIBUTED
@@ -24,6 +27,9 @@ from tolerances import TOL_DISTRIBUTED
 WATER = str(INPUTS / "water.xyz")
 #: H2O+ (doublet): an open shell whose alpha and beta spaces differ.
 CATION = ["--charge", "1", "--spin", "1"]
+#: Seconds within which ranks stopped by a failed input check must report (they stop before the
+#: SCF, in well under a second; the group's collective timeout is 60 s).
+TIMELY_STOP_S = 30.0
 
 
 # -- the split ---------------------------------------------------------------------------------
@@ -329,3 +335,42 @@ def test_torchrun_runs_workflows(tmp_path):
     got = json.loads(cp.read_text())["extras"]["interaction"]["mp2"]["eh"]
     want = run_counterpoise(dimer, "3,3", basis="sto-3g", auxbasis="def2-svp-ri")
     assert abs(got - want.interaction["mp2"]["eh"]) <= TOL_DISTRIBUTED
+
+
+def test_a_check_that_fails_on_one_rank_stops_every_rank_before_the_scf(tmp_path):
+    """A scratch directory missing on rank 1 only: both ranks stop in the input checks (rank 1
+    its own InputError, rank 0 a RankFailed), at once rather than after rank 0's SCF and a
+    collective timeout."""
+    _procs, reports = _spawn(_dist_workers.scratch_missing_on_rank_1, 2, WATER, str(tmp_path))
+    assert reports[1][0] == "InputError" and "does not exist" in reports[1][1]
+    kind, text = reports[0]
+    assert kind == "RankFailed" and "failed during the input checks" in text
+    assert float(text.split()[0]) < TIMELY_STOP_S
+
+
+def test_torchrun_batch_stays_in_step_when_rank_0_cannot_write(tmp_path):
+    """Entry 1's JSON path is a directory (checked by rank 0, which alone writes): every rank
+    skips entry 1 together, and entry 2's energy is that of one process."""
+    frames = tmp_path / "two.xyz"
+    water = (INPUTS / "water.xyz").read_text()
+    frames.write_text(water + water.replace("0.0000", "0.0100", 1))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "1.json").mkdir()
+    proc = _torchrun(2, [str(frames), "--json", str(tmp_path / "out" / "{index}.json")],
+                     tmp_path)
+    assert proc.returncode == 1
+    assert "failed during the output checks" in proc.stderr
+    got = json.loads((tmp_path / "out" / "2.json").read_text())
+    want = dfmp2.run(read_xyz_frames(frames)[1])
+    assert abs(got["properties"]["mp2_correlation_energy"] - want.e_corr) <= TOL_DISTRIBUTED
+
+
+def test_the_pair_gather_counts_against_max_memory():
+    """With more ranks than orbitals in a block, each gather brings one orbital from every
+    rank: a budget that holds the slices but not that is refused before any work."""
+    dims = [(500, 1900)]
+    plan = distributed.plan_rank(2280, dims, 8400, 16, 40000, 8)
+    assert plan.occ_block >= 16
+    with pytest.raises(ResourceError, match="each gather brings 1 occupied orbital"):
+        distributed.plan_rank(2280, dims, 8400, 256, 20000, 8)
+    assert distributed.gather_bytes(2, 1900, 8400, 256, 8) == 257 * 1900 * 8400 * 8
