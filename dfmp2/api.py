@@ -24,6 +24,7 @@ from pyscf import scf as pyscf_scf
 from . import distributed
 from ._files import check_writable_file
 from .blocking import MB, BlockPlan, plan_blocks
+from .device import resolve_device
 from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
 from .errors import InputError, NotComputedError, OrbitalError, ResourceError
@@ -117,7 +118,9 @@ def _setup(geometry, options: dict, comm):
     check_scratch(plan, opts, auxmol.nao_nr(), world)
     if comm is None or comm.rank == 0:
         check_chkfile(opts.chkfile)
-    return opts, mol, auxmol, plan, _dispatcher(opts)
+    la = _dispatcher(opts)
+    resolve_device(opts.device, la.backend, comm is not None, opts.device_memory)  # refused now
+    return opts, mol, auxmol, plan, la
 
 
 def _run_ranks(comm, mol, auxmol, plan: RunPlan, opts: Options, la: Dispatcher, progress,
@@ -280,15 +283,17 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         timer.seconds["scf"] = scf_seconds
     la = la if la is not None else _dispatcher(opts)
     prep = _prepare(mf, opts, timer, auxmol, plan, own_scf)
+    device = resolve_device(opts.device, la.backend, False, opts.device_memory)
     energies = None
     if prep.ref.has_pairs:
         kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,
-                  "scratch_dir": opts.scratch_dir, "pair_table": opts.pair_energies}
+                  "scratch_dir": opts.scratch_dir, "pair_table": opts.pair_energies,
+                  "device": device}
         if progress is not None:
             kwargs["progress"] = progress
         energies = dfmp2_pair_energies(prep.mol, prep.auxmol, prep.ref.spaces,
                                        prep.plan.blocks, la, **kwargs)
-    return _assemble(mf, opts, prep, energies, timer, la, environment)
+    return _assemble(mf, opts, prep, energies, timer, la, environment, device=device)
 
 
 @dataclass(frozen=True)
@@ -330,8 +335,8 @@ def _prepare(mf, opts: Options, timer: StageTimer, auxmol, plan: RunPlan | None,
 
 
 def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
-              la: Dispatcher, environment: dict | None, distributed: dict | None = None
-              ) -> Result:
+              la: Dispatcher, environment: dict | None, distributed: dict | None = None,
+              device=None) -> Result:
     """The :class:`Result` of a run from the SCF object, the prepared reference and the MP2
     step's ``(energies, factor)`` (None when there are no pairs)."""
     mol, auxmol, ref, plan = prep.mol, prep.auxmol, prep.ref, prep.plan
@@ -379,7 +384,8 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
                           nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None,
-                          nki_device=la.device_record() if la.backend == "nki" else None)
+                          nki_device=la.device_record() if la.backend == "nki" else None,
+                          device=_device_record(device, energies))
     e_scs = scs_energy(e_os, e_ss, scaling.os, scaling.ss, ref.e_singles)
     return Result(
         e_scf=float(mf.e_tot), e_corr_os=e_os, e_corr_ss=e_ss, e_singles=ref.e_singles,
@@ -409,6 +415,15 @@ def _pair_record(ref: Reference, pairs, wanted: bool) -> dict | None:
                           "E_OS or E_SS; rows and columns are the orbitals of spaces[k] "
                           "(closed shell: one space; open shell: alpha, beta)",
             "spaces": spaces, "blocks": blocks}
+
+
+def _device_record(device, energies) -> dict | None:
+    """Where the MP2 step ran (:class:`dfmp2.device.ComputeDevice`) and, on a device, its plan
+    (B on the device, or streamed from the host)."""
+    if device is None:
+        return None
+    plan = getattr(energies, "device_plan", None) if energies is not None else None
+    return {**device.as_dict(), **({"plan": plan} if plan else {})}
 
 
 def _double_hybrid_record(scaling, mf, e_pt2: float) -> dict | None:

@@ -128,6 +128,12 @@ _D = Options.default
               help="NeuronCore generation of the NKI launches: trn2 runs two SPMD programs per "
                    "launch (LNC=2), trn1 alternates its two cores; auto reads the instance type "
                    "(the emulated target with --nki-emulator).")
+@click.option("--device", type=click.Choice(("auto", "cpu", "cuda")), default=_D("device"),
+              show_default=True,
+              help="Where the MP2 step runs: a CUDA device through torch, or the host; auto "
+                   "takes a CUDA device when torch sees one.")
+@click.option("--device-memory", type=click.IntRange(min=1), default=_D("device_memory"),
+              metavar="MB", help="Memory budget on the device [default: its free memory].")
 @click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
               show_default=True,
               help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")

@@ -56,6 +56,9 @@ class Options:
     os_scale, ss_scale : scales of the opposite- and same-spin energies in the scaled energy
         reported beside MP2 (None: SCS-MP2, Grimme's 6/5 and 1/3) or of a double hybrid's PT2
         term (None: the functional's own).
+    device : 'auto' (a CUDA device when torch sees one, else the host), 'cpu' or 'cuda': where
+        the MP2 step runs (:mod:`dfmp2.device`); device_memory : its budget on the device in MB
+        (None: the device's free memory).
     pair_energies : keep the energy of every occupied pair (``Result.pair_energies``; host ops,
         one per block, instead of the fused pair sums).
     sos : the spin-opposite-scaled variant: same-spin scale 0 (SOS-MP2: opposite-spin 1.3).
@@ -99,6 +102,8 @@ class Options:
     ss_scale: float | None = None
     sos: bool = False
     pair_energies: bool = False
+    device: str = "auto"
+    device_memory: int | None = None
     conv_tol: float = 1e-11
     conv_tol_grad: float = 1e-7
     max_cycle: int = 100
@@ -110,6 +115,12 @@ class Options:
         _choice("scf_precision", self.scf_precision, SCF_PRECISIONS)
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
+        _choice("device", self.device, ("auto", "cpu", "cuda"))
+        if self.device_memory is not None and (
+                not isinstance(self.device_memory, int) or isinstance(self.device_memory, bool)
+                or self.device_memory <= 0):
+            raise InputError(f"device_memory must be a positive number of MB, got "
+                             f"{self.device_memory!r}")
         _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
         _choice("nki_target", self.nki_target, NKI_TARGETS)
         if self.backend == "pytorch" and self.nki_matmul != "fp32":

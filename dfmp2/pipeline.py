@@ -195,14 +195,15 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
 
 
 def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
-        progress: Progress = _no_progress) -> None:
+        progress: Progress = _no_progress, matrix: torch.Tensor | None = None) -> None:
     """``B_ia^Q = sum_P (ia|P) [L^{-T}]_PQ`` (or ``(ia|P) J^{-1/2}``) for blocks of ``fit_occ``
     occupied orbitals, read from and written to ``store``.
 
-    ``L^{-T}`` is formed once; each block is then one ``la.trmm``, in place in the rows read
-    (a trsm per block ran at half the GEMM rate)."""
+    ``L^{-T}`` is formed once (or given as ``matrix``, e.g. already on a CUDA device); each
+    block is then one ``la.trmm``, in place in the rows read (a trsm per block ran at half the
+    GEMM rate)."""
     nocc = store.nocc
-    matrix = fit_matrix(factor, la)
+    matrix = fit_matrix(factor, la) if matrix is None else matrix
     la.keep_on_device(matrix)  # read by every block: a device keeps it
     for i0 in range(0, nocc, fit_occ):
         i1 = min(i0 + fit_occ, nocc)
@@ -231,6 +232,7 @@ class PairEnergies:
     npairs: int
     stages: tuple[StagePrecision, ...] = ()
     pairs: tuple["PairMatrix", ...] | None = None
+    device_plan: dict | None = None
 
     def stages_dict(self) -> dict[str, dict]:
         """``{stage: {"placement": ..., "reason": ...}}`` for the result and JSON."""
@@ -305,6 +307,7 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
     npairs = done = 0
     matrices = []
     for task, task_blocks in zip(tasks, blocks):
+        sums = None  # [direct, exchange] of the task, float64 where the operands are
         if pair_table:
             shape = (task.store_i.nocc, task.store_j.nocc)
             matrix = PairMatrix(_block_name(task, stores), _space_pair(task, stores),
@@ -321,17 +324,119 @@ def pair_energies(stores, eps, la: Dispatcher, occ_block: int, fused: bool = Tru
             args = (ovL_i, ovL_j, task.eps_occ_i[i0:i1], task.eps_occ_j[j0:j1], task.eps_vir_i,
                     task.eps_vir_j, torch.from_numpy(weights), task.kind.exchange)
             if pair_table:
-                direct, exchange = _table_block(la, args, matrix, task.kind, (i0, i1), (j0, j1))
+                part = torch.tensor(_table_block(la, args, matrix, task.kind, (i0, i1),
+                                                 (j0, j1)), dtype=torch.float64)
             else:
-                direct, exchange = (float(x) for x in (la.mp2_pair_sums(*args) if fused
-                                                        else _unfused(la, *args)))
-            os_part, ss_part = task.kind.energies(direct, exchange)
-            e_os += os_part
-            e_ss += ss_part
+                part = la.mp2_pair_sums(*args) if fused else _unfused(la, *args)
+            sums = part if sums is None else sums + part.to(sums.device)
             npairs += int(np.count_nonzero(weights))
             done += 1
             progress("pair energy", done, nblocks)
+        if sums is not None:  # the energies are linear in the sums: one read per task
+            direct, exchange = (float(x) for x in sums.cpu())
+            os_part, ss_part = task.kind.energies(direct, exchange)
+            e_os += os_part
+            e_ss += ss_part
     return PairEnergies(e_os, e_ss, npairs, pairs=tuple(matrices) if pair_table else None)
+
+
+def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, device,
+                          fused: bool, precision: str, progress: Progress, timer: StageTimer,
+                          scratch_dir: str | None, pair_table: bool):
+    """:func:`dfmp2_pair_energies` on ``device.device`` (a CUDA device; the CPU in tests).
+
+    The metric is factored on the host in fp64 (LAPACK decides positive definiteness, as on
+    every path) and its fit matrix copied to the device. When every space's (ia|P) and B fit in
+    the device's budget (:func:`dfmp2.device.plan_device`), the transform runs there
+    (:func:`transform_on_device`: int3c2e blocks from libcint on the host, copied in while the
+    device transforms the previous block), then the fit and the pair energies, B never leaving
+    the device. Otherwise the transform and fit run on the host (the host plan: in memory or
+    out of core) and the pair blocks of B are copied to the device (:class:`StreamedB`).
+    Operands on a CUDA device always run torch's ops (the dispatcher's records say pytorch)."""
+    from .device import plan_device
+    from .storage import DeviceStore
+
+    dev = device.device
+    b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
+    used = [k for k, sp in enumerate(spaces) if sp.nocc and sp.nvir]
+    naux = auxmol.nao_nr()
+    dplan = plan_device(mol.nao_nr(), [(spaces[k].nocc, spaces[k].nvir) for k in used], naux,
+                        device.memory_bytes if device.memory_bytes is not None
+                        else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8)
+    j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
+    factor = timer.run("metric", factor_metric, j2c, la)
+    del j2c
+    where = f"{dev.type} {'fp64' if precision == 'fp64' else 'fp32 products'}"
+    stages = (StagePrecision("metric", "host fp64", "LAPACK's positive-definiteness decision"),
+              *(StagePrecision(stage, f"{dev.type} fp64" if dplan.resident else "host fp64",
+                               "B on the device" if dplan.resident else
+                               "B does not fit on the device: host, pair blocks streamed")
+                for stage in ("transform", "fit")),
+              StagePrecision("pair_energy", where, f"--device on {device.name}"))
+    eps = [tuple(torch.from_numpy(np.ascontiguousarray(e)).to(reduce_dtype).to(dev)
+                 for e in (sp.eps_occ, sp.eps_vir)) for sp in spaces]
+    if not dplan.resident:
+        host_plan = replace(plan, occ_block=min(plan.occ_block, dplan.occ_block))
+        energies, factor = dfmp2_pair_energies(mol, auxmol, spaces, host_plan, la, fused,
+                                               precision, progress, timer, scratch_dir,
+                                               pair_table, device=None, _streamed=(dev, eps))
+        return replace(energies, stages=stages, device_plan=dplan.as_dict()), factor
+    stores = timer.run("transform", lambda: [
+        DeviceStore(spaces[k].nocc, spaces[k].nvir, naux, factor.naux_fit, b_dtype, dev)
+        for k in used])
+    try:
+        timer.run("transform", transform_on_device, mol, auxmol, [spaces[k] for k in used], la,
+                  dplan.aux_block, stores, dev, progress)
+        matrix = fit_matrix(factor, la).to(dev)
+        for k, store in zip(used, stores):
+            spin = "" if len(spaces) == 1 else (" alpha", " beta")[k]
+            timer.run("fit", fit, store, factor, la, store.nocc,
+                      lambda stage, done, total: progress(stage + spin, done, total), matrix)
+        by_space = dict(zip(used, stores))
+        energies = timer.run("pair_energy", pair_energies,
+                             [by_space.get(k) for k in range(len(spaces))], eps, la,
+                             dplan.occ_block, fused, progress, pair_table)
+    finally:
+        for store in stores:
+            store.close()
+    return replace(energies, stages=stages, device_plan=dplan.as_dict()), factor
+
+
+def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher,
+                        aux_block: int, stores, device, progress: Progress = _no_progress
+                        ) -> None:
+    """The AO->MO transform of :func:`transform` with the products on ``device``: per block of
+    ``aux_block`` auxiliary functions, libcint's packed integrals are unpacked on the host into
+    one of two host buffers (pinned for CUDA) and copied to the device; there
+    ``X = (mu nu|P) C_occ`` is one GEMM over the block ((P nu, mu) x (mu, i); the square
+    matrices are symmetric) and ``(ia|P) = X^T C_vir`` another, written into the
+    :class:`~dfmp2.storage.DeviceStore`. CUDA runs the copies and products asynchronously: the
+    host computes the next block's integrals meanwhile, and reuses a host buffer only once its
+    copy has finished (an event per buffer)."""
+    nao = mol.nao_nr()
+    cuda = device.type == "cuda"
+    coeffs = [(torch.from_numpy(sp.occ_coeff).to(device), torch.from_numpy(sp.vir_coeff).to(device))
+              for sp in spaces]
+    naux = auxmol.nao_nr()
+    host = [torch.empty((aux_block, nao, nao), dtype=torch.float64, pin_memory=cuda)
+            for _ in range(2)]
+    copied = [None, None]  # CUDA events: the copy out of each host buffer has finished
+    for k, (p0, p1, packed) in enumerate(iter_int3c2e(mol, auxmol, aux_block)):
+        nblk, slot = p1 - p0, k % 2
+        if copied[slot] is not None:
+            copied[slot].synchronize()
+        square_host = host[slot][:nblk]
+        unpack_pairs(packed, out=square_host.numpy())
+        square = square_host.to(device, non_blocking=True)
+        if cuda:
+            copied[slot] = torch.cuda.Event()
+            copied[slot].record()
+        for (occ_coeff, vir_coeff), sp, store in zip(coeffs, spaces, stores):
+            x = la.gemm(square.reshape(nblk * nao, nao), occ_coeff)  # (P nu, i)
+            x_t = x.view(nblk, nao, sp.nocc).transpose(1, 2).reshape(nblk * sp.nocc, nao)
+            full = la.gemm(x_t, vir_coeff)  # (P i, a)
+            store.write_pia(p0, p1, full.view(nblk, sp.nocc, sp.nvir))
+        progress("transform", p1, naux)
 
 
 def _block_name(task: SpinTask, stores) -> str:
@@ -422,15 +527,17 @@ PRECISION_DTYPES = {
 def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: BlockPlan,
                         la: Dispatcher, fused: bool = True, precision: str = "fp64",
                         progress: Progress = _no_progress, timer: StageTimer | None = None,
-                        scratch_dir: str | None = None, pair_table: bool = False
-                        ) -> tuple[PairEnergies, MetricFactor]:
+                        scratch_dir: str | None = None, pair_table: bool = False,
+                        device=None, _streamed=None) -> tuple[PairEnergies, MetricFactor]:
     """The whole post-SCF DF-MP2 step for a list of orbital spaces: one (closed shell) or
     alpha and beta (open shell, spin blocks as in :mod:`dfmp2.energy`).
 
     precision : 'fp64'; 'mixed' (B and the pair GEMMs in fp32, reduction and sums in fp64); or
     'fp32' (reduction of each block in fp32 too, block sums in fp64). The metric, transform and
     fit always run in fp64 (on the pytorch backend). pair_table : keep every pair's energy
-    (:attr:`PairEnergies.pairs`; see :func:`pair_energies`).
+    (:attr:`PairEnergies.pairs`; see :func:`pair_energies`). device : a
+    :class:`dfmp2.device.ComputeDevice` with a torch device: the step runs there
+    (:func:`_device_pair_energies`); None or a host one: the host pipeline below.
 
     On the nki backend each stage runs where :func:`plan_stages` puts it for the metric's
     condition number (the op records say which calls ran on the host, and why); raises
@@ -439,6 +546,9 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
     ``factor.condition`` / ``factor.method`` / ``factor.reason`` the metric's.
     """
     timer = timer or StageTimer()
+    if device is not None and device.device is not None:
+        return _device_pair_energies(mol, auxmol, spaces, plan, la, device, fused, precision,
+                                     progress, timer, scratch_dir, pair_table)
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
@@ -472,6 +582,11 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
         by_space = dict(zip(used, stores))
         eps = [tuple(torch.from_numpy(np.ascontiguousarray(e)).to(reduce_dtype)
                      for e in (sp.eps_occ, sp.eps_vir)) for sp in spaces]
+        if _streamed is not None:  # a device's pair stage: B's blocks copied there
+            from .storage import StreamedB
+
+            target, eps = _streamed
+            by_space = {k: StreamedB(store, target) for k, store in by_space.items()}
         energies = timer.run("pair_energy", pair_energies,
                              [by_space.get(k) for k in range(len(spaces))], eps,
                              placed["pair_energy"], plan.occ_block, fused, progress,

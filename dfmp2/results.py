@@ -129,7 +129,8 @@ class BackendInfo:
     """Which backend ran: requested and resolved backend, NKI mode, why, per-op records,
     the CPU BLAS choice, the precision of the NKI pair kernels' products and the NKI device's
     record (target, SPMD programs and cores, host<->device bytes, launches, pair shares per
-    program, where B was during the pair stage; both None when no NKI kernel ran)."""
+    program, where B was during the pair stage; both None when no NKI kernel ran), ``device``
+    where the MP2 step ran (``--device``: the host, or a CUDA device with its plan)."""
 
     requested: str
     resolved: str
@@ -139,6 +140,7 @@ class BackendInfo:
     cpu_blas: dict
     nki_matmul: str | None = None
     nki_device: dict | None = None
+    device: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,11 @@ class Result:
                 f"({dev['resident_bytes'] / 1e6:.1f} MB kept), "
                 f"{dev['downloaded_bytes'] / 1e6:.1f} MB down; pair shares "
                 f"{dev['program_pairs']}; B {dev['b_placement'] or 'not used'}")
+        if (dev := b.device) is not None:
+            plan = dev.get("plan")
+            lines.append(f"  device {dev['resolved']} ({dev['name']}; {dev['reason']})"
+                         + (f": B {plan['b_placement']}, pair blocks of {plan['occ_block']}, "
+                            f"{plan['device_mb']} MB planned" if plan else ""))
         if (dist := self.distributed) is not None:
             lines.append(
                 f"  distributed over {dist['world_size']} ranks ({dist['backend']})"

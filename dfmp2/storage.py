@@ -19,7 +19,7 @@ import torch
 
 from .buffers import zeros
 
-__all__ = ["IncoreStore", "H5Store", "MatrixFile"]
+__all__ = ["DeviceStore", "IncoreStore", "H5Store", "MatrixFile", "StreamedB"]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -72,6 +72,60 @@ class IncoreStore:
 
     def close(self) -> None:
         self._ovP = self._ovL = None
+
+
+class DeviceStore:
+    """Both tensors on a torch device (``--device cuda``; any device, the CPU in tests): torch
+    ops only, no numpy views. ``Pia`` and ``B`` share one tensor when the fit is in place."""
+
+    kind = "device"
+    in_memory = True
+
+    def __init__(self, nocc: int, nvir: int, naux: int, naux_fit: int, dtype, device):
+        self.nocc, self.nvir, self.naux, self.naux_fit = nocc, nvir, naux, naux_fit
+        self._ovP = torch.zeros((nocc, nvir, naux), dtype=torch.float64, device=device)
+        self._ovL = None
+        self._dtype = dtype
+
+    def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
+        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir) on the device."""
+        self._ovP[:, :, p0:p1].copy_(pia.permute(1, 2, 0))
+
+    def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
+        return self._ovP[i0:i1].reshape((i1 - i0) * self.nvir, self.naux)
+
+    def write_b(self, i0: int, i1: int, b_rows: torch.Tensor) -> None:
+        if self._ovL is None:
+            in_place = self.naux_fit == self.naux and self._dtype == torch.float64
+            self._ovL = self._ovP if in_place else torch.zeros(
+                (self.nocc, self.nvir, self.naux_fit), dtype=self._dtype,
+                device=self._ovP.device)
+        target = self._ovL[i0:i1]
+        if b_rows.data_ptr() != target.data_ptr():
+            target.copy_(b_rows.reshape(i1 - i0, self.nvir, -1))
+
+    def finish_fit(self) -> None:
+        if self._ovL is not self._ovP:
+            self._ovP = None
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        return self._ovL[i0:i1]
+
+    def close(self) -> None:
+        self._ovP = self._ovL = None
+
+
+class StreamedB:
+    """A host store's B read in occupied blocks onto ``device`` (the pair stage of a run whose
+    B does not fit on the device)."""
+
+    def __init__(self, store, device):
+        self.store, self.device = store, device
+        self.nocc = store.nocc
+        self.in_memory = True  # nothing for a device backend to place: blocks are copied
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        return self.store.read_b(i0, i1).to(self.device, non_blocking=True)
 
 
 class H5Store:

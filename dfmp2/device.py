@@ -1,0 +1,142 @@
+"""Where the MP2 step's tensors live: the host (the CPU pipeline of :mod:`dfmp2.pipeline`, with
+its BLAS choice and out-of-core store) or a CUDA device through torch (``--device``).
+
+:func:`resolve_device` decides once per run and says why; :func:`plan_device` decides, from the
+device's memory, whether the transformed and fitted integrals stay on the device for the whole
+step or B stays in host memory and the pair blocks stream to the device
+(:func:`dfmp2.pipeline.dfmp2_pair_energies`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import BackendUnavailableError, InputError
+
+__all__ = ["DEVICES", "ComputeDevice", "DevicePlan", "plan_device", "resolve_device"]
+
+#: ``--device`` choices.
+DEVICES = ("auto", "cpu", "cuda")
+#: Share of the device's free memory (or of ``--device-memory``) the plan may fill: the CUDA
+#: caching allocator and cuBLAS workspaces take the rest.
+DEVICE_RESERVE = 0.10
+
+
+@dataclass(frozen=True)
+class ComputeDevice:
+    """The run's compute device: ``device`` the torch device of the MP2 step (None: the host
+    pipeline), ``reason`` why, ``name`` the device's name, ``memory_bytes`` its memory budget
+    (None on the host path)."""
+
+    requested: str
+    device: torch.device | None
+    reason: str
+    name: str
+    memory_bytes: int | None = None
+
+    def as_dict(self) -> dict:
+        return {"requested": self.requested,
+                "resolved": str(self.device) if self.device is not None else "host",
+                "reason": self.reason, "name": self.name,
+                "memory_mb": None if self.memory_bytes is None
+                else round(self.memory_bytes / 2**20, 1)}
+
+
+def resolve_device(requested: str, backend: str, distributed: bool = False,
+                   memory_mb: int | None = None) -> ComputeDevice:
+    """The device of a run. ``auto``: the current CUDA device when torch sees one (pytorch
+    backend, one process), else the host; ``cpu``: the host; ``cuda``: the current CUDA device,
+    or a :class:`BackendUnavailableError` saying why not. ``memory_mb``: the budget on the
+    device (default: its free memory now)."""
+    if requested not in DEVICES:
+        raise InputError(f"device {requested!r}: choose one of {', '.join(DEVICES)}")
+    if requested == "cpu":
+        return ComputeDevice(requested, None, "requested --device cpu", _cpu_name())
+    if backend == "nki":
+        if requested == "cuda":
+            raise InputError("--device cuda contradicts --backend nki (its kernels run on "
+                             "NeuronCores); drop one of them")
+        return ComputeDevice(requested, None, "auto: the nki backend runs on NeuronCores",
+                             _cpu_name())
+    if distributed:
+        if requested == "cuda":
+            raise InputError("--device cuda is not supported under torchrun yet: the ranks' "
+                             "MP2 step runs on their hosts; run one process per GPU job")
+        return ComputeDevice(requested, None, "auto: a torchrun rank computes on its host",
+                             _cpu_name())
+    if not torch.cuda.is_available():
+        why = ("torch has no CUDA support (a CPU wheel)" if torch.version.cuda is None
+               else "torch sees no CUDA device")
+        if requested == "cuda":
+            raise BackendUnavailableError(f"--device cuda: {why}")
+        return ComputeDevice(requested, None, f"auto: {why}; the host runs the MP2 step",
+                             _cpu_name())
+    index = torch.cuda.current_device()
+    free, _total = torch.cuda.mem_get_info(index)
+    budget = int(free) if memory_mb is None else min(int(free), int(memory_mb) * 2**20)
+    return ComputeDevice(requested, torch.device("cuda", index),
+                         f"{requested}: CUDA device {index}", torch.cuda.get_device_name(index),
+                         budget)
+
+
+def _cpu_name() -> str:
+    from .cpuinfo import cpu_model
+
+    return cpu_model()
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """The MP2 step on a device: ``resident`` True when (ia|P) and B of every space stay on
+    the device (the transform and fit run there too), False when B stays in host memory (the
+    transform and fit run on the host) and the pair blocks are copied to the device;
+    ``occ_block`` the pair blocks' occupied orbitals; ``aux_block`` auxiliary functions per
+    transform block; ``device_bytes`` what the plan puts on the device at most."""
+
+    resident: bool
+    occ_block: int
+    aux_block: int
+    device_bytes: int
+
+    def as_dict(self) -> dict:
+        return {"b_placement": "device" if self.resident else "host, streamed per pair block",
+                "occ_block": self.occ_block, "aux_block": self.aux_block,
+                "device_mb": round(self.device_bytes / 2**20, 1)}
+
+
+def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -> DevicePlan:
+    """The device plan for orbital spaces ``dims`` ((nocc, nvir) each) and ``naux`` auxiliary
+    functions within ``budget_bytes`` (less :data:`DEVICE_RESERVE`).
+
+    Resident: every space's (ia|P) in fp64 (B overwrites it in place in fp64; a separate B in
+    fp32), the fit matrix, one transform block (the unpacked integrals, the half-transformed and
+    the transformed block) and a pair block. Streamed: the fit matrix is not needed there; two
+    pair blocks of B arrive per step. Raises :class:`dfmp2.errors.ResourceError` when not even
+    one-orbital pair blocks fit."""
+    from .blocking import MB, pair_block_bytes
+    from .errors import ResourceError
+
+    usable = int((1.0 - DEVICE_RESERVE) * budget_bytes)
+    used = [(o, v) for o, v in dims if o and v]
+    vmax = max(v for _, v in used)
+    omax = max(o for o, _ in used)
+    ovx = sum(o * v for o, v in used) * naux
+    fit = naux * naux * 8
+    store = ovx * 8 + (ovx * b_itemsize if b_itemsize != 8 else 0)
+    per_aux = sum(nao * nao + 2 * o * nao + o * v for o, v in used) * 8
+    aux_block = max(1, min(naux, 256, (usable - store - fit) // per_aux)) if per_aux else 1
+    for resident in (True, False):
+        fixed = store + fit + aux_block * per_aux if resident else 0
+        best = 0
+        for b in range(1, min(omax, 64) + 1):
+            work = pair_block_bytes(b, vmax, naux, 0 if resident else b_itemsize)
+            if fixed + work <= usable:
+                best = b
+        if best:
+            work = pair_block_bytes(best, vmax, naux, 0 if resident else b_itemsize)
+            return DevicePlan(resident, best, int(aux_block), int(fixed + work))
+    raise ResourceError(
+        f"the device's memory budget ({budget_bytes / MB:.0f} MB) holds not even a pair block "
+        f"of one occupied orbital (nvir {vmax}, naux {naux}); use --device cpu")

@@ -1,0 +1,122 @@
+"""``--device``: the MP2 step on a torch device. CI has no GPU, so the device path runs here on
+the CPU (the device is torch.device("cpu"), everything else as on CUDA) against the host
+pipeline; the tests marked ``gpu`` run the same checks on a real CUDA device when there is
+one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import dfmp2
+from dfmp2 import api
+from dfmp2.cli import main
+from dfmp2.device import ComputeDevice, plan_device, resolve_device
+from dfmp2.errors import BackendUnavailableError, InputError, ResourceError
+
+from conftest import INPUTS
+from tolerances import TOL_OUTCORE, TOL_PRECISION
+
+WATER = str(INPUTS / "water.xyz")
+WATER4 = str(INPUTS / "water4.xyz")
+#: Device budgets (bytes): one that holds B, and one for water (B 64 kB) that holds only pair
+#: blocks of two orbitals (the resident plan needs about 155 kB).
+ROOMY, TIGHT = 4000 * 2**20, 100_000
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="no CUDA device here (torch.cuda.is_available() is False)")
+
+
+@pytest.fixture
+def cpu_as_device(monkeypatch):
+    """Runs take the device path with torch.device('cpu') as the device and a budget in MB."""
+    def use(budget: int):
+        def resolve(requested, backend, distributed=False, memory_mb=None):
+            return ComputeDevice(requested, torch.device("cpu"),
+                                 "test: the device path on the CPU", "cpu", budget)
+        monkeypatch.setattr(api, "resolve_device", resolve)
+    return use
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"frozen_core": True}, {"charge": 1, "spin": 1}, {"charge": 1, "spin": 1,
+                                                        "reference": "rohf"},
+    {"fused_energy": False}, {"pair_energies": True},
+], ids=["rhf", "frozen-core", "uhf", "rohf", "unfused", "pair-table"])
+@pytest.mark.parametrize("budget", [ROOMY, TIGHT], ids=["resident", "streamed"])
+def test_device_path_equals_host(cpu_as_device, kwargs, budget):
+    host = dfmp2.run(WATER, **kwargs)
+    cpu_as_device(budget)
+    dev = dfmp2.run(WATER, **kwargs)
+    assert abs(dev.e_corr_os - host.e_corr_os) <= TOL_OUTCORE
+    assert abs(dev.e_corr_ss - host.e_corr_ss) <= TOL_OUTCORE
+    assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE
+    plan = dev.backend.device["plan"]
+    assert plan["b_placement"] == ("device" if budget == ROOMY
+                                   else "host, streamed per pair block")
+    assert plan["occ_block"] == (dev.sizes.nocc if budget == ROOMY else 2)
+    assert dev.method.stage_precision["pair_energy"]["placement"] == "cpu fp64"
+    if kwargs.get("pair_energies"):
+        assert dev.pair_energies["blocks"].keys() == host.pair_energies["blocks"].keys()
+
+
+def test_device_path_in_mixed_precision(cpu_as_device):
+    host = dfmp2.run(WATER4)
+    cpu_as_device(ROOMY)
+    mixed = dfmp2.run(WATER4, precision="mixed")
+    assert abs(mixed.e_corr - host.e_corr) <= TOL_PRECISION
+    assert mixed.method.stage_precision["pair_energy"]["placement"] == "cpu fp32 products"
+
+
+def test_the_device_plan():
+    roomy = plan_device(100, [(20, 80)], 400, 2**30, 8)
+    assert roomy.resident and roomy.occ_block == 20
+    tight = plan_device(100, [(20, 80)], 400, 3 * 2**20, 8)
+    assert not tight.resident and 1 <= tight.occ_block < 20
+    with pytest.raises(ResourceError, match="not even a pair block"):
+        plan_device(100, [(20, 80)], 400, 2**16, 8)
+
+
+def test_resolution_and_refusals():
+    auto = resolve_device("auto", "pytorch")
+    assert (auto.device is None) == (not torch.cuda.is_available())
+    assert resolve_device("cpu", "pytorch").device is None
+    assert resolve_device("auto", "nki").device is None
+    with pytest.raises(InputError, match="contradicts --backend nki"):
+        resolve_device("cuda", "nki")
+    with pytest.raises(InputError, match="not supported under torchrun"):
+        resolve_device("cuda", "pytorch", distributed=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailableError, match="--device cuda: torch"):
+            resolve_device("cuda", "pytorch")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cli_device_cuda_without_one_is_one_line():
+    cli = CliRunner().invoke(main, ["run", WATER, "--device", "cuda"])
+    assert cli.exit_code == 1 and "--device cuda: torch" in cli.output
+    assert "Traceback" not in cli.output and len(cli.output.strip().splitlines()) == 1
+
+
+def test_record_on_the_host(tmp_path):
+    out = tmp_path / "w.json"
+    cli = CliRunner().invoke(main, ["run", WATER, "--device", "cpu", "--json", str(out), "-v"])
+    assert cli.exit_code == 0, cli.output
+    record = json.loads(out.read_text())["extras"]["backend"]["device"]
+    assert record["requested"] == "cpu" and record["resolved"] == "host"
+    assert "device host (" in cli.output
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("kwargs", [{}, {"charge": 1, "spin": 1}, {"device_memory": 1}],
+                         ids=["rhf", "uhf", "streamed"])
+def test_cuda_equals_host(kwargs):
+    host = dfmp2.run(WATER4, device="cpu", **{k: v for k, v in kwargs.items()
+                                              if k != "device_memory"})
+    dev = dfmp2.run(WATER4, device="cuda", **kwargs)
+    assert dev.backend.device["resolved"].startswith("cuda")
+    assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE
