@@ -410,9 +410,10 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
     one of two host buffers (pinned for CUDA) and copied to the device; there
     ``X = (mu nu|P) C_occ`` is one GEMM over the block ((P nu, mu) x (mu, i); the square
     matrices are symmetric) and ``(ia|P) = X^T C_vir`` another, written into the
-    :class:`~dfmp2.storage.DeviceStore`. CUDA runs the copies and products asynchronously: the
-    host computes the next block's integrals meanwhile, and reuses a host buffer only once its
-    copy has finished (an event per buffer)."""
+    :class:`~dfmp2.storage.DeviceStore`. On CUDA the copies run on their own stream, so block
+    k+1's copy overlaps block k's products, and the host computes the next block's integrals
+    meanwhile; a host buffer is reused only once its copy has finished (an event per
+    buffer)."""
     nao = mol.nao_nr()
     cuda = device.type == "cuda"
     coeffs = [(torch.from_numpy(sp.occ_coeff).to(device), torch.from_numpy(sp.vir_coeff).to(device))
@@ -421,16 +422,23 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
     host = [torch.empty((aux_block, nao, nao), dtype=torch.float64, pin_memory=cuda)
             for _ in range(2)]
     copied = [None, None]  # CUDA events: the copy out of each host buffer has finished
+    copies = torch.cuda.Stream(device) if cuda else None  # copies overlap the products
     for k, (p0, p1, packed) in enumerate(iter_int3c2e(mol, auxmol, aux_block)):
         nblk, slot = p1 - p0, k % 2
         if copied[slot] is not None:
             copied[slot].synchronize()
         square_host = host[slot][:nblk]
         unpack_pairs(packed, out=square_host.numpy())
-        square = square_host.to(device, non_blocking=True)
         if cuda:
-            copied[slot] = torch.cuda.Event()
-            copied[slot].record()
+            with torch.cuda.stream(copies):
+                square = square_host.to(device, non_blocking=True)
+                copied[slot] = torch.cuda.Event()
+                copied[slot].record(copies)
+            compute = torch.cuda.current_stream(device)
+            compute.wait_event(copied[slot])
+            square.record_stream(compute)  # allocated on the copy stream, used on this one
+        else:
+            square = square_host.to(device)
         for (occ_coeff, vir_coeff), sp, store in zip(coeffs, spaces, stores):
             x = la.gemm(square.reshape(nblk * nao, nao), occ_coeff)  # (P nu, i)
             x_t = x.view(nblk, nao, sp.nocc).transpose(1, 2).reshape(nblk * sp.nocc, nao)
