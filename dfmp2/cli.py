@@ -145,6 +145,9 @@ _D = Options.default
 @click.option("--scratch-dir", type=click.Path(file_okay=False, exists=True),
               default=_D("scratch_dir"),
               help="Directory for the temporary HDF5 file [default: system temp dir].")
+@click.option("--conv-tol-grad", type=click.FloatRange(min=0, min_open=True),
+              default=_D("conv_tol_grad"),
+              help="SCF orbital-gradient threshold [default: 1e-7; 1e-6 with --xc].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
@@ -342,28 +345,40 @@ def _same_entry(ranks, index: int) -> None:
 
 def _batch_table(rows) -> str:
     """One row per entry: the reference's energy, the correlation and totals (MP2 and the
-    scaled MP2; or a double hybrid's PT2 term and total)."""
+    scaled MP2; or a double hybrid's PT2 term and total). Entries whose energies have other
+    names (an SOS-MP2 input beside an MP2 one, a double hybrid beside either) get a table of
+    their own, in order of appearance; failed entries are listed under the first."""
     width = max(12, *(len(name) for name, _ in rows))
-    done = [r for _n, r in rows if r is not None]
-    first = done[0] if done else None
-    if first is not None and first.double_hybrid:
-        name = first.double_hybrid["functional"] or "double hybrid"
-        heads = ("E(KS)", "E(PT2) scaled", f"E({name}) total")
-        columns = ("e_scf", "e_scs", "e_scs_tot")
-    else:
-        label = first.scaled_label if first is not None else "SCS-MP2"
-        heads = ("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total")
-        columns = ("e_scf", "e_corr", "e_tot", "e_scs_tot")
-    lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} "
-             + " ".join(f"{h:>20s}" for h in heads)]
+    groups: dict[tuple, list] = {}
     for name, result in rows:
-        if result is None:
-            lines.append(f"{name:<{width}s}  failed (its error is above)")
-            continue
-        lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
-                     f"{result.sizes.nbasis:5d} "
-                     + " ".join(f"{getattr(result, c):20.12f}" for c in columns))
-    return "\n".join(lines)
+        heads = _batch_columns(result)[0] if result is not None else None
+        key = heads if heads is not None else next(iter(groups), None)
+        groups.setdefault(key, []).append((name, result))
+    tables = []
+    for heads, members in groups.items():
+        heads = heads or _batch_columns(None)[0]
+        lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} "
+                 + " ".join(f"{h:>20s}" for h in heads)]
+        for name, result in members:
+            if result is None:
+                lines.append(f"{name:<{width}s}  failed (its error is above)")
+                continue
+            lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
+                         f"{result.sizes.nbasis:5d} "
+                         + " ".join(f"{getattr(result, c):20.12f}"
+                                    for c in _batch_columns(result)[1]))
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def _batch_columns(result) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(headings, Result attributes) of a batch row."""
+    if result is not None and result.double_hybrid:
+        return (("E(KS)", "E(PT2) scaled", f"E({result.dh_name}) total"),
+                ("e_scf", "e_scs", "e_scs_tot"))
+    label = result.scaled_label if result is not None else "SCS-MP2"
+    return (("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total"),
+            ("e_scf", "e_corr", "e_tot", "e_scs_tot"))
 
 
 def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,

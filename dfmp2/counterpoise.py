@@ -27,7 +27,7 @@ def levels(result) -> dict[str, tuple[str, str]]:
     """The levels of a run's interaction energy: key -> (label, Result attribute of the
     total)."""
     if result.double_hybrid:
-        name = result.double_hybrid["functional"] or "double hybrid"
+        name = result.dh_name
         return {"ks": (f"{result.scf.kind.upper()} (KS part)", "e_scf"),
                 "double_hybrid": (name, "e_scs_tot")}
     label = result.scaled_label
@@ -183,7 +183,8 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         "hartree_to_kcal_mol": to_kcal,
     }
     # the correlation's parts: what opposite- and same-spin pairs add to the interaction
-    for part, attr in (("reference", "e_scf"), ("os", "e_corr_os"), ("ss", "e_corr_ss")):
+    for part, attr in (("reference", "e_scf"), ("singles", "e_singles"), ("os", "e_corr_os"),
+                       ("ss", "e_corr_ss")):
         value = getattr(complex_result, attr) - sum(getattr(p, attr) for p in parts)
         interaction.setdefault("components", {})[part] = {"eh": value,
                                                           "kcal_mol": value * to_kcal}

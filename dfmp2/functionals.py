@@ -17,6 +17,7 @@ dispersion term, and their fitted mixes differ from the uncorrected ones.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -127,8 +128,8 @@ def resolve(xc: str | None, os_scale: float | None, ss_scale: float | None,
         raise InputError(f"--sos sets the same-spin scale to 0 and contradicts --ss-scale "
                          f"{ss_scale}; drop one of them")
     for name, value in (("os_scale", os_scale), ("ss_scale", ss_scale)):
-        if value is not None and not value >= 0:
-            raise InputError(f"{name} must be >= 0, got {value}")
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"{name} must be a finite number >= 0, got {value}")
     if xc is None:
         if sos:
             os_ = SOS_MP2[0] if os_scale is None else os_scale

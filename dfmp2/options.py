@@ -67,7 +67,8 @@ class Options:
         below 1e-4, then float64; only a float64 cycle can converge, so the SCF energy is the
         float64 one, and the orbitals differ from it within the convergence tolerance).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
-        inherits the SCF's orbital error).
+        inherits the SCF's orbital error; conv_tol_grad None: 1e-7 for HF, 1e-6 for a KS
+        reference, whose pruned DFT grid leaves a gradient noise of a few 1e-7 on open shells).
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
         molecule, basis and reference already there is the initial guess (a converged one costs
         one iteration); one of another calculation is refused.
@@ -105,7 +106,7 @@ class Options:
     device: str = "auto"
     device_memory: int | None = None
     conv_tol: float = 1e-11
-    conv_tol_grad: float = 1e-7
+    conv_tol_grad: float | None = None
     max_cycle: int = 100
     chkfile: str | None = None
 
@@ -171,7 +172,11 @@ class Options:
             raise InputError(f"max_memory must be a positive number of MB, got {self.max_memory}")
         if self.max_cycle < 1:
             raise InputError(f"max_cycle must be >= 1, got {self.max_cycle}")
-        if not (0 < self.conv_tol < 1e-3 and 0 < self.conv_tol_grad < 1e-1):
+        if self.conv_tol_grad is not None:
+            if not isinstance(self.conv_tol_grad, numbers.Real) or _is_bool(self.conv_tol_grad):
+                raise InputError(f"conv_tol_grad must be a number, got {self.conv_tol_grad!r}")
+            object.__setattr__(self, "conv_tol_grad", float(self.conv_tol_grad))
+        if not (0 < self.conv_tol < 1e-3 and 0 < self.resolved_conv_tol_grad < 1e-1):
             raise InputError(
                 f"SCF tolerances out of range: conv_tol={self.conv_tol}, "
                 f"conv_tol_grad={self.conv_tol_grad}"
@@ -180,6 +185,13 @@ class Options:
     @property
     def resolved_reference(self) -> str:
         return self.reference or ("rhf" if self.spin == 0 else "uhf")
+
+    @property
+    def resolved_conv_tol_grad(self) -> float:
+        """The SCF's orbital-gradient threshold: the one given, else 1e-7 (HF) or 1e-6 (KS)."""
+        if self.conv_tol_grad is not None:
+            return self.conv_tol_grad
+        return 1e-6 if self.xc is not None else 1e-7
 
     @property
     def scaling(self):

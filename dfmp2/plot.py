@@ -5,8 +5,9 @@ One panel per spin block (closed shell: one; open shell: alpha-alpha, beta-beta,
 shows the MP2 pair energies eps_ij = E_OS(ij) + E_SS(ij) in mEh, unscaled, over the active
 occupied orbitals in energy order (pair i != j of one space: its whole energy, shown at [i, j]
 and [j, i]). A counterpoise run adds a panel of the fragments' contributions: the interaction
-energy's parts (reference, opposite-spin and same-spin correlation: the complex's minus the
-fragments', each in the complex's basis) and its totals per level, in kcal/mol.
+energy's parts (reference, singles of ROHF, unscaled opposite-spin and same-spin correlation:
+the complex's minus the fragments', each in the complex's basis) and its totals per level, in
+kcal/mol.
 """
 
 from __future__ import annotations
@@ -101,14 +102,18 @@ def plot_pair_energies(result, path: str) -> None:
 def _interaction_panel(ax, inter: dict, reference: str) -> None:
     """Bars: the counterpoise-corrected interaction energy's parts and totals (kcal/mol)."""
     parts = inter["components"]
-    names = [reference, "OS corr.", "SS corr."] + list(inter["levels"].values())[1:]
-    values = [parts["reference"]["kcal_mol"], parts["os"]["kcal_mol"], parts["ss"]["kcal_mol"]]
+    singles = abs(parts["singles"]["eh"]) > 0.0
+    names = [reference, *(["singles"] if singles else []), "OS corr. (unscaled)",
+             "SS corr. (unscaled)"] + list(inter["levels"].values())[1:]
+    values = [parts["reference"]["kcal_mol"], *([parts["singles"]["kcal_mol"]] if singles else []),
+              parts["os"]["kcal_mol"], parts["ss"]["kcal_mol"]]
     values += [inter[level]["kcal_mol"] for level in list(inter["levels"])[1:]]
-    colours = ["#7f7f7f", "#1f77b4", "#ff7f0e"] + ["#2ca02c"] * (len(names) - 3)
+    colours = (["#7f7f7f"] + (["#9467bd"] if singles else []) + ["#1f77b4", "#ff7f0e"]
+               + ["#2ca02c"] * (len(names) - 3 - singles))
     ax.bar(range(len(names)), values, color=colours)
     ax.axhline(0.0, color="black", linewidth=0.8)
     for k, value in enumerate(values):
-        ax.text(k, value, f"{value:.2f}", ha="center", va="bottom" if value >= 0 else "top",
+        ax.text(k, value, f"{value:.3f}", ha="center", va="bottom" if value >= 0 else "top",
                 fontsize=9)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("kcal/mol")

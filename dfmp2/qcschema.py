@@ -109,7 +109,7 @@ PSI4_GRID = (75, 302)
 OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
                 "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
                 "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target",
-                "grid", "pair_energies")
+                "grid", "pair_energies", "os_scale", "ss_scale", "device")
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,11 @@ def read_input(source) -> SchemaJob:
     if reference in ("rks", "uks") and "xc" not in by_method:
         raise InputError(f"keyword reference={reference!r} is a Kohn-Sham reference: it needs a "
                          f"double-hybrid method, not {method!r}")
+    given = {k.lower() for k in keywords}
+    if "xc" in by_method and given & {"mp2_os_scale", "mp2_ss_scale"}:
+        raise InputError(f"keywords mp2_os_scale/mp2_ss_scale set SCS-MP2's scales (Psi4 "
+                         f"ignores them for {method}); to change the double hybrid's PT2 "
+                         "scales give dfmp2's own keywords os_scale and ss_scale")
     options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
     return SchemaJob(_mole(molecule), options, method, version, as_v1)
 

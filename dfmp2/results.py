@@ -209,6 +209,12 @@ class Result:
         return self.e_scs_tot if self.double_hybrid else self.e_tot
 
     @property
+    def dh_name(self) -> str | None:
+        """A double-hybrid run's name as reported: the functional's ('B2PLYP'), with '(custom
+        PT2 scales)' when the scales were changed, or 'custom double hybrid'; None otherwise."""
+        return self.double_hybrid["label"] if self.double_hybrid else None
+
+    @property
     def scaled_label(self) -> str:
         """'SCS-MP2', 'SOS-MP2', 'scaled MP2' or the double hybrid's name."""
         return self.method.scaling.get("label", "SCS-MP2")
@@ -224,7 +230,7 @@ class Result:
             "mp2_same_spin_correlation_energy": self.e_corr_ss,
             "mp2_opposite_spin_correlation_energy": self.e_corr_os,
             "mp2_singles_energy": self.e_singles,
-            "mp2_doubles_energy": self.e_doubles,
+            "mp2_doubles_energy": None if dh else self.e_doubles,
             "mp2_correlation_energy": None if dh else self.e_corr,
             "mp2_total_energy": None if dh else self.e_tot,
             "return_energy": self.e_return,
@@ -238,7 +244,7 @@ class Result:
     def to_dict(self) -> dict:
         """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
         if self.double_hybrid:
-            method = (self.double_hybrid["functional"] or "custom double hybrid").lower()
+            method = self.dh_name.lower()
         else:
             method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
         basis = self.method.basis_name or ", ".join(sorted(set(self.method.basis.values())))
@@ -337,7 +343,7 @@ class Result:
               if self.scf.kind == "rohf" else []),
         ]
         if dh is not None:
-            name = dh["functional"] or "double hybrid"
+            name = self.dh_name
             lines += [
                 f"  {'E(PT2) scaled':<22s}{self.e_scs:22.12f} Eh",
                 f"  {f'E({name}) total':<22s}{self.e_scs_tot:22.12f} Eh",

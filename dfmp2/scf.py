@@ -101,7 +101,7 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         if isinstance(mf.with_df, DFJK):
             mf.jk += _jk_layout(mf.with_df, mf.with_df.k_precision == "fp32")
     mf.conv_tol = options.conv_tol
-    mf.conv_tol_grad = options.conv_tol_grad
+    mf.conv_tol_grad = options.resolved_conv_tol_grad
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
     mf.callback = _cycle_reporter(progress, options.max_cycle)
@@ -117,7 +117,9 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         raise ConvergenceError(
             f"the {_label(mf, options)} did not converge in "
             f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
-            "check the geometry"
+            "check the geometry" + (
+                "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
+                "or a looser --conv-tol-grad" if options.xc is not None else "")
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None:  # written once, converged
