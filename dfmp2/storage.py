@@ -26,7 +26,26 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(zeros(shape, np.float32 if dtype == torch.float32 else np.float64))
 
 
-class IncoreStore:
+class _InMemory:
+    """What the in-memory stores share: B replaces ``Pia`` when the fit is done, read in
+    occupied blocks."""
+
+    _ovP: torch.Tensor | None
+    _ovL: torch.Tensor | None
+
+    def finish_fit(self) -> None:
+        if self._ovL is not self._ovP:
+            self._ovP = None
+
+    def read_b(self, i0: int, i1: int) -> torch.Tensor:
+        """B for occupied i0:i1, (i1 - i0, nvir, naux_fit), in the store's dtype."""
+        return self._ovL[i0:i1]
+
+    def close(self) -> None:
+        self._ovP = self._ovL = None
+
+
+class IncoreStore(_InMemory):
     """Both tensors in memory. ``Pia`` and ``B`` share one buffer when the fit is in place."""
 
     kind = "incore"
@@ -62,19 +81,9 @@ class IncoreStore:
             np.copyto(target.numpy(), b_rows.numpy().reshape(i1 - i0, self.nvir, -1),
                       casting="same_kind")
 
-    def finish_fit(self) -> None:
-        if self._ovL is not self._ovP:
-            self._ovP = None
-
-    def read_b(self, i0: int, i1: int) -> torch.Tensor:
-        """B for occupied i0:i1, (i1 - i0, nvir, naux_fit), in the store's dtype."""
-        return self._ovL[i0:i1]
-
-    def close(self) -> None:
-        self._ovP = self._ovL = None
 
 
-class DeviceStore:
+class DeviceStore(_InMemory):
     """Both tensors on a torch device (``--device cuda``; any device, the CPU in tests): torch
     ops only, no numpy views. ``Pia`` and ``B`` share one tensor when the fit is in place."""
 
@@ -103,16 +112,6 @@ class DeviceStore:
         target = self._ovL[i0:i1]
         if b_rows.data_ptr() != target.data_ptr():
             target.copy_(b_rows.reshape(i1 - i0, self.nvir, -1))
-
-    def finish_fit(self) -> None:
-        if self._ovL is not self._ovP:
-            self._ovP = None
-
-    def read_b(self, i0: int, i1: int) -> torch.Tensor:
-        return self._ovL[i0:i1]
-
-    def close(self) -> None:
-        self._ovP = self._ovL = None
 
 
 class StreamedB:
