@@ -99,11 +99,12 @@ class DevicePlan:
     occ_block: int
     aux_block: int
     device_bytes: int
+    fit_occ: int = 1
 
     def as_dict(self) -> dict:
         return {"b_placement": "device" if self.resident else "host, streamed per pair block",
                 "occ_block": self.occ_block, "aux_block": self.aux_block,
-                "device_mb": round(self.device_bytes / 2**20, 1)}
+                "fit_occ": self.fit_occ, "device_mb": round(self.device_bytes / 2**20, 1)}
 
 
 def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -> DevicePlan:
@@ -111,10 +112,12 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
     functions within ``budget_bytes`` (less :data:`DEVICE_RESERVE`).
 
     Resident: every space's (ia|P) in fp64 (B overwrites it in place in fp64; a separate B in
-    fp32), the fit matrix, one transform block (the unpacked integrals, the half-transformed and
-    the transformed block) and a pair block. Streamed: the fit matrix is not needed there; two
-    pair blocks of B arrive per step. Raises :class:`dfmp2.errors.ResourceError` when not even
-    one-orbital pair blocks fit."""
+    fp32) and the fit matrix stay for the whole step; on top of them, one stage's work at a
+    time: a transform block (the unpacked integrals, the half-transformed and the transformed
+    block), a fit block (``fit_occ`` orbitals: the trmm's work columns, or the product of the
+    eigh fallback) or a pair block. Streamed (B in host memory): a pair block and the two blocks
+    of B it reads. Raises :class:`dfmp2.errors.ResourceError` when not even one-orbital pair
+    blocks fit."""
     from .blocking import MB, pair_block_bytes
     from .errors import ResourceError
 
@@ -123,20 +126,23 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
     vmax = max(v for _, v in used)
     omax = max(o for o, _ in used)
     ovx = sum(o * v for o, v in used) * naux
-    fit = naux * naux * 8
-    store = ovx * 8 + (ovx * b_itemsize if b_itemsize != 8 else 0)
+    kept = ovx * 8 + (ovx * b_itemsize if b_itemsize != 8 else 0) + naux * naux * 8
+    room = usable - kept  # for one stage's work at a time
     per_aux = sum(nao * nao + 2 * o * nao + o * v for o, v in used) * 8
-    aux_block = max(1, min(naux, 256, (usable - store - fit) // per_aux)) if per_aux else 1
-    for resident in (True, False):
-        fixed = store + fit + aux_block * per_aux if resident else 0
-        best = 0
-        for b in range(1, min(omax, 64) + 1):
-            work = pair_block_bytes(b, vmax, naux, 0 if resident else b_itemsize)
-            if fixed + work <= usable:
-                best = b
-        if best:
-            work = pair_block_bytes(best, vmax, naux, 0 if resident else b_itemsize)
-            return DevicePlan(resident, best, int(aux_block), int(fixed + work))
-    raise ResourceError(
-        f"the device's memory budget ({budget_bytes / MB:.0f} MB) holds not even a pair block "
-        f"of one occupied orbital (nvir {vmax}, naux {naux}); use --device cpu")
+    per_fit_occ = vmax * (min(naux, 256) + naux) * 8  # trmm work columns, or a gemm product
+    if room >= max(per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
+        aux_block = int(max(1, min(naux, 256, room // per_aux)))
+        fit_occ = int(max(1, min(omax, room // per_fit_occ)))
+        best = max(b for b in range(1, min(omax, 64) + 1)
+                   if pair_block_bytes(b, vmax, naux, 0) <= room or b == 1)
+        peak = kept + max(aux_block * per_aux, fit_occ * per_fit_occ,
+                          pair_block_bytes(best, vmax, naux, 0))
+        return DevicePlan(True, best, aux_block, int(peak), fit_occ)
+    fitting = [b for b in range(1, min(omax, 64) + 1)
+               if pair_block_bytes(b, vmax, naux, b_itemsize) <= usable]
+    if not fitting:
+        raise ResourceError(
+            f"the device's memory budget ({budget_bytes / MB:.0f} MB) holds not even a pair "
+            f"block of one occupied orbital (nvir {vmax}, naux {naux}); use --device cpu")
+    best = max(fitting)
+    return DevicePlan(False, best, 1, int(pair_block_bytes(best, vmax, naux, b_itemsize)), 1)

@@ -390,7 +390,7 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
         matrix = fit_matrix(factor, la).to(dev)
         for k, store in zip(used, stores):
             spin = "" if len(spaces) == 1 else (" alpha", " beta")[k]
-            timer.run("fit", fit, store, factor, la, store.nocc,
+            timer.run("fit", fit, store, factor, la, dplan.fit_occ,
                       lambda stage, done, total: progress(stage + spin, done, total), matrix)
         by_space = dict(zip(used, stores))
         energies = timer.run("pair_energy", pair_energies,

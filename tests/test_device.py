@@ -73,7 +73,11 @@ def test_device_path_in_mixed_precision(cpu_as_device):
 
 def test_the_device_plan():
     roomy = plan_device(100, [(20, 80)], 400, 2**30, 8)
-    assert roomy.resident and roomy.occ_block == 20
+    assert roomy.resident and roomy.occ_block == 20 and roomy.fit_occ == 20
+    # B and the metric's fit matrix (6.4 MB) stay; one stage's work at a time beside them
+    snug = plan_device(100, [(20, 80)], 400, 8 * 2**20, 8)
+    assert snug.resident and 1 <= snug.fit_occ < 20 and snug.occ_block < 20
+    assert snug.device_bytes <= 0.9 * 8 * 2**20
     tight = plan_device(100, [(20, 80)], 400, 3 * 2**20, 8)
     assert not tight.resident and 1 <= tight.occ_block < 20
     with pytest.raises(ResourceError, match="not even a pair block"):
@@ -119,4 +123,5 @@ def test_cuda_equals_host(kwargs):
                                               if k != "device_memory"})
     dev = dfmp2.run(WATER4, device="cuda", **kwargs)
     assert dev.backend.device["resolved"].startswith("cuda")
+    assert dev.backend.ops["mp2_pair_sums"]["mode"] == "cuda"  # the records say where
     assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE

@@ -359,10 +359,13 @@ class Dispatcher(_NamedOps):
         if any(hasattr(arg, "host") for arg in args):  # B on the device: read it in blocks
             return self._host_pair_sums(op, args, mode)
         backend = self.host_backend[op]
-        if backend == "numpy" and args[0].device.type != "cpu":
+        on = args[0].device.type if isinstance(args[0], torch.Tensor) else "cpu"
+        if backend == "numpy" and on != "cpu":
             backend = "pytorch"
         result = REGISTRY[(op, backend)].fn(*args)
-        self._record(op, backend, backend if mode != HOST_MODE else HOST_MODE)
+        # operands on a CUDA device ran there: the record says so, not "host"
+        self._record(op, backend, on if on != "cpu" else
+                     (backend if mode != HOST_MODE else HOST_MODE))
         return result
 
     def _host_pair_sums(self, op: str, args: tuple, mode: str):
