@@ -419,7 +419,9 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
     coeffs = [(torch.from_numpy(sp.occ_coeff).to(device), torch.from_numpy(sp.vir_coeff).to(device))
               for sp in spaces]
     naux = auxmol.nao_nr()
-    host = [torch.empty((aux_block, nao, nao), dtype=torch.float64, pin_memory=cuda)
+    # iter_int3c2e yields whole shells: a block may exceed aux_block by up to one shell
+    rows = aux_block + int(np.diff(auxmol.ao_loc_nr()).max())
+    host = [torch.empty((rows, nao, nao), dtype=torch.float64, pin_memory=cuda)
             for _ in range(2)]
     copied = [None, None]  # CUDA events: the copy out of each host buffer has finished
     copies = torch.cuda.Stream(device) if cuda else None  # copies overlap the products

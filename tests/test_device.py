@@ -63,6 +63,29 @@ def test_device_path_equals_host(cpu_as_device, kwargs, budget):
         assert dev.pair_energies["blocks"].keys() == host.pair_energies["blocks"].keys()
 
 
+@pytest.mark.parametrize("budget", [175_000, 180_000])
+def test_a_transform_block_smaller_than_a_shell(cpu_as_device, budget):
+    """Budgets whose transform block is smaller than oxygen's f shell (7 functions): the host
+    buffers still hold the whole shells iter_int3c2e yields."""
+    host = dfmp2.run(WATER)
+    cpu_as_device(budget)
+    dev = dfmp2.run(WATER)
+    assert dev.backend.device["plan"]["aux_block"] < 7
+    assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE
+
+
+def test_unfused_sums_take_host_weights_for_device_integrals():
+    """The unfused reduction gets host weights beside integrals on the device (meta tensors
+    stand in for CUDA: a device mismatch raises before any arithmetic)."""
+    from dfmp2.linalg import torch_ops
+
+    ovov = torch.empty((2, 3, 2, 3), dtype=torch.float64, device="meta")
+    eps = [torch.empty(n, dtype=torch.float64, device="meta") for n in (2, 2, 3, 3)]
+    out = torch_ops.pair_sums_from_ovov(ovov, *eps, torch.ones((2, 2), dtype=torch.float64),
+                                        True)
+    assert out.device.type == "meta"
+
+
 def test_device_path_in_mixed_precision(cpu_as_device):
     host = dfmp2.run(WATER4)
     cpu_as_device(ROOMY)

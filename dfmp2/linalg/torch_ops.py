@@ -184,11 +184,12 @@ def pair_sums_from_ovov(
     ni = ovov.shape[0]
     work = _RowWork(eps_j, eps_va, eps_vb)
     total = torch.zeros(2, dtype=torch.float64, device=ovov.device)
+    on_device = weights.to(device=ovov.device, dtype=torch.float64)  # host weights, CUDA ovov
     for i in range(ni):
         j0, j1 = _weighted_span(weights[i])
         if j0 < j1:
             t_jab = ovov[i, :, j0:j1, :].permute(1, 0, 2)  # (j1 - j0, nva, nvb)
-            total += work.sums(t_jab, eps_i[i], j0, weights[i, j0:j1], exchange)
+            total += work.sums(t_jab, eps_i[i], j0, on_device[i, j0:j1], exchange)
     return total
 
 
