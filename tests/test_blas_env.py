@@ -204,13 +204,14 @@ def test_cpu_reader_returns_a_vendor_on_linux():
 
 
 def test_cpu_blas_rule(monkeypatch):
-    """auto: numpy's OpenBLAS on AMD, torch's MKL otherwise; explicit choices pass through; the
-    reason says what the rule rests on (measured on AMD, not on Intel)."""
-    amd, intel = ("AuthenticAMD", 0x1A, {"avx2"}), ("GenuineIntel", 6, {"avx2"})
+    """auto: numpy's OpenBLAS on AMD and Intel CPUs with AVX2/FMA, torch's BLAS otherwise;
+    explicit choices pass through; the reason says what the rule rests on (measured on both)."""
+    amd, intel = ("AuthenticAMD", 0x1A, {"avx2", "fma"}), ("GenuineIntel", 6, {"avx2", "fma"})
     for cpu, blas, expected, evidence in [
             (amd, "scipy-openblas", "numpy", "measured on AMD EPYC"),
             (amd, "accelerate", "torch", "measured on AMD EPYC"),
-            (intel, "scipy-openblas", "torch", "not measured on Intel"),
+            (intel, "scipy-openblas", "numpy", "measured on an Intel Xeon"),
+            (("GenuineIntel", 6, {"avx"}), "scipy-openblas", "torch", "no AVX2/FMA"),
             (("", 0, set()), "", "torch", "not measured on this CPU vendor")]:
         monkeypatch.setattr(cpuinfo, "cpu_identity", lambda cpu=cpu: cpu)
         monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda blas=blas: blas)
@@ -224,10 +225,10 @@ def test_cpu_blas_rule(monkeypatch):
 def test_cpu_blas_resolution_is_recorded(monkeypatch):
     from dfmp2.linalg import Dispatcher, DispatchPolicy
 
-    monkeypatch.setattr(cpuinfo, "cpu_identity", lambda: ("AuthenticAMD", 0x19, {"avx2"}))
+    monkeypatch.setattr(cpuinfo, "cpu_identity", lambda: ("AuthenticAMD", 0x19, {"avx2", "fma"}))
     monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda: "scipy-openblas")
     record = Dispatcher(DispatchPolicy("pytorch")).cpu_blas.as_dict()
-    assert record["choice"] == "numpy" and "AMD CPU (family 0x19)" in record["reason"]
+    assert record["choice"] == "numpy" and "AuthenticAMD CPU (family 0x19)" in record["reason"]
     assert cpuinfo.CPU_BLAS_EVIDENCE["AuthenticAMD"] in record["reason"]
     assert set(record["libraries"]) == {"torch", "numpy"}
     assert record["cpu"] == cpuinfo.cpu_model() != ""

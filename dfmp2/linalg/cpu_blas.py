@@ -1,7 +1,8 @@
 """Which BLAS runs the host's matrix products: torch's MKL or numpy's OpenBLAS.
 
-The torch CPU wheel ships MKL and numpy ships OpenBLAS; on AMD CPUs numpy's is much faster (Zen 5
-here: 181-190 against 82-105 GFLOP/s for a 2048^3 DGEMM, where MKL takes a generic AVX2 path).
+The torch CPU wheel ships MKL and numpy ships OpenBLAS; numpy's was faster on every CPU measured
+(AMD Zen 5: 181-190 against 82-105 GFLOP/s for a 2048^3 DGEMM, where MKL takes a generic AVX2
+path; an Intel Xeon with AVX-512: 151-181 against 111-144, and the whole DF-MP2 1.2x).
 OpenBLAS's worker threads spin for a while after each call, so with numpy chosen, no torch op may
 run between two GEMMs (torch's OpenMP threads would share the cores with the spinning workers):
 the ops with products inside have numpy implementations (the registry's ``numpy`` backend:
