@@ -37,6 +37,10 @@ def main(spec_path: str) -> int:
                 spin=spec["spin"], verbose=0)
     unrestricted = spec["reference"] == "uhf"
     mf = (scf.UHF if unrestricted else scf.RHF)(mol).density_fit()
+    if spec["conv_tol_grad"] is None:  # PySCF would take sqrt(conv_tol), not dfmp2's threshold
+        print("the spec has no conv_tol_grad: the two SCFs would converge differently",
+              file=sys.stderr)
+        return 2
     mf.conv_tol, mf.conv_tol_grad = spec["conv_tol"], spec["conv_tol_grad"]
     mf.kernel()
     if not mf.converged:

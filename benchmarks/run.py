@@ -257,7 +257,7 @@ def run_pyscf_e2e(entry: dict, coretype: str, timeout: int) -> dict:
     spec = {"path": entry["path"], "basis": entry["basis"], "auxbasis": entry["auxbasis"],
             "charge": entry.get("charge", 0), "spin": entry.get("spin", 0),
             "reference": entry.get("reference", "rhf"), "conv_tol": defaults.conv_tol,
-            "conv_tol_grad": defaults.conv_tol_grad,
+            "conv_tol_grad": defaults.resolved_conv_tol_grad,  # what dfmp2 run converges to
             "pyscf_haswell": coretype == worker.PYSCF_ONLY_LABEL}
     wall, result = _run_script("pyscf_e2e.py", spec, coretype, timeout)
     if "error" in result:

@@ -229,8 +229,9 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
     allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
     block by block. ``k_la``: the ops of K's products when they differ from ``la``'s (an NKI
-    run's float32 K). ``counts``, when given, gets the floating-point operations of the
-    products added to its ``'flops'``."""
+    run's float32 K). ``counts``, when given, gets the floating-point operations the products
+    need added to its ``'flops'``: ``4 naux n(n+1)/2`` per density for J and ``3 naux n^2 r``
+    for K from r orbitals (the symmetric ``Y^T Y`` counted once per element pair)."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
@@ -251,7 +252,9 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
                     for coeff, sign in _occupied_factors(d, c, n)]
                    for d, (c, n) in zip(dms, _tagged_orbitals(dm, nset))]
         rank = sum(coeff.shape[1] for parts in factors for coeff, _ in parts)
-        flops += 4 * rank * nao * nao * naux  # Y = C^T B^Q, then Y^T Y
+        # Y = C^T B^Q (2 r n^2 per Q), then the symmetric Y^T Y (r n^2: its upper triangle is
+        # the lower one; numpy's matmul runs A^T A as a syrk): the flops K needs, whichever BLAS
+        flops += 3 * rank * nao * nao * naux
         vk = np.zeros((nset, nao, nao))
         k_la = la if k_la is None else k_la
     for q0, q1, rows in _row_blocks(cderi, read_block):

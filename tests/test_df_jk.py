@@ -163,8 +163,15 @@ def test_dfmp2_run_uses_its_own_jk_and_records_it():
     stats = result.scf.jk_stats  # J/K calls, seconds and the flops of their products
     nao, naux, nocc = 24, 116, 5  # water cc-pVDZ, cc-pVDZ-JKFIT
     assert stats["calls"] >= result.scf.cycles + 1 and stats["seconds"] > 0
-    k_per_cycle = 4 * nocc * nao**2 * naux  # Y = C^T B^Q and Y^T Y, tagged orbitals
-    assert stats["gflop"] * 1e9 >= (stats["calls"] - 1) * k_per_cycle
+    # Y = C^T B^Q (2 r n^2 per Q) and the symmetric Y^T Y (r n^2), tagged orbitals; J's
+    # 4 naux n(n+1)/2 per build
+    k_per_cycle = 3 * nocc * nao**2 * naux
+    j_per_build = 4 * naux * nao * (nao + 1) // 2
+    assert stats["gflop"] * 1e9 >= (stats["calls"] - 1) * k_per_cycle + stats["calls"] * j_per_build
+    # ... and no more: the guess density's K from at most nao eigenvectors
+    guess_k = 3 * nao * nao**2 * naux
+    assert stats["gflop"] * 1e9 <= ((stats["calls"] - 1) * k_per_cycle + guess_k
+                                    + stats["calls"] * j_per_build)
     assert "SCF J/K time:" in result.summary(verbose=True)
     assert result.to_dict()["extras"]["scf"]["jk_stats"] == stats
     assert result.scf.cycles > 3 and result.to_dict()["properties"]["scf_iterations"] > 3
