@@ -27,7 +27,7 @@ from .df import (
     unpack_pairs,
 )
 from .energy import CLOSED, OPPOSITE, SAME, SpinBlock, pair_weights
-from .errors import PrecisionError
+from .errors import PrecisionError, ResourceError
 from .linalg import Dispatcher
 from .reference import OrbitalSpace
 from .storage import H5Store, IncoreStore
@@ -557,8 +557,14 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
     """
     timer = timer or StageTimer()
     if device is not None and device.device is not None:
-        return _device_pair_energies(mol, auxmol, spaces, plan, la, device, fused, precision,
-                                     progress, timer, scratch_dir, pair_table)
+        try:
+            return _device_pair_energies(mol, auxmol, spaces, plan, la, device, fused,
+                                         precision, progress, timer, scratch_dir, pair_table)
+        except torch.OutOfMemoryError as exc:  # memory the plan did not count (another process)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+            raise ResourceError(
+                f"{device.name} ran out of memory in the MP2 step ({reason}); give it less "
+                "with --device-memory MB, or run on the host with --device cpu") from None
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)

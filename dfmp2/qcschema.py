@@ -109,7 +109,7 @@ PSI4_GRID = (75, 302)
 OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
                 "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
                 "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target",
-                "grid", "pair_energies", "os_scale", "ss_scale", "device")
+                "grid", "pair_energies", "os_scale", "ss_scale", "device", "device_memory")
 
 
 @dataclass(frozen=True)

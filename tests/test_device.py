@@ -148,3 +148,23 @@ def test_cuda_equals_host(kwargs):
     assert dev.backend.device["resolved"].startswith("cuda")
     assert dev.backend.ops["mp2_pair_sums"]["mode"] == "cuda"  # the records say where
     assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE
+
+
+def test_device_out_of_memory_is_one_line(cpu_as_device, monkeypatch):
+    """Memory the plan did not count (another process on the GPU) ends the run with one line
+    naming the device and what to do, not a traceback: through the API and the CLI."""
+    from dfmp2 import pipeline
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    monkeypatch.setattr(pipeline, "_device_pair_energies", out_of_memory)
+    cpu_as_device(ROOMY)
+    with pytest.raises(ResourceError, match=r"^cpu ran out of memory in the MP2 step \(CUDA out "
+                       r"of memory. Tried to allocate 2.00 GiB\); give it less with "
+                       r"--device-memory MB, or run on the host with --device cpu$"):
+        dfmp2.run(WATER)
+    result = CliRunner().invoke(main, ["run", WATER])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "cpu ran out of memory in the MP2 step" in errors[0]

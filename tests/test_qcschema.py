@@ -101,6 +101,12 @@ def test_psi4_keywords_map_onto_options():
                        "precision": "mixed", "max_memory": 2000}
 
 
+def test_device_keywords_pass_through():
+    """dfmp2's own device options are keywords too (device_memory was missing)."""
+    assert qcschema.keyword_options({"device": "cpu", "device_memory": 1000}) == {
+        "device": "cpu", "device_memory": 1000}
+
+
 @pytest.mark.parametrize("change, message", [
     ({"keywords": {"basis_guess": True}}, "unknown keyword 'basis_guess'; valid keywords: "),
     ({"keywords": {"mp2_type": "conv"}}, "mp2_type='conv': expected one of df"),
