@@ -366,7 +366,8 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c
-    where = f"{dev.type} {'fp64' if precision == 'fp64' else 'fp32 products'}"
+    where = f"{dev.type} " + {"fp64": "fp64", "mixed": "fp32 products, fp64 sums",
+                              "fp32": "fp32"}[precision]
     stages = (StagePrecision("metric", "host fp64", "LAPACK's positive-definiteness decision"),
               *(StagePrecision(stage, f"{dev.type} fp64" if dplan.resident else "host fp64",
                                "B on the device" if dplan.resident else

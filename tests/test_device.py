@@ -91,7 +91,11 @@ def test_device_path_in_mixed_precision(cpu_as_device):
     cpu_as_device(ROOMY)
     mixed = dfmp2.run(WATER4, precision="mixed")
     assert abs(mixed.e_corr - host.e_corr) <= TOL_PRECISION
-    assert mixed.method.stage_precision["pair_energy"]["placement"] == "cpu fp32 products"
+    assert (mixed.method.stage_precision["pair_energy"]["placement"]
+            == "cpu fp32 products, fp64 sums")
+    single = dfmp2.run(WATER4, precision="fp32")
+    assert abs(single.e_corr - host.e_corr) <= TOL_PRECISION
+    assert single.method.stage_precision["pair_energy"]["placement"] == "cpu fp32"
 
 
 def test_the_device_plan():
