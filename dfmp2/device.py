@@ -44,12 +44,18 @@ class ComputeDevice:
                 else round(self.memory_bytes / 2**20, 1)}
 
 
+#: ``--device auto`` takes a CUDA device only when the run may use at least this much of its
+#: memory (a GPU that another process fills would stream tiny pair blocks).
+AUTO_MIN_BYTES = 256 * 2**20
+
+
 def resolve_device(requested: str, backend: str, distributed: bool = False,
                    memory_mb: int | None = None) -> ComputeDevice:
     """The device of a run. ``auto``: the current CUDA device when torch sees one (pytorch
     backend, one process), else the host; ``cpu``: the host; ``cuda``: the current CUDA device,
     or a :class:`BackendUnavailableError` saying why not. ``memory_mb``: the budget on the
-    device (default: its free memory now)."""
+    device (default: its free memory now); ``auto`` stays on the host when that budget is under
+    :data:`AUTO_MIN_BYTES`."""
     if requested not in DEVICES:
         raise InputError(f"device {requested!r}: choose one of {', '.join(DEVICES)}")
     if requested == "cpu":
@@ -76,6 +82,11 @@ def resolve_device(requested: str, backend: str, distributed: bool = False,
     index = torch.cuda.current_device()
     free, _total = torch.cuda.mem_get_info(index)
     budget = int(free) if memory_mb is None else min(int(free), int(memory_mb) * 2**20)
+    if requested == "auto" and budget < AUTO_MIN_BYTES:
+        return ComputeDevice(requested, None, (
+            f"auto: CUDA device {index} has {budget / 2**20:.0f} MB for this run (free or "
+            f"--device-memory), under {AUTO_MIN_BYTES // 2**20} MB; the host runs the MP2 step"),
+            _cpu_name())
     return ComputeDevice(requested, torch.device("cuda", index),
                          f"{requested}: CUDA device {index}", torch.cuda.get_device_name(index),
                          budget)

@@ -125,6 +125,27 @@ def test_resolution_and_refusals():
             resolve_device("cuda", "pytorch")
 
 
+@pytest.mark.parametrize("free_mb, memory_mb, auto_on_gpu", [
+    (80_000, None, True), (100, None, False), (80_000, 100, False), (80_000, 1000, True)])
+def test_auto_stays_on_the_host_when_the_gpu_is_full(monkeypatch, free_mb, memory_mb,
+                                                      auto_on_gpu):
+    """A fake CUDA device (torch's queries patched): auto takes it only with at least
+    AUTO_MIN_BYTES for the run (free memory, or --device-memory); cuda takes it anyway."""
+    from dfmp2 import device as device_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free_mb * 2**20, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Fake GPU")
+    auto = resolve_device("auto", "pytorch", memory_mb=memory_mb)
+    assert (auto.device is not None) == auto_on_gpu
+    if not auto_on_gpu:
+        assert auto.reason.startswith("auto: CUDA device 0 has ") and "the host runs" in auto.reason
+        assert device_module.AUTO_MIN_BYTES == 256 * 2**20
+    forced = resolve_device("cuda", "pytorch", memory_mb=memory_mb)
+    assert forced.device == torch.device("cuda", 0) and forced.name == "Fake GPU"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_cli_device_cuda_without_one_is_one_line():
     cli = CliRunner().invoke(main, ["run", WATER, "--device", "cuda"])
