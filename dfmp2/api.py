@@ -562,7 +562,8 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    lumo=float(eps[~occ].min()) if (~occ).any() else None,
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None,
-                   grid=grid_record(mf) if xc is not None else None)
+                   grid=grid_record(mf) if xc is not None else None,
+                   solver=getattr(mf, "solver", None))
 
 
 def check_float64_k(mf) -> None:

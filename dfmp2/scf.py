@@ -104,12 +104,17 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     mf.conv_tol_grad = options.resolved_conv_tol_grad
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
-    mf.callback = _cycle_reporter(progress, options.max_cycle)
+    mf.callback = _cycle_reporter(progress, options.max_cycle,
+                                  _stall_watch(mf.conv_tol, mf.conv_tol_grad))
     mf.chkfile = None  # PySCF writes no scratch chkfile of its own, nor --chkfile mid-run
+    mf.solver = "DIIS (PySCF)"
     jk = getattr(mf, "with_df", None)
     if isinstance(jk, DFJK) and jk.k_precision == "fp32":
         mf.check_convergence = _mixed_precision_check(jk)
-    mf.kernel(dm0=dm0)
+    try:
+        mf.kernel(dm0=dm0)
+    except _Stalled as stall:
+        _second_order(mf, stall, options, progress)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
         mf.jk += (f"; K in float32 for the first {jk.k_calls['fp32']} of "
                   f"{sum(jk.k_calls.values())} builds, then float64")
@@ -212,12 +217,14 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
     return f" (fitted tensor in memory, packed, naux {naux}{copies})"
 
 
-def _cycle_reporter(progress, max_cycle: int):
+def _cycle_reporter(progress, max_cycle: int, watch=None, offset: int = 0, key: str = "cycle"):
     """PySCF's per-iteration callback: one INFO line per SCF cycle (shown by ``dfmp2 -v``) and,
-    with ``progress``, the terminal's status line."""
+    with ``progress``, the terminal's status line; then ``watch(cycle, energy change,
+    gradient, envs)`` when given (:func:`_stall_watch`). ``key``: the cycle counter among the
+    driver's locals ('imacro' for the second-order solver), counted after ``offset`` cycles."""
 
     def report(envs: dict) -> None:
-        cycle, energy = envs["cycle"] + 1, envs["e_tot"]
+        cycle, energy = offset + envs[key] + 1, envs["e_tot"]
         change = energy - envs.get("last_hf_e", energy)
         gradient = envs.get("norm_gorb", float("nan"))
         log.info("SCF cycle %2d  E = %.12f Eh  dE = %+.2e  |g| = %.2e", cycle, energy, change,
@@ -225,8 +232,68 @@ def _cycle_reporter(progress, max_cycle: int):
         if progress is not None:
             progress(f"SCF E={energy:.8f} dE={change:+.1e} |g|={gradient:.1e}", cycle,
                      max_cycle)
+        if watch is not None:
+            watch(cycle, change, gradient, envs)
 
     return report
+
+
+#: DIIS has stalled when, for this many consecutive cycles, the energy changed by less than
+#: conv_tol while the orbital gradient stayed above conv_tol_grad without falling below
+#: :data:`STALL_GAIN` times its value at the window's start. Seen on OH (a 2-Pi radical) with
+#: a double hybrid's UKS: the gradient sat at 1.08e-6 for 90 cycles over a threshold of 1e-6
+#: on one machine (and converged on another), the energy still falling by 1e-12 per cycle.
+STALL_CYCLES = 8
+STALL_GAIN = 0.5
+
+
+class _Stalled(Exception):
+    """Raised from the cycle callback to leave PySCF's DIIS loop: its last orbitals."""
+
+    def __init__(self, cycle: int, gradient: float, mo_coeff, mo_occ):
+        super().__init__(f"DIIS stalled at cycle {cycle}")
+        self.cycle, self.gradient, self.mo_coeff, self.mo_occ = cycle, gradient, mo_coeff, mo_occ
+
+
+def _stall_watch(conv_tol: float, conv_tol_grad: float):
+    """The stall test of the DIIS cycles (:data:`STALL_CYCLES`); cycles whose K is float32
+    (a mixed-precision SCF's early ones, which never converge) do not count."""
+    recent: list[float] = []
+    window = STALL_CYCLES
+
+    def watch(cycle: int, change: float, gradient: float, envs: dict) -> None:
+        jk = getattr(envs.get("mf"), "with_df", None)
+        if (isinstance(jk, DFJK) and jk.k_precision != "fp64") or not (
+                abs(change) < conv_tol and gradient > conv_tol_grad):
+            recent.clear()
+            return
+        recent.append(gradient)
+        if len(recent) >= window and min(recent[-window:]) > STALL_GAIN * recent[-window]:
+            raise _Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+
+    return watch
+
+
+def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
+    """Continue a stalled DIIS with PySCF's second-order (Newton) solver from its last
+    orbitals, to the same tolerances; its converged, canonicalised orbitals and energy are put
+    on ``mf`` and ``mf.solver`` says what ran."""
+    log.info("SCF: DIIS stalled at cycle %d (|g| = %.2e over %.0e while the energy no longer "
+             "changes); continuing with PySCF's second-order (Newton) solver", stall.cycle,
+             stall.gradient, mf.conv_tol_grad)
+    newton = mf.newton()
+    newton.verbose = 0
+    newton.max_cycle = max(1, options.max_cycle - stall.cycle)
+    seen = [stall.cycle]
+    newton.callback = _cycle_reporter(progress, options.max_cycle,
+                                      lambda cycle, *_: seen.append(cycle),
+                                      offset=stall.cycle, key="imacro")
+    newton.kernel(stall.mo_coeff, stall.mo_occ)
+    mf.converged, mf.e_tot = newton.converged, newton.e_tot
+    mf.mo_energy, mf.mo_coeff, mf.mo_occ = newton.mo_energy, newton.mo_coeff, newton.mo_occ
+    mf.cycles = max(seen)  # PySCF's Newton driver keeps no count of its own
+    mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, stalled at |g| = "
+                 f"{stall.gradient:.1e}; then second-order (Newton, PySCF)")
 
 
 def _same_system(mol, saved) -> str | None:

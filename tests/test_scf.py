@@ -10,7 +10,7 @@ import dfmp2
 from dfmp2.errors import InputError
 
 from conftest import INPUTS
-from tolerances import TOL_RESTART
+from tolerances import TOL_RESTART, TOL_SCF_TIGHT
 
 WATER = str(INPUTS / "water.xyz")
 
@@ -74,3 +74,50 @@ def test_a_singlet_rohf_restarts_from_its_own_chkfile(tmp_path):
     again = dfmp2.run(WATER, chkfile=chk, reference="rohf")
     assert again.scf.cycles == 1
     assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+
+
+def test_stall_watch_counts_only_flat_energy_cycles_above_the_gradient_threshold():
+    """The stall test: STALL_CYCLES cycles with |dE| < conv_tol, |g| > conv_tol_grad and no
+    halving of |g| raise; a falling gradient, a moving energy or a converged gradient do not."""
+    from dfmp2 import scf
+
+    envs = {"mo_coeff": "C", "mo_occ": "n"}
+    watch = scf._stall_watch(1e-11, 1e-6)
+    for cycle in range(1, scf.STALL_CYCLES):
+        watch(cycle, -1e-12, 1.08e-6, envs)
+    with pytest.raises(scf._Stalled) as stalled:
+        watch(scf.STALL_CYCLES, -1e-12, 1.08e-6, envs)
+    assert (stalled.value.cycle, stalled.value.mo_coeff) == (scf.STALL_CYCLES, "C")
+    for changes, gradients in [
+            ([-1e-12] * 20, [1e-5 * 0.8**k for k in range(20)]),  # the gradient keeps falling
+            ([-1e-9 if k % 4 == 0 else -1e-12 for k in range(20)], [2e-6] * 20),  # E moves
+            ([-1e-12] * 20, [5e-7] * 20)]:  # converged gradient
+        watch = scf._stall_watch(1e-11, 1e-6)
+        for cycle, (change, gradient) in enumerate(zip(changes, gradients), 1):
+            watch(cycle, change, gradient, envs)
+
+
+def test_a_stalled_diis_continues_with_the_second_order_solver(monkeypatch):
+    """A DIIS made to stall at cycle 3 (the watch patched) ends with PySCF's Newton solver from
+    its orbitals: the same converged energies as plain DIIS, the solver recorded and shown."""
+    from dfmp2 import scf
+
+    def stall_at_cycle_3(conv_tol, conv_tol_grad):
+        def watch(cycle, change, gradient, envs):
+            if cycle == 3:
+                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+        return watch
+
+    plain = dfmp2.run(WATER)
+    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    seen = []
+    newton = dfmp2.run(WATER, progress=lambda stage, done, total: seen.append((stage, done)))
+    assert newton.scf.converged and plain.scf.solver == "DIIS (PySCF)"
+    assert newton.scf.solver.startswith("DIIS (PySCF) for 3 cycles, stalled at |g| = ")
+    assert newton.scf.solver.endswith("then second-order (Newton, PySCF)")
+    scf_cycles = [done for stage, done in seen if stage.startswith("SCF")]
+    assert newton.scf.cycles > 3 and max(scf_cycles) == newton.scf.cycles
+    assert newton.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_TIGHT)
+    assert newton.e_tot == pytest.approx(plain.e_tot, abs=TOL_RESTART)
+    assert "second-order (Newton, PySCF)" in newton.summary()
+    assert newton.to_dict()["extras"]["scf"]["solver"] == newton.scf.solver
