@@ -124,8 +124,8 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
 
     Resident: every space's (ia|P) in fp64 (B overwrites it in place in fp64; a separate B in
     fp32) and the fit matrix stay for the whole step; on top of them, one stage's work at a
-    time: a transform block (the unpacked integrals, the half-transformed and the transformed
-    block), a fit block (``fit_occ`` orbitals: the trmm's work columns, or the product of the
+    time: a transform block (two blocks of unpacked integrals, the copy and the products'
+    double buffer, and the half-transformed and the transformed block), a fit block (``fit_occ`` orbitals: the trmm's work columns, or the product of the
     eigh fallback) or a pair block. Streamed (B in host memory): a pair block and the two blocks
     of B it reads. Raises :class:`dfmp2.errors.ResourceError` when not even one-orbital pair
     blocks fit."""
@@ -139,7 +139,9 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
     ovx = sum(o * v for o, v in used) * naux
     kept = ovx * 8 + (ovx * b_itemsize if b_itemsize != 8 else 0) + naux * naux * 8
     room = usable - kept  # for one stage's work at a time
-    per_aux = sum(nao * nao + 2 * o * nao + o * v for o, v in used) * 8
+    # two unpacked blocks (one being copied in while the other is transformed), then per space
+    # the half-transformed block, its transposed copy and the transformed block
+    per_aux = (2 * nao * nao + sum(2 * o * nao + o * v for o, v in used)) * 8
     per_fit_occ = vmax * (min(naux, 256) + naux) * 8  # trmm work columns, or a gemm product
     if room >= max(per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
         aux_block = int(max(1, min(naux, 256, room // per_aux)))

@@ -413,8 +413,9 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
     matrices are symmetric) and ``(ia|P) = X^T C_vir`` another, written into the
     :class:`~dfmp2.storage.DeviceStore`. On CUDA the copies run on their own stream, so block
     k+1's copy overlaps block k's products, and the host computes the next block's integrals
-    meanwhile; a host buffer is reused only once its copy has finished (an event per
-    buffer)."""
+    meanwhile; a host buffer is reused only once its copy and the products reading that copy
+    have finished (two events per buffer), so at most two blocks are on the device, as
+    :func:`dfmp2.device.plan_device` counts."""
     nao = mol.nao_nr()
     cuda = device.type == "cuda"
     coeffs = [(torch.from_numpy(sp.occ_coeff).to(device), torch.from_numpy(sp.vir_coeff).to(device))
@@ -425,11 +426,13 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
     host = [torch.empty((rows, nao, nao), dtype=torch.float64, pin_memory=cuda)
             for _ in range(2)]
     copied = [None, None]  # CUDA events: the copy out of each host buffer has finished
+    consumed = [None, None]  # ... and the products that read the block copied from it
     copies = torch.cuda.Stream(device) if cuda else None  # copies overlap the products
     for k, (p0, p1, packed) in enumerate(iter_int3c2e(mol, auxmol, aux_block)):
         nblk, slot = p1 - p0, k % 2
-        if copied[slot] is not None:
-            copied[slot].synchronize()
+        for event in (copied[slot], consumed[slot]):  # at most two blocks on the device
+            if event is not None:
+                event.synchronize()
         square_host = host[slot][:nblk]
         unpack_pairs(packed, out=square_host.numpy())
         if cuda:
@@ -447,6 +450,9 @@ def transform_on_device(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatc
             x_t = x.view(nblk, nao, sp.nocc).transpose(1, 2).reshape(nblk * sp.nocc, nao)
             full = la.gemm(x_t, vir_coeff)  # (P i, a)
             store.write_pia(p0, p1, full.view(nblk, sp.nocc, sp.nvir))
+        if cuda:
+            consumed[slot] = torch.cuda.Event()
+            consumed[slot].record(torch.cuda.current_stream(device))
         progress("transform", p1, naux)
 
 

@@ -105,6 +105,11 @@ def test_the_device_plan():
     snug = plan_device(100, [(20, 80)], 400, 8 * 2**20, 8)
     assert snug.resident and 1 <= snug.fit_occ < 20 and snug.occ_block < 20
     assert snug.device_bytes <= 0.9 * 8 * 2**20
+    # a transform block counts two unpacked blocks (the copy's and the products' buffers)
+    kept = 20 * 80 * 400 * 8 + 400 * 400 * 8
+    for plan in (roomy, snug):
+        assert plan.device_bytes >= kept + plan.aux_block * (2 * 100 * 100
+                                                             + 2 * 20 * 100 + 20 * 80) * 8
     tight = plan_device(100, [(20, 80)], 400, 3 * 2**20, 8)
     assert not tight.resident and 1 <= tight.occ_block < 20
     with pytest.raises(ResourceError, match="not even a pair block"):
