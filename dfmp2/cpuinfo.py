@@ -65,15 +65,18 @@ CPU_BLAS_EVIDENCE = {
         "(H2O)16 DF-MP2 8.8 s against 10.5 s"
     ),
 }
-#: The CPU flags numpy's OpenBLAS kernels measured above need (AVX2 and FMA).
-_AVX2_FMA = frozenset({"avx2", "fma"})
+#: The CPU flags of the machines measured above, per vendor: every AMD CPU measured had
+#: AVX2/FMA (MKL runs its generic code there); the Intel one had AVX-512, and on an AVX2-only
+#: Intel CPU MKL's own AVX2 code was not measured against OpenBLAS.
+_NEEDED_FLAGS = {"AuthenticAMD": frozenset({"avx2", "fma"}),
+                 "GenuineIntel": frozenset({"avx2", "fma", "avx512f"})}
 
 
 def choose_cpu_blas(requested: str) -> tuple[str, str]:
     """Resolve ``cpu_blas``: ('torch' | 'numpy', why). 'auto' takes numpy's OpenBLAS on an AMD
-    or Intel CPU with AVX2 and FMA (numpy's OpenBLAS ran DGEMM and the whole DF-MP2 faster than
-    the MKL in torch's CPU wheel on both vendors' machines), and torch's BLAS otherwise (another
-    numpy BLAS, another vendor, an older CPU: not measured); the reason names the evidence
+    CPU with AVX2 and FMA or an Intel CPU with AVX-512 (numpy's OpenBLAS ran DGEMM and the whole
+    DF-MP2 faster than the MKL in torch's CPU wheel on both vendors' machines), and torch's BLAS
+    otherwise (another numpy BLAS, another vendor, other CPUs: not measured); the reason names the evidence
     (:data:`CPU_BLAS_EVIDENCE`). A rule, not a timing: a timed pick was fooled by thread
     contention."""
     if requested != "auto":
@@ -81,12 +84,14 @@ def choose_cpu_blas(requested: str) -> tuple[str, str]:
     vendor, family, flags = cpu_identity()
     blas = numpy_blas_name()
     evidence = CPU_BLAS_EVIDENCE.get(vendor, "not measured on this CPU vendor")
-    if vendor in CPU_BLAS_EVIDENCE and "openblas" in blas and _AVX2_FMA <= flags:
+    needed = _NEEDED_FLAGS.get(vendor, frozenset())
+    flag_names = "/".join(sorted(f.upper() for f in needed))
+    if vendor in CPU_BLAS_EVIDENCE and "openblas" in blas and needed <= flags:
         return "numpy", (
-            f"auto: {vendor} CPU (family {family:#x}) with AVX2/FMA and numpy's BLAS is {blas}; "
-            f"{evidence}"
+            f"auto: {vendor} CPU (family {family:#x}) with {flag_names} and numpy's BLAS is "
+            f"{blas}; {evidence}"
         )
     return "torch", (
         f"auto: {vendor or 'unknown CPU vendor'}, numpy's BLAS {blas or 'unknown'}"
-        f"{'' if _AVX2_FMA <= flags else ', no AVX2/FMA'}; {evidence}"
+        f"{'' if needed <= flags else f', not all of {flag_names}'}; {evidence}"
     )

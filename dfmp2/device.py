@@ -118,7 +118,8 @@ class DevicePlan:
                 "fit_occ": self.fit_occ, "device_mb": round(self.device_bytes / 2**20, 1)}
 
 
-def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -> DevicePlan:
+def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
+                max_shell: int = 1) -> DevicePlan:
     """The device plan for orbital spaces ``dims`` ((nocc, nvir) each) and ``naux`` auxiliary
     functions within ``budget_bytes`` (less :data:`DEVICE_RESERVE`).
 
@@ -126,8 +127,9 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
     fp32) and the fit matrix stay for the whole step; on top of them, one stage's work at a
     time: a transform block (two blocks of unpacked integrals, the copy and the products'
     double buffer, and the half-transformed and the transformed block), a fit block (``fit_occ`` orbitals: the trmm's work columns, or the product of the
-    eigh fallback) or a pair block. Streamed (B in host memory): a pair block and the two blocks
-    of B it reads. Raises :class:`dfmp2.errors.ResourceError` when not even one-orbital pair
+    eigh fallback) or a pair block; a transform block holds whole auxiliary shells, so up to
+    ``max_shell - 1`` functions more than ``aux_block``. Streamed (B in host memory): a pair
+    block and the two blocks of B it reads. Raises :class:`dfmp2.errors.ResourceError` when not even one-orbital pair
     blocks fit."""
     from .blocking import MB, pair_block_bytes
     from .errors import ResourceError
@@ -143,12 +145,13 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int) -
     # the half-transformed block, its transposed copy and the transformed block
     per_aux = (2 * nao * nao + sum(2 * o * nao + o * v for o, v in used)) * 8
     per_fit_occ = vmax * (min(naux, 256) + naux) * 8  # trmm work columns, or a gemm product
-    if room >= max(per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
-        aux_block = int(max(1, min(naux, 256, room // per_aux)))
+    extra = max_shell - 1  # a block of whole shells may run over aux_block by this many
+    if room >= max((1 + extra) * per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
+        aux_block = int(max(1, min(naux, 256, room // per_aux - extra)))
         fit_occ = int(max(1, min(omax, room // per_fit_occ)))
         best = max(b for b in range(1, min(omax, 64) + 1)
                    if pair_block_bytes(b, vmax, naux, 0) <= room or b == 1)
-        peak = kept + max(aux_block * per_aux, fit_occ * per_fit_occ,
+        peak = kept + max((aux_block + extra) * per_aux, fit_occ * per_fit_occ,
                           pair_block_bytes(best, vmax, naux, 0))
         return DevicePlan(True, best, aux_block, int(peak), fit_occ)
     fitting = [b for b in range(1, min(omax, 64) + 1)

@@ -362,7 +362,8 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     naux = auxmol.nao_nr()
     dplan = plan_device(mol.nao_nr(), [(spaces[k].nocc, spaces[k].nvir) for k in used], naux,
                         device.memory_bytes if device.memory_bytes is not None
-                        else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8)
+                        else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8,
+                        int(np.diff(auxmol.ao_loc_nr()).max()))
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c
@@ -567,11 +568,14 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
         try:
             return _device_pair_energies(mol, auxmol, spaces, plan, la, device, fused,
                                          precision, progress, timer, scratch_dir, pair_table)
-        except torch.OutOfMemoryError as exc:  # memory the plan did not count (another process)
+        except torch.cuda.OutOfMemoryError as exc:  # memory the plan did not count
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
-            raise ResourceError(
-                f"{device.name} ran out of memory in the MP2 step ({reason}); give it less "
-                "with --device-memory MB, or run on the host with --device cpu") from None
+        # raised outside the handler: the error's frames (and their device tensors) are gone
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise ResourceError(
+            f"{device.name} ran out of memory in the MP2 step ({reason}); give it less with "
+            "--device-memory MB, or run on the host with --device cpu")
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)

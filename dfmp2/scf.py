@@ -105,7 +105,7 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     mf.max_cycle = options.max_cycle
     mf.verbose = 0
     mf.callback = _cycle_reporter(progress, options.max_cycle,
-                                  _stall_watch(mf.conv_tol, mf.conv_tol_grad))
+                                  _stall_watch(mf.conv_tol, mf.conv_tol_grad, options.max_cycle))
     mf.chkfile = None  # PySCF writes no scratch chkfile of its own, nor --chkfile mid-run
     mf.solver = "DIIS (PySCF)"
     jk = getattr(mf, "with_df", None)
@@ -223,8 +223,13 @@ def _cycle_reporter(progress, max_cycle: int, watch=None, offset: int = 0, key: 
     gradient, envs)`` when given (:func:`_stall_watch`). ``key``: the cycle counter among the
     driver's locals ('imacro' for the second-order solver), counted after ``offset`` cycles."""
 
+    reported = set()
+
     def report(envs: dict) -> None:
         cycle, energy = offset + envs[key] + 1, envs["e_tot"]
+        if cycle in reported:  # PySCF's Newton driver calls back once more after its loop
+            return
+        reported.add(cycle)
         change = energy - envs.get("last_hf_e", energy)
         gradient = envs.get("norm_gorb", float("nan"))
         log.info("SCF cycle %2d  E = %.12f Eh  dE = %+.2e  |g| = %.2e", cycle, energy, change,
@@ -240,11 +245,14 @@ def _cycle_reporter(progress, max_cycle: int, watch=None, offset: int = 0, key: 
 
 #: DIIS has stalled when, for this many consecutive cycles, the energy changed by less than
 #: conv_tol while the orbital gradient stayed above conv_tol_grad without falling below
-#: :data:`STALL_GAIN` times its value at the window's start. Seen on OH (a 2-Pi radical) with
+#: :data:`STALL_GAIN` times its value at the window's start (a slow but healthy tail gains
+#: more than 10% in 8 cycles). Seen on OH (a 2-Pi radical) with
 #: a double hybrid's UKS: the gradient sat at 1.08e-6 for 90 cycles over a threshold of 1e-6
 #: on one machine (and converged on another), the energy still falling by 1e-12 per cycle.
 STALL_CYCLES = 8
-STALL_GAIN = 0.5
+STALL_GAIN = 0.9
+#: Macro iterations of PySCF's second-order solver after a stall before DIIS takes over again.
+NEWTON_CYCLES = 10
 
 
 class _Stalled(Exception):
@@ -255,9 +263,10 @@ class _Stalled(Exception):
         self.cycle, self.gradient, self.mo_coeff, self.mo_occ = cycle, gradient, mo_coeff, mo_occ
 
 
-def _stall_watch(conv_tol: float, conv_tol_grad: float):
+def _stall_watch(conv_tol: float, conv_tol_grad: float, max_cycle: int):
     """The stall test of the DIIS cycles (:data:`STALL_CYCLES`); cycles whose K is float32
-    (a mixed-precision SCF's early ones, which never converge) do not count."""
+    (a mixed-precision SCF's early ones, which never converge) do not count, and the last
+    allowed cycle ends as a non-converged SCF instead."""
     recent: list[float] = []
     window = STALL_CYCLES
 
@@ -268,33 +277,78 @@ def _stall_watch(conv_tol: float, conv_tol_grad: float):
             recent.clear()
             return
         recent.append(gradient)
-        if len(recent) >= window and min(recent[-window:]) > STALL_GAIN * recent[-window]:
+        if (len(recent) >= window and min(recent[-window:]) > STALL_GAIN * recent[-window]
+                and cycle < max_cycle):
             raise _Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
 
     return watch
 
 
+def _cycles(n: int) -> str:
+    return f"{n} cycle" if n == 1 else f"{n} cycles"
+
+
 def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
-    """Continue a stalled DIIS with PySCF's second-order (Newton) solver from its last
-    orbitals, to the same tolerances; its converged, canonicalised orbitals and energy are put
-    on ``mf`` and ``mf.solver`` says what ran."""
+    """Continue a stalled DIIS from its last orbitals with PySCF's second-order (Newton) solver
+    for up to :data:`NEWTON_CYCLES` macro iterations, to the same tolerances; when that has not
+    converged (its steps can shrink to nothing just above a tight gradient threshold), DIIS
+    again with a fresh subspace from the second-order orbitals. The result (converged,
+    canonical orbitals and energy) is put on ``mf``; ``mf.solver`` says what ran."""
     log.info("SCF: DIIS stalled at cycle %d (|g| = %.2e over %.0e while the energy no longer "
              "changes); continuing with PySCF's second-order (Newton) solver", stall.cycle,
              stall.gradient, mf.conv_tol_grad)
     newton = mf.newton()
     newton.verbose = 0
-    newton.max_cycle = max(1, options.max_cycle - stall.cycle)
+    newton.max_cycle = max(1, min(NEWTON_CYCLES, options.max_cycle - stall.cycle))
     seen = [stall.cycle]
-    newton.callback = _cycle_reporter(progress, options.max_cycle,
-                                      lambda cycle, *_: seen.append(cycle),
-                                      offset=stall.cycle, key="imacro")
-    newton.kernel(stall.mo_coeff, stall.mo_occ)
+    gradients = [stall.gradient]
+
+    def flat(cycle: int, change: float, gradient: float, envs: dict) -> None:
+        """The second-order steps have stopped gaining: back to DIIS from here."""
+        seen.append(cycle)
+        if abs(change) < mf.conv_tol and gradient > STALL_GAIN * gradients[-1]:
+            raise _Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+        gradients.append(gradient)
+
+    newton.callback = _cycle_reporter(progress, options.max_cycle, flat, offset=stall.cycle,
+                                      key="imacro")
+    try:
+        newton.kernel(stall.mo_coeff, stall.mo_occ)
+    except _Stalled as stopped:
+        newton.converged, newton.e_tot = False, mf.e_tot
+        newton.mo_coeff, newton.mo_occ = stopped.mo_coeff, stopped.mo_occ
+        newton.mo_energy = mf.mo_energy  # replaced by the DIIS cycles below
+    except Exception as exc:  # e.g. a functional without the second derivatives it needs
+        raise ConvergenceError(
+            f"the {_label(mf, options)} stalled at |g| = {stall.gradient:.2e} (threshold "
+            f"{mf.conv_tol_grad:.0e}) after {stall.cycle} DIIS cycles and PySCF's second-order "
+            f"solver could not continue ({first_line(exc)}); loosen --conv-tol-grad"
+            + (" or use a finer --grid" if options.xc is not None else "")) from None
     mf.converged, mf.e_tot = newton.converged, newton.e_tot
     mf.mo_energy, mf.mo_coeff, mf.mo_occ = newton.mo_energy, newton.mo_coeff, newton.mo_occ
-    mf.cycles = max(seen)  # PySCF's Newton driver keeps no count of its own
+    done = max(seen)  # PySCF's Newton driver keeps no count of its own
+    mf.cycles = done
     mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, stalled at |g| = "
-                 f"{stall.gradient:.1e}; then second-order (Newton, PySCF)")
-
+                 f"{stall.gradient:.1e}; then second-order (Newton, PySCF) for "
+                 f"{_cycles(done - stall.cycle)}")
+    if newton.converged or done >= options.max_cycle:
+        return
+    mf.callback = _cycle_reporter(progress, options.max_cycle,
+                                  _stall_watch(mf.conv_tol, mf.conv_tol_grad, options.max_cycle),
+                                  offset=done)
+    mf.max_cycle = options.max_cycle - done
+    try:
+        mf.kernel(dm0=mf.make_rdm1(mf.mo_coeff, mf.mo_occ))
+    except _Stalled as again:
+        raise ConvergenceError(
+            f"the {_label(mf, options)} stalled again at |g| = {again.gradient:.2e} (threshold "
+            f"{mf.conv_tol_grad:.0e}) after DIIS and PySCF's second-order solver; loosen "
+            "--conv-tol-grad" + (" or use a finer --grid" if options.xc is not None else "")
+        ) from None
+    finally:
+        mf.max_cycle = options.max_cycle
+    mf.solver += f"; then DIIS (PySCF) again for {_cycles(mf.cycles)}"
+    mf.cycles = done + mf.cycles
 
 def _same_system(mol, saved) -> str | None:
     """None when the chkfile's molecule ``saved`` is ``mol`` (atoms, coordinates, basis, ECP,

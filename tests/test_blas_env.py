@@ -204,14 +204,17 @@ def test_cpu_reader_returns_a_vendor_on_linux():
 
 
 def test_cpu_blas_rule(monkeypatch):
-    """auto: numpy's OpenBLAS on AMD and Intel CPUs with AVX2/FMA, torch's BLAS otherwise;
+    """auto: numpy's OpenBLAS on AMD CPUs with AVX2/FMA and Intel CPUs with AVX-512, torch's
+    BLAS otherwise (an AVX2-only Intel CPU was not measured);
     explicit choices pass through; the reason says what the rule rests on (measured on both)."""
-    amd, intel = ("AuthenticAMD", 0x1A, {"avx2", "fma"}), ("GenuineIntel", 6, {"avx2", "fma"})
+    amd = ("AuthenticAMD", 0x1A, {"avx2", "fma"})
+    intel = ("GenuineIntel", 6, {"avx2", "fma", "avx512f"})
     for cpu, blas, expected, evidence in [
             (amd, "scipy-openblas", "numpy", "measured on AMD EPYC"),
             (amd, "accelerate", "torch", "measured on AMD EPYC"),
             (intel, "scipy-openblas", "numpy", "measured on an Intel Xeon"),
-            (("GenuineIntel", 6, {"avx"}), "scipy-openblas", "torch", "no AVX2/FMA"),
+            (("GenuineIntel", 6, {"avx2", "fma"}), "scipy-openblas", "torch", "not all of AVX2"),
+            (("AuthenticAMD", 0x15, {"avx"}), "scipy-openblas", "torch", "not all of AVX2"),
             (("", 0, set()), "", "torch", "not measured on this CPU vendor")]:
         monkeypatch.setattr(cpuinfo, "cpu_identity", lambda cpu=cpu: cpu)
         monkeypatch.setattr(cpuinfo, "numpy_blas_name", lambda blas=blas: blas)

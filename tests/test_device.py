@@ -114,6 +114,12 @@ def test_the_device_plan():
     assert not tight.resident and 1 <= tight.occ_block < 20
     with pytest.raises(ResourceError, match="not even a pair block"):
         plan_device(100, [(20, 80)], 400, 2**16, 8)
+    # whole shells of up to 9 functions: a block of aux_block rows may hold 8 more
+    single = plan_device(100, [(20, 80)], 400, 16 * 2**20, 8)
+    shells = plan_device(100, [(20, 80)], 400, 16 * 2**20, 8, max_shell=9)
+    assert shells.resident and shells.aux_block == single.aux_block - 8
+    assert shells.device_bytes >= kept + (shells.aux_block + 8) * (
+        2 * 100 * 100 + 2 * 20 * 100 + 20 * 80) * 8
 
 
 def test_resolution_and_refusals():
@@ -186,7 +192,7 @@ def test_device_out_of_memory_is_one_line(cpu_as_device, monkeypatch):
     from dfmp2 import pipeline
 
     def out_of_memory(*_args, **_kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
 
     monkeypatch.setattr(pipeline, "_device_pair_energies", out_of_memory)
     cpu_as_device(ROOMY)

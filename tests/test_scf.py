@@ -77,24 +77,28 @@ def test_a_singlet_rohf_restarts_from_its_own_chkfile(tmp_path):
 
 
 def test_stall_watch_counts_only_flat_energy_cycles_above_the_gradient_threshold():
-    """The stall test: STALL_CYCLES cycles with |dE| < conv_tol, |g| > conv_tol_grad and no
-    halving of |g| raise; a falling gradient, a moving energy or a converged gradient do not."""
+    """The stall test: STALL_CYCLES cycles with |dE| < conv_tol, |g| > conv_tol_grad and under
+    10% gain in |g| raise; a slowly falling gradient, a moving energy, a converged gradient or
+    the last allowed cycle do not."""
     from dfmp2 import scf
 
     envs = {"mo_coeff": "C", "mo_occ": "n"}
-    watch = scf._stall_watch(1e-11, 1e-6)
+    watch = scf._stall_watch(1e-11, 1e-6, 100)
     for cycle in range(1, scf.STALL_CYCLES):
         watch(cycle, -1e-12, 1.08e-6, envs)
     with pytest.raises(scf._Stalled) as stalled:
         watch(scf.STALL_CYCLES, -1e-12, 1.08e-6, envs)
     assert (stalled.value.cycle, stalled.value.mo_coeff) == (scf.STALL_CYCLES, "C")
     for changes, gradients in [
-            ([-1e-12] * 20, [1e-5 * 0.8**k for k in range(20)]),  # the gradient keeps falling
+            ([-1e-12] * 20, [3e-6 * 0.98**k for k in range(20)]),  # slow: 15% per 8 cycles
             ([-1e-9 if k % 4 == 0 else -1e-12 for k in range(20)], [2e-6] * 20),  # E moves
             ([-1e-12] * 20, [5e-7] * 20)]:  # converged gradient
-        watch = scf._stall_watch(1e-11, 1e-6)
+        watch = scf._stall_watch(1e-11, 1e-6, 100)
         for cycle, (change, gradient) in enumerate(zip(changes, gradients), 1):
             watch(cycle, change, gradient, envs)
+    last = scf._stall_watch(1e-11, 1e-6, scf.STALL_CYCLES)  # max_cycle: DIIS's own failure
+    for cycle in range(1, scf.STALL_CYCLES + 1):
+        last(cycle, -1e-12, 1.08e-6, envs)
 
 
 def test_a_stalled_diis_continues_with_the_second_order_solver(monkeypatch):
@@ -102,7 +106,7 @@ def test_a_stalled_diis_continues_with_the_second_order_solver(monkeypatch):
     its orbitals: the same converged energies as plain DIIS, the solver recorded and shown."""
     from dfmp2 import scf
 
-    def stall_at_cycle_3(conv_tol, conv_tol_grad):
+    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
         def watch(cycle, change, gradient, envs):
             if cycle == 3:
                 raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
@@ -114,10 +118,57 @@ def test_a_stalled_diis_continues_with_the_second_order_solver(monkeypatch):
     newton = dfmp2.run(WATER, progress=lambda stage, done, total: seen.append((stage, done)))
     assert newton.scf.converged and plain.scf.solver == "DIIS (PySCF)"
     assert newton.scf.solver.startswith("DIIS (PySCF) for 3 cycles, stalled at |g| = ")
-    assert newton.scf.solver.endswith("then second-order (Newton, PySCF)")
+    assert "; then second-order (Newton, PySCF) for " in newton.scf.solver
     scf_cycles = [done for stage, done in seen if stage.startswith("SCF")]
     assert newton.scf.cycles > 3 and max(scf_cycles) == newton.scf.cycles
     assert newton.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_TIGHT)
     assert newton.e_tot == pytest.approx(plain.e_tot, abs=TOL_RESTART)
     assert "second-order (Newton, PySCF)" in newton.summary()
     assert newton.to_dict()["extras"]["scf"]["solver"] == newton.scf.solver
+
+
+@pytest.mark.parametrize("kwargs", [{"charge": 1, "spin": 1}, {"charge": 1, "spin": 1,
+                                                               "reference": "rohf"},
+                                    {"scf_type": "conv"}], ids=["uhf", "rohf", "exact"])
+def test_the_second_order_solver_after_a_stall_for_other_references(monkeypatch, kwargs):
+    """The forced stall of the test above on UHF, ROHF and an exact-integral SCF: the same
+    SCF and MP2 energies as plain DIIS."""
+    from dfmp2 import scf
+
+    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
+        def watch(cycle, change, gradient, envs):
+            if cycle == 3:
+                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+        return watch
+
+    plain = dfmp2.run(WATER, **kwargs)
+    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    newton = dfmp2.run(WATER, **kwargs)
+    assert "second-order (Newton, PySCF)" in newton.scf.solver
+    assert newton.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_TIGHT)
+    assert newton.e_tot == pytest.approx(plain.e_tot, abs=TOL_RESTART)
+
+
+def test_a_failing_second_order_solver_is_a_convergence_error(monkeypatch):
+    """When PySCF's second-order solver cannot continue a stalled DIIS, the run ends with one
+    ConvergenceError naming the stall, not a traceback."""
+    from pyscf.soscf import newton_ah
+
+    from dfmp2 import scf
+    from dfmp2.errors import ConvergenceError
+
+    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
+        def watch(cycle, change, gradient, envs):
+            if cycle == 3:
+                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+        return watch
+
+    def no_second_derivatives(*_args, **_kwargs):
+        raise NotImplementedError("functional has no second derivatives\nin libxc")
+
+    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    monkeypatch.setattr(newton_ah, "kernel", no_second_derivatives)
+    with pytest.raises(ConvergenceError, match=r"^the DF-RHF stalled at \|g\| = .* after 3 DIIS "
+                       r"cycles and PySCF's second-order solver could not continue \(functional "
+                       r"has no second derivatives\); loosen --conv-tol-grad$"):
+        dfmp2.run(WATER)
