@@ -357,6 +357,8 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     from .storage import DeviceStore
 
     dev = device.device
+    if dev.type == "cuda":  # the stages' times include their queued kernels (same dict)
+        timer = StageTimer(timer.seconds, lambda: torch.cuda.synchronize(dev))
     b_dtype, reduce_dtype = PRECISION_DTYPES[precision]
     used = [k for k, sp in enumerate(spaces) if sp.nocc and sp.nvir]
     naux = auxmol.nao_nr()
@@ -523,13 +525,18 @@ def _unfused(la: Dispatcher, ovL_i, ovL_j, eps_i, eps_j, eps_va, eps_vb, weights
 
 @dataclass
 class StageTimer:
-    """Wall time per pipeline stage in seconds."""
+    """Wall time per pipeline stage in seconds. ``sync``, when given, is called before a stage's
+    end is read (``torch.cuda.synchronize`` on a CUDA run: its kernels run asynchronously, so
+    the time of work queued in one stage would otherwise land in a later one)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    sync: Callable[[], None] | None = None
 
     def run(self, stage: str, fn, *args, **kwargs):
         start = time.perf_counter()
         result = fn(*args, **kwargs)
+        if self.sync is not None:
+            self.sync()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
         return result
 

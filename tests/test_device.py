@@ -204,3 +204,15 @@ def test_device_out_of_memory_is_one_line(cpu_as_device, monkeypatch):
     assert result.exit_code != 0 and "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "cpu ran out of memory in the MP2 step" in errors[0]
+
+
+def test_stage_timer_synchronises_before_reading_the_end():
+    """A CUDA run's StageTimer calls its sync (torch.cuda.synchronize) once per stage, after
+    the stage's work is queued; the host timer has none."""
+    from dfmp2.pipeline import StageTimer
+
+    calls = []
+    timer = StageTimer(sync=lambda: calls.append("sync"))
+    assert timer.run("fit", lambda: calls.append("work") or 7) == 7
+    assert calls == ["work", "sync"] and timer.seconds["fit"] >= 0
+    assert StageTimer().sync is None
