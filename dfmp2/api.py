@@ -366,8 +366,9 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         nfrozen_occ_beta=beta.nfrozen_occ if beta else None,
         nfrozen_vir_beta=beta.nfrozen_vir if beta else None)
     cpu_blas = la.cpu_blas.as_dict()
+    on_device = device is not None and device.device is not None
     if ref.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
-            and opts.fused_energy:
+            and opts.fused_energy and not on_device:  # a device reduces with torch's ops
         cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
     method = Method(

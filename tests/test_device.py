@@ -216,3 +216,13 @@ def test_stage_timer_synchronises_before_reading_the_end():
     assert timer.run("fit", lambda: calls.append("work") or 7) == 7
     assert calls == ["work", "sync"] and timer.seconds["fit"] >= 0
     assert StageTimer().sync is None
+
+
+def test_a_device_run_records_no_host_pair_reduction(cpu_as_device):
+    """The compiled host reduction is recorded only where it ran: not on a device run, whose
+    pair blocks are reduced by torch's ops there."""
+    host = dfmp2.run(WATER, cpu_blas="numpy")
+    cpu_as_device(ROOMY)
+    dev = dfmp2.run(WATER, cpu_blas="numpy")
+    assert "pair_reduction" in host.backend.cpu_blas
+    assert "pair_reduction" not in dev.backend.cpu_blas
