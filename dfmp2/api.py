@@ -423,8 +423,12 @@ def _device_record(device, energies) -> dict | None:
     (B on the device, or streamed from the host)."""
     if device is None:
         return None
-    plan = getattr(energies, "device_plan", None) if energies is not None else None
-    return {**device.as_dict(), **({"plan": plan} if plan else {})}
+    record = device.as_dict()
+    if energies is None:  # no pairs: nothing ran on the device
+        record["reason"] += "; no pair energies to compute, so nothing ran there"
+        return record
+    plan = getattr(energies, "device_plan", None)
+    return {**record, **({"plan": plan} if plan else {})}
 
 
 def _double_hybrid_record(scaling, mf, e_pt2: float) -> dict | None:

@@ -226,3 +226,11 @@ def test_a_device_run_records_no_host_pair_reduction(cpu_as_device):
     dev = dfmp2.run(WATER, cpu_blas="numpy")
     assert "pair_reduction" in host.backend.cpu_blas
     assert "pair_reduction" not in dev.backend.cpu_blas
+
+
+def test_a_run_without_pairs_says_nothing_ran_on_the_device(cpu_as_device):
+    cpu_as_device(ROOMY)
+    atom = dfmp2.run("He 0 0 0", basis="sto-3g", auxbasis="def2-universal-jkfit")  # no virtuals
+    assert atom.e_corr == 0.0 and "plan" not in atom.backend.device
+    assert atom.backend.device["reason"].endswith("no pair energies to compute, so nothing ran "
+                                                  "there")
