@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from pyscf import df as pyscf_df
@@ -23,7 +23,7 @@ from pyscf import scf as pyscf_scf
 
 from . import distributed
 from ._files import check_writable_file
-from .blocking import MB, BlockPlan, plan_blocks
+from .blocking import MB, BlockPlan, plan_blocks, usable_bytes
 from .device import resolve_device
 from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
@@ -284,6 +284,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
     la = la if la is not None else _dispatcher(opts)
     prep = _prepare(mf, opts, timer, auxmol, plan, own_scf)
     device = resolve_device(opts.device, la.backend, False, opts.device_memory)
+    if device.device is not None:  # its host staging buffers count under --max-memory
+        device = replace(device, host_bytes=int(usable_bytes(opts.max_memory)))
     energies = None
     if prep.ref.has_pairs:
         kwargs = {"fused": opts.fused_energy, "timer": timer, "precision": opts.precision,

@@ -28,13 +28,15 @@ DEVICE_RESERVE = 0.10
 class ComputeDevice:
     """The run's compute device: ``device`` the torch device of the MP2 step (None: the host
     pipeline), ``reason`` why, ``name`` the device's name, ``memory_bytes`` its memory budget
-    (None on the host path)."""
+    (None on the host path), ``host_bytes`` the host memory its staging buffers may take (set
+    from ``--max-memory`` by the run; None: not limited)."""
 
     requested: str
     device: torch.device | None
     reason: str
     name: str
     memory_bytes: int | None = None
+    host_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return {"requested": self.requested,

@@ -234,3 +234,18 @@ def test_a_run_without_pairs_says_nothing_ran_on_the_device(cpu_as_device):
     assert atom.e_corr == 0.0 and "plan" not in atom.backend.device
     assert atom.backend.device["reason"].endswith("no pair energies to compute, so nothing ran "
                                                   "there")
+
+
+def test_the_transforms_host_buffers_count_under_max_memory(cpu_as_device):
+    """The device transform's two host staging buffers (pinned on CUDA) take at most half of
+    --max-memory's usable bytes: a smaller budget, smaller blocks, the same energy."""
+    from dfmp2.blocking import usable_bytes
+
+    cpu_as_device(ROOMY)
+    roomy = dfmp2.run(WATER4)
+    small = dfmp2.run(WATER4, max_memory=20)
+    nao = roomy.sizes.nbasis
+    block = small.backend.device["plan"]["aux_block"]
+    assert block < roomy.backend.device["plan"]["aux_block"]
+    assert 2 * block * nao * nao * 8 <= usable_bytes(20) / 2
+    assert abs(small.e_tot - roomy.e_tot) <= TOL_OUTCORE
