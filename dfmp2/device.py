@@ -115,9 +115,14 @@ class DevicePlan:
     fit_occ: int = 1
 
     def as_dict(self) -> dict:
-        return {"b_placement": "device" if self.resident else "host, streamed per pair block",
-                "occ_block": self.occ_block, "aux_block": self.aux_block,
-                "fit_occ": self.fit_occ, "device_mb": round(self.device_bytes / 2**20, 1)}
+        """The record; a streamed plan has no transform or fit blocks of its own (the host
+        plan's ran those stages: ``method.blocks``)."""
+        if not self.resident:
+            return {"b_placement": "host, streamed per pair block", "occ_block": self.occ_block,
+                    "device_mb": round(self.device_bytes / 2**20, 1)}
+        return {"b_placement": "device", "occ_block": self.occ_block,
+                "aux_block": self.aux_block, "fit_occ": self.fit_occ,
+                "device_mb": round(self.device_bytes / 2**20, 1)}
 
 
 def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
