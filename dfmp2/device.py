@@ -126,18 +126,20 @@ class DevicePlan:
 
 
 def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
-                max_shell: int = 1) -> DevicePlan:
+                max_shell: int = 1, host_bytes: int | None = None) -> DevicePlan:
     """The device plan for orbital spaces ``dims`` ((nocc, nvir) each) and ``naux`` auxiliary
     functions within ``budget_bytes`` (less :data:`DEVICE_RESERVE`).
 
     Resident: every space's (ia|P) in fp64 (B overwrites it in place in fp64; a separate B in
     fp32) and the fit matrix stay for the whole step; on top of them, one stage's work at a
     time: a transform block (two blocks of unpacked integrals, the copy and the products'
-    double buffer, and the half-transformed and the transformed block), a fit block (``fit_occ`` orbitals: the trmm's work columns, or the product of the
-    eigh fallback) or a pair block; a transform block holds whole auxiliary shells, so up to
-    ``max_shell - 1`` functions more than ``aux_block``. Streamed (B in host memory): a pair
-    block and the two blocks of B it reads. Raises :class:`dfmp2.errors.ResourceError` when not even one-orbital pair
-    blocks fit."""
+    double buffer, and the half-transformed and the transformed block), a fit block
+    (``fit_occ`` orbitals: the trmm's work columns, or the product of the eigh fallback) or a
+    pair block; a transform block holds whole auxiliary shells, so up to ``max_shell - 1``
+    functions more than ``aux_block``. The transform's two host buffers (pinned on CUDA) take
+    at most half of ``host_bytes`` when given (the run's ``--max-memory``). Streamed (B in host
+    memory): a pair block and the two blocks of B it reads. Raises
+    :class:`dfmp2.errors.ResourceError` when not even one-orbital pair blocks fit."""
     from .blocking import MB, pair_block_bytes
     from .errors import ResourceError
 
@@ -155,6 +157,9 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
     extra = max_shell - 1  # a block of whole shells may run over aux_block by this many
     if room >= max((1 + extra) * per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
         aux_block = int(max(1, min(naux, 256, room // per_aux - extra)))
+        if host_bytes is not None:  # two host buffers of aux_block + extra square matrices
+            aux_block = int(max(1, min(aux_block,
+                                       host_bytes // 2 // (2 * nao * nao * 8) - extra)))
         fit_occ = int(max(1, min(omax, room // per_fit_occ)))
         best = max(b for b in range(1, min(omax, 64) + 1)
                    if pair_block_bytes(b, vmax, naux, 0) <= room or b == 1)

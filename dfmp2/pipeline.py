@@ -365,11 +365,7 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     dplan = plan_device(mol.nao_nr(), [(spaces[k].nocc, spaces[k].nvir) for k in used], naux,
                         device.memory_bytes if device.memory_bytes is not None
                         else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8,
-                        int(np.diff(auxmol.ao_loc_nr()).max()))
-    if device.host_bytes is not None:  # the transform's two host buffers (pinned on CUDA)
-        nao = mol.nao_nr()     # take at most half of the host's budget (--max-memory)
-        dplan = replace(dplan, aux_block=int(max(1, min(
-            dplan.aux_block, device.host_bytes // 2 // (2 * nao * nao * 8)))))
+                        int(np.diff(auxmol.ao_loc_nr()).max()), device.host_bytes)
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c
