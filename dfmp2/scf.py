@@ -256,11 +256,13 @@ NEWTON_CYCLES = 10
 
 
 class _Stalled(Exception):
-    """Raised from the cycle callback to leave PySCF's DIIS loop: its last orbitals."""
+    """Raised from the cycle callback to leave PySCF's DIIS loop: its last energy and
+    orbitals."""
 
-    def __init__(self, cycle: int, gradient: float, mo_coeff, mo_occ):
+    def __init__(self, cycle: int, gradient: float, envs: dict):
         super().__init__(f"DIIS stalled at cycle {cycle}")
-        self.cycle, self.gradient, self.mo_coeff, self.mo_occ = cycle, gradient, mo_coeff, mo_occ
+        self.cycle, self.gradient, self.energy = cycle, gradient, envs["e_tot"]
+        self.mo_coeff, self.mo_occ = envs["mo_coeff"], envs["mo_occ"]
 
 
 def _stall_watch(conv_tol: float, conv_tol_grad: float, max_cycle: int):
@@ -279,13 +281,21 @@ def _stall_watch(conv_tol: float, conv_tol_grad: float, max_cycle: int):
         recent.append(gradient)
         if (len(recent) >= window and min(recent[-window:]) > STALL_GAIN * recent[-window]
                 and cycle < max_cycle):
-            raise _Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+            raise _Stalled(cycle, gradient, envs)
 
     return watch
 
 
 def _cycles(n: int) -> str:
     return f"{n} cycle" if n == 1 else f"{n} cycles"
+
+
+def _stall_error(mf, options: Options, gradient: float, what: str) -> ConvergenceError:
+    """The one-line error of an SCF that stalled at ``gradient`` and could not go on."""
+    return ConvergenceError(
+        f"the {_label(mf, options)} stalled at |g| = {gradient:.2e} (threshold "
+        f"{mf.conv_tol_grad:.0e}) {what}; loosen --conv-tol-grad"
+        + (" or use a finer --grid" if options.xc is not None else ""))
 
 
 def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
@@ -307,31 +317,28 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
         """The second-order steps have stopped gaining: back to DIIS from here."""
         seen.append(cycle)
         if abs(change) < mf.conv_tol and gradient > STALL_GAIN * gradients[-1]:
-            raise _Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
+            raise _Stalled(cycle, gradient, envs)
         gradients.append(gradient)
 
     newton.callback = _cycle_reporter(progress, options.max_cycle, flat, offset=stall.cycle,
                                       key="imacro")
     try:
         newton.kernel(stall.mo_coeff, stall.mo_occ)
-    except _Stalled as stopped:
-        newton.converged, newton.e_tot = False, mf.e_tot
-        newton.mo_coeff, newton.mo_occ = stopped.mo_coeff, stopped.mo_occ
-        newton.mo_energy = mf.mo_energy  # replaced by the DIIS cycles below
+        mf.converged, mf.e_tot = newton.converged, newton.e_tot
+        mf.mo_energy, mf.mo_coeff, mf.mo_occ = newton.mo_energy, newton.mo_coeff, newton.mo_occ
+    except _Stalled as stopped:  # DIIS below sets the orbital energies
+        mf.converged, mf.e_tot = False, stopped.energy
+        mf.mo_coeff, mf.mo_occ = stopped.mo_coeff, stopped.mo_occ
     except Exception as exc:  # e.g. a functional without the second derivatives it needs
-        raise ConvergenceError(
-            f"the {_label(mf, options)} stalled at |g| = {stall.gradient:.2e} (threshold "
-            f"{mf.conv_tol_grad:.0e}) after {stall.cycle} DIIS cycles and PySCF's second-order "
-            f"solver could not continue ({first_line(exc)}); loosen --conv-tol-grad"
-            + (" or use a finer --grid" if options.xc is not None else "")) from None
-    mf.converged, mf.e_tot = newton.converged, newton.e_tot
-    mf.mo_energy, mf.mo_coeff, mf.mo_occ = newton.mo_energy, newton.mo_coeff, newton.mo_occ
+        raise _stall_error(mf, options, stall.gradient,
+                           f"after {stall.cycle} DIIS cycles and PySCF's second-order solver "
+                           f"could not continue ({first_line(exc)})") from None
     done = max(seen)  # PySCF's Newton driver keeps no count of its own
     mf.cycles = done
     mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, stalled at |g| = "
                  f"{stall.gradient:.1e}; then second-order (Newton, PySCF) for "
                  f"{_cycles(done - stall.cycle)}")
-    if newton.converged or done >= options.max_cycle:
+    if mf.converged or done >= options.max_cycle:
         return
     mf.callback = _cycle_reporter(progress, options.max_cycle,
                                   _stall_watch(mf.conv_tol, mf.conv_tol_grad, options.max_cycle),
@@ -340,15 +347,13 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
     try:
         mf.kernel(dm0=mf.make_rdm1(mf.mo_coeff, mf.mo_occ))
     except _Stalled as again:
-        raise ConvergenceError(
-            f"the {_label(mf, options)} stalled again at |g| = {again.gradient:.2e} (threshold "
-            f"{mf.conv_tol_grad:.0e}) after DIIS and PySCF's second-order solver; loosen "
-            "--conv-tol-grad" + (" or use a finer --grid" if options.xc is not None else "")
-        ) from None
+        raise _stall_error(mf, options, again.gradient,
+                           "again after DIIS and PySCF's second-order solver") from None
     finally:
         mf.max_cycle = options.max_cycle
     mf.solver += f"; then DIIS (PySCF) again for {_cycles(mf.cycles)}"
     mf.cycles = done + mf.cycles
+
 
 def _same_system(mol, saved) -> str | None:
     """None when the chkfile's molecule ``saved`` is ``mol`` (atoms, coordinates, basis, ECP,

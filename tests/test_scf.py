@@ -82,7 +82,7 @@ def test_stall_watch_counts_only_flat_energy_cycles_above_the_gradient_threshold
     the last allowed cycle do not."""
     from dfmp2 import scf
 
-    envs = {"mo_coeff": "C", "mo_occ": "n"}
+    envs = {"mo_coeff": "C", "mo_occ": "n", "e_tot": -1.0}
     watch = scf._stall_watch(1e-11, 1e-6, 100)
     for cycle in range(1, scf.STALL_CYCLES):
         watch(cycle, -1e-12, 1.08e-6, envs)
@@ -101,19 +101,23 @@ def test_stall_watch_counts_only_flat_energy_cycles_above_the_gradient_threshold
         last(cycle, -1e-12, 1.08e-6, envs)
 
 
+def _stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
+    """A stand-in for dfmp2.scf._stall_watch that declares a stall at cycle 3."""
+    from dfmp2 import scf
+
+    def watch(cycle, change, gradient, envs):
+        if cycle == 3:
+            raise scf._Stalled(cycle, gradient, envs)
+    return watch
+
+
 def test_a_stalled_diis_continues_with_the_second_order_solver(monkeypatch):
     """A DIIS made to stall at cycle 3 (the watch patched) ends with PySCF's Newton solver from
     its orbitals: the same converged energies as plain DIIS, the solver recorded and shown."""
     from dfmp2 import scf
 
-    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
-        def watch(cycle, change, gradient, envs):
-            if cycle == 3:
-                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
-        return watch
-
     plain = dfmp2.run(WATER)
-    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    monkeypatch.setattr(scf, "_stall_watch", _stall_at_cycle_3)
     seen = []
     newton = dfmp2.run(WATER, progress=lambda stage, done, total: seen.append((stage, done)))
     assert newton.scf.converged and plain.scf.solver == "DIIS (PySCF)"
@@ -135,14 +139,8 @@ def test_the_second_order_solver_after_a_stall_for_other_references(monkeypatch,
     SCF and MP2 energies as plain DIIS."""
     from dfmp2 import scf
 
-    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
-        def watch(cycle, change, gradient, envs):
-            if cycle == 3:
-                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
-        return watch
-
     plain = dfmp2.run(WATER, **kwargs)
-    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    monkeypatch.setattr(scf, "_stall_watch", _stall_at_cycle_3)
     newton = dfmp2.run(WATER, **kwargs)
     assert "second-order (Newton, PySCF)" in newton.scf.solver
     assert newton.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_TIGHT)
@@ -157,16 +155,10 @@ def test_a_failing_second_order_solver_is_a_convergence_error(monkeypatch):
     from dfmp2 import scf
     from dfmp2.errors import ConvergenceError
 
-    def stall_at_cycle_3(conv_tol, conv_tol_grad, max_cycle):
-        def watch(cycle, change, gradient, envs):
-            if cycle == 3:
-                raise scf._Stalled(cycle, gradient, envs["mo_coeff"], envs["mo_occ"])
-        return watch
-
     def no_second_derivatives(*_args, **_kwargs):
         raise NotImplementedError("functional has no second derivatives\nin libxc")
 
-    monkeypatch.setattr(scf, "_stall_watch", stall_at_cycle_3)
+    monkeypatch.setattr(scf, "_stall_watch", _stall_at_cycle_3)
     monkeypatch.setattr(newton_ah, "kernel", no_second_derivatives)
     with pytest.raises(ConvergenceError, match=r"^the DF-RHF stalled at \|g\| = .* after 3 DIIS "
                        r"cycles and PySCF's second-order solver could not continue \(functional "
