@@ -108,8 +108,9 @@ _D = Options.default
 @click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default=_D("cpu_blas"),
               show_default=True,
               help="Whose BLAS runs CPU matrix products: auto = numpy's OpenBLAS on AMD CPUs with "
-                   "AVX2/FMA and Intel CPUs with AVX-512, torch's MKL otherwise. With numpy, OMP_WAIT_POLICY=PASSIVE is set unless "
-                   "set; OPENBLAS_THREAD_TIMEOUT=20 is set unless set.")
+                   "AVX2/FMA and Intel CPUs with AVX-512, torch's MKL otherwise. With numpy, "
+                   "OMP_WAIT_POLICY=PASSIVE is set unless set; OPENBLAS_THREAD_TIMEOUT=20 is "
+                   "set unless set.")
 @click.option("--fused-energy/--no-fused-energy", default=_D("fused_energy"), show_default=True,
               help="Fused GEMM+reduction pair-energy op, or a GEMM then a separate reduction.")
 @click.option("--nki-emulator", is_flag=True, envvar="DFMP2_NKI_EMULATOR",

@@ -76,9 +76,9 @@ def choose_cpu_blas(requested: str) -> tuple[str, str]:
     """Resolve ``cpu_blas``: ('torch' | 'numpy', why). 'auto' takes numpy's OpenBLAS on an AMD
     CPU with AVX2 and FMA or an Intel CPU with AVX-512 (numpy's OpenBLAS ran DGEMM and the whole
     DF-MP2 faster than the MKL in torch's CPU wheel on both vendors' machines), and torch's BLAS
-    otherwise (another numpy BLAS, another vendor, other CPUs: not measured); the reason names the evidence
-    (:data:`CPU_BLAS_EVIDENCE`). A rule, not a timing: a timed pick was fooled by thread
-    contention."""
+    otherwise (another numpy BLAS, another vendor, other CPUs: not measured); the reason names
+    the evidence (:data:`CPU_BLAS_EVIDENCE`). A rule, not a timing: a timed pick was fooled by
+    thread contention."""
     if requested != "auto":
         return requested, f"requested --cpu-blas {requested}"
     vendor, family, flags = cpu_identity()

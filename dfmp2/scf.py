@@ -246,9 +246,9 @@ def _cycle_reporter(progress, max_cycle: int, watch=None, offset: int = 0, key: 
 #: DIIS has stalled when, for this many consecutive cycles, the energy changed by less than
 #: conv_tol while the orbital gradient stayed above conv_tol_grad without falling below
 #: :data:`STALL_GAIN` times its value at the window's start (a slow but healthy tail gains
-#: more than 10% in 8 cycles). Seen on OH (a 2-Pi radical) with
-#: a double hybrid's UKS: the gradient sat at 1.08e-6 for 90 cycles over a threshold of 1e-6
-#: on one machine (and converged on another), the energy still falling by 1e-12 per cycle.
+#: more than 10% in 8 cycles). Seen on OH (a 2-Pi radical) with a double hybrid's UKS: the
+#: gradient sat at 1.08e-6 for 90 cycles over a threshold of 1e-6 on one machine (and
+#: converged on another), the energy still falling by 1e-12 per cycle.
 STALL_CYCLES = 8
 STALL_GAIN = 0.9
 #: Macro iterations of PySCF's second-order solver after a stall before DIIS takes over again.
