@@ -37,7 +37,8 @@ class Options:
     frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs with AVX2/FMA and Intel CPUs with
-        AVX-512, else torch's), 'torch' (MKL in the CPU wheel) or 'numpy': whose BLAS runs the pytorch backend's CPU matrix products.
+        AVX-512, else torch's), 'torch' (MKL in the CPU wheel) or 'numpy': whose BLAS runs the
+        pytorch backend's CPU matrix products.
     nki_emulator, nki_simulator, require_nki : NKI execution policy (see dfmp2.linalg).
     nki_matmul : precision of the NKI pair kernels' (ia|jb) products, 'fp32' or 'bf16x3'.
     nki_target : 'auto', 'trn1' or 'trn2': the NeuronCore generation of the NKI launches (LNC,
