@@ -12,7 +12,7 @@ import torch
 from pyscf import dft, gto, lib, scf
 
 import dfmp2
-from dfmp2.jk import DFJK, get_jk
+from dfmp2.jk import DFJK, K_SQUARE_BLOCK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.options import Options
 from dfmp2.scf import release_integrals, run_scf
@@ -76,6 +76,42 @@ def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_
         assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
         assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
     assert get_jk(ours._cderi, dm_rohf, _la(), with_k=False)[1] is None
+
+
+def test_one_product_serves_every_density_of_a_k_build():
+    """K reads each block of the tensor once for all densities: one ``Y = C^T B^Q`` product
+    per block whatever the number of densities (a UHF's two spins, ROHF's shared doubly
+    occupied orbitals in whatever order they come, a spin with no electrons), and K equals
+    PySCF's for each; the flops recorded count ROHF's shared columns once."""
+    nh2 = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    hydrogen = gto.M(atom="H", basis="cc-pvdz", spin=1, verbose=0)
+    uhf = scf.UHF(nh2).density_fit(auxbasis=JKFIT).run()
+    rohf = scf.ROHF(nh2).density_fit(auxbasis=JKFIT).run()
+    empty_beta = scf.UHF(hydrogen).density_fit(auxbasis=JKFIT).run()
+    order = np.argsort(rohf.mo_occ != 1, kind="stable")  # singly occupied orbitals first
+    shuffled = lib.tag_array(rohf.make_rdm1(), mo_coeff=rohf.mo_coeff[:, order],
+                             mo_occ=rohf.mo_occ[order])
+    assert shuffled.mo_occ[0] == 1 and shuffled.mo_occ[1] == 2
+    for mf, dm in ((uhf, uhf.make_rdm1()), (rohf, rohf.make_rdm1()), (rohf, shuffled),
+                   (empty_beta, empty_beta.make_rdm1())):
+        ours = DFJK(mf.mol, JKFIT, _la()).build()
+        la, counts = _la(), {}
+        vj, vk = get_jk(ours._cderi, dm, la, square=ours.square, counts=counts)
+        vj_ref, vk_ref = mf.with_df.get_jk(dm, hermi=1)
+        assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+        assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+        nao, naux = mf.mol.nao_nr(), ours._cderi.shape[0]
+        if dm.mo_occ.ndim == 1:  # ROHF: alpha's columns, beta's among them
+            ranks = [int((dm.mo_occ > 0).sum()), int((dm.mo_occ == 2).sum())]
+            columns = ranks[0]
+        else:
+            ranks = [int((occ > 0).sum()) for occ in dm.mo_occ]
+            columns = sum(ranks)
+        nblocks = -(-naux // K_SQUARE_BLOCK)
+        # J: two products over the whole tensor; K per block: one Y, then Y^T Y per density
+        assert la.records["gemm"].calls == 2 + nblocks * (1 + sum(r > 0 for r in ranks))
+        k_flops = (2 * columns + sum(ranks)) * nao * nao * naux
+        assert counts["flops"] == k_flops + 2 * 4 * naux * (nao * (nao + 1) // 2)
 
 
 @pytest.mark.parametrize("square", [True, False], ids=["square32", "packed"])
