@@ -148,7 +148,8 @@ _D = Options.default
               help="Directory for the temporary HDF5 file [default: system temp dir].")
 @click.option("--conv-tol-grad", type=click.FloatRange(min=0, min_open=True),
               default=_D("conv_tol_grad"),
-              help="SCF orbital-gradient threshold [default: 1e-7; 1e-6 with --xc].")
+              help="SCF orbital-gradient threshold [default: 1e-7; 1e-6 with --xc, where a "
+                   "stall on the grid's noise is accepted up to sqrt(--conv-tol)].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),

@@ -69,7 +69,9 @@ class Options:
         float64 one, and the orbitals differ from it within the convergence tolerance).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error; conv_tol_grad None: 1e-7 for HF, 1e-6 for a KS
-        reference, whose pruned DFT grid leaves a gradient noise of a few 1e-7 on open shells).
+        reference, whose pruned DFT grid leaves a gradient noise of a few 1e-7 on open shells;
+        a KS SCF stalled on that noise above 1e-6 is accepted up to sqrt(conv_tol), PySCF's
+        default, with a warning; a given conv_tol_grad is never relaxed).
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
         molecule, basis and reference already there is the initial guess (a converged one costs
         one iteration); one of another calculation is refused.

@@ -42,8 +42,9 @@ class ScfInfo:
     built its J and K matrices, ``jk_stats`` for dfmp2's own J/K: calls, seconds and GFLOP of
     their products (None otherwise), ``grid`` the DFT grid of a KS reference
     (:func:`dfmp2.functionals.grid_record`; None for HF), ``solver`` what converged dfmp2's
-    own SCF (PySCF's DIIS, or DIIS then PySCF's second-order solver when DIIS stalled; None
-    for an SCF object given to dfmp2)."""
+    own SCF (PySCF's DIIS, or DIIS then PySCF's second-order solver when DIIS stalled, and
+    whether a KS SCF stalled on its grid's noise was accepted: :func:`dfmp2.scf.run_scf`;
+    None for an SCF object given to dfmp2)."""
 
     kind: str
     xc: str | None
@@ -321,7 +322,7 @@ class Result:
             f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'} in "
             f"{cycles} (conv_tol {scf.conv_tol:.0e})"
             + (f"; {scf.restart}" if scf.restart else "")
-            + (f"; {scf.solver}" if scf.solver and "Newton" in scf.solver else ""),
+            + (f"; {scf.solver}" if scf.solver and scf.solver != "DIIS (PySCF)" else ""),
             f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
                                           else "  LUMO none (no virtual orbitals)"),
             f"  MP2 space  {_mp2_space(s)} ({frozen})",

@@ -106,9 +106,10 @@ def test_uks_double_hybrid_equals_pyscf_by_hand(name):
 
 def test_a_degenerate_radical_converges_on_the_default_grid():
     """OH (a 2-Pi radical): the pruned grid's noise stalls the UKS orbital gradient at a few
-    1e-7 on an AMD EPYC and at 1.08e-6 on an Intel Xeon, around the KS default threshold
-    (1e-6): where DIIS stalls above it, the second-order solver finishes. The HF default
-    (1e-7) is kept for HF."""
+    1e-7 on an AMD EPYC and at 1.08e-6 or 1.45e-6 on an Intel Xeon (two orderings of K's
+    products), around the KS default threshold (1e-6): where DIIS stalls above it, the
+    second-order solver finishes, or the stall is accepted under sqrt(conv_tol) (the test of
+    that rule: tests/test_scf.py). The HF default (1e-7) is kept for HF."""
     result = dfmp2.run("O 0 0 0; H 0 0 0.97", spin=1, xc="b2plyp")
     assert result.scf.converged and result.scf.kind == "uks"
     assert dfmp2.Options(xc="b2plyp").resolved_conv_tol_grad > \

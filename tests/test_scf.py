@@ -10,7 +10,7 @@ import dfmp2
 from dfmp2.errors import InputError
 
 from conftest import INPUTS
-from tolerances import TOL_RESTART, TOL_SCF_TIGHT
+from tolerances import TOL_RESTART, TOL_SCF_ACCEPTED, TOL_SCF_TIGHT
 
 WATER = str(INPUTS / "water.xyz")
 
@@ -164,3 +164,48 @@ def test_a_failing_second_order_solver_is_a_convergence_error(monkeypatch):
                        r"cycles and PySCF's second-order solver could not continue \(functional "
                        r"has no second derivatives\); loosen --conv-tol-grad$"):
         dfmp2.run(WATER)
+
+
+def _stall_in_the_window(conv_tol, conv_tol_grad, max_cycle):
+    """A stand-in for dfmp2.scf._stall_watch that declares a stall at the first cycle whose
+    gradient is over the threshold but under sqrt(conv_tol) (a DFT grid's noise floor)."""
+    from dfmp2 import scf
+
+    def watch(cycle, change, gradient, envs):
+        if conv_tol_grad < gradient <= conv_tol ** 0.5:
+            raise scf._Stalled(cycle, gradient, envs)
+    return watch
+
+
+@pytest.mark.parametrize("newton", ["raises", "stops"])
+def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_threshold(
+        monkeypatch, newton):
+    """A KS SCF whose DIIS stalls over its default gradient threshold (1e-6) but under
+    sqrt(conv_tol), PySCF's own default, is accepted as converged when the second-order solver
+    cannot finish (it fails, or stops and DIIS stalls again): the stalled cycle's orbitals and
+    energy, said in the solver record and the summary. A threshold the user gave, or an HF
+    reference, ends in a ConvergenceError instead."""
+    from pyscf.soscf import newton_ah
+
+    from dfmp2 import scf
+    from dfmp2.errors import ConvergenceError
+
+    kwargs = {"xc": "b2plyp", "conv_tol": 1e-7}
+    plain = dfmp2.run(WATER, **kwargs)
+
+    def second_order(mf, mo_coeff, mo_occ, *_args, **_kwargs):
+        if newton == "raises":
+            raise NotImplementedError("functional has no second derivatives")
+        return False, 0.0, None, mo_coeff, mo_occ  # no step taken: DIIS again
+
+    monkeypatch.setattr(scf, "_stall_watch", _stall_in_the_window)
+    monkeypatch.setattr(newton_ah, "kernel", second_order)
+    accepted = dfmp2.run(WATER, **kwargs)
+    assert accepted.scf.converged and "and accepted (default KS threshold 1e-06" in \
+        accepted.scf.solver
+    assert ("could not continue" in accepted.scf.solver) == (newton == "raises")
+    assert "and accepted" in accepted.summary()
+    assert accepted.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_ACCEPTED)
+    for refused in ({**kwargs, "conv_tol_grad": 1e-6}, {"conv_tol": 1e-7}):
+        with pytest.raises(ConvergenceError, match=r"stalled at \|g\| = "):
+            dfmp2.run(WATER, **refused)

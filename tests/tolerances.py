@@ -142,3 +142,7 @@ TOL_PSI4_DFT = 1e-6
 #: A published total printed to 4 decimals (rounding 5e-5) plus the grid and fit differences
 #: between the paper's program and this one (TOL_PSI4_DFT).
 TOL_PUBLISHED_4DP = 5e-5 + 1e-6
+#: SCF energy of a Kohn-Sham SCF accepted at a stalled orbital gradient up to sqrt(conv_tol)
+#: (3.2e-4 at conv_tol 1e-7) against the same SCF run to its threshold: second order in the
+#: gradient.
+TOL_SCF_ACCEPTED = 1e-6
