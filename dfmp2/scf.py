@@ -263,7 +263,7 @@ class _Stalled(Exception):
         super().__init__(f"DIIS stalled at cycle {cycle}")
         self.cycle, self.gradient, self.energy = cycle, gradient, envs["e_tot"]
         self.mo_coeff, self.mo_occ = envs["mo_coeff"], envs["mo_occ"]
-        self.mo_energy = envs.get("mo_energy")  # PySCF's DIIS loop has it; its Newton loop not
+        self.fock = envs.get("fock")  # PySCF's DIIS loop: the Fock of this cycle's density
 
 
 def _stall_watch(conv_tol: float, conv_tol_grad: float, max_cycle: int):
@@ -302,24 +302,26 @@ def _stall_error(mf, options: Options, gradient: float, what: str) -> Convergenc
 def _ks_noise_bound(options: Options, stalled: _Stalled) -> float | None:
     """The orbital gradient up to which a stalled Kohn-Sham SCF is accepted as converged, or
     None when it is not: only under the default KS threshold (``--conv-tol-grad`` not given),
-    only from a DIIS cycle (whose orbitals are canonical, with their energies), and only up to
+    only from a DIIS cycle (which has the Fock matrix of its density), and only up to
     PySCF's own default threshold ``sqrt(conv_tol)``. A DFT grid is not invariant under
     rotations, so a degenerate state (OH's 2-Pi) leaves its orbital gradient on a floor that
     depends on which way rounding broke the symmetry: 1.08e-6 and 1.45e-6 over the default
     1e-6 on one Intel Xeon with two orderings of K's products, a few 1e-7 on an AMD EPYC, the
     energy falling by 1e-11 per cycle or less."""
     bound = float(np.sqrt(options.conv_tol))
-    if (options.xc is None or options.conv_tol_grad is not None or stalled.mo_energy is None
+    if (options.xc is None or options.conv_tol_grad is not None or stalled.fock is None
             or not stalled.gradient <= bound):
         return None
     return bound
 
 
 def _accept_stall(mf, stalled: _Stalled, bound: float, label: str) -> str:
-    """Put the stalled cycle's orbitals and energy on ``mf`` as converged (see
-    :func:`_ks_noise_bound`); returns what the solver record adds."""
-    mf.converged, mf.e_tot = True, stalled.energy
-    mf.mo_energy, mf.mo_coeff, mf.mo_occ = stalled.mo_energy, stalled.mo_coeff, stalled.mo_occ
+    """Put the stalled cycle's density, as canonical orbitals of its own Fock matrix (PySCF's
+    ``canonicalize``: occupied and virtual blocks diagonalised apart, occupations kept), and its
+    energy on ``mf`` as converged (see :func:`_ks_noise_bound`); returns what the solver record
+    adds."""
+    mf.mo_energy, mf.mo_coeff = mf.canonicalize(stalled.mo_coeff, stalled.mo_occ, stalled.fock)
+    mf.converged, mf.e_tot, mf.mo_occ = True, stalled.energy, stalled.mo_occ
     log.warning("the %s stalled at |g| = %.2e over the default KS threshold %.0e (the DFT "
                 "grid's noise); accepted as converged under sqrt(conv_tol) = %.1e, PySCF's "
                 "default threshold (give --conv-tol-grad to insist)", label,
