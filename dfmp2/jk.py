@@ -176,9 +176,11 @@ def _k_factors(dm, dms: np.ndarray, dtype) -> tuple[np.ndarray, list[list[tuple[
     ``dms[k] = sum sign coeff[:, columns] coeff[:, columns]^T``.
 
     The columns are ``C_occ sqrt(n_occ)`` when PySCF tagged ``dm`` with its orbitals, else
-    from :func:`_eigen_factors`. ROHF tags one set of orbitals (occupations 2/1/0) for two
-    densities: alpha the occupied orbitals, beta the doubly occupied ones, both of weight 1, so
-    the doubly occupied columns come first and serve both (beta's columns are alpha's first)."""
+    from :func:`_eigen_factors`. ROHF's two densities come from one set of orbitals (PySCF tags
+    them as that set with occupations 2/1/0, or as the pair (C, C) with alpha and beta
+    occupations): when the two spins share their orbitals, beta's occupied orbitals are among
+    alpha's with the same weights, the shared columns come first and serve both (beta's
+    columns are alpha's first ones)."""
     nset = dms.shape[0]
     mo_coeff, mo_occ = getattr(dm, "mo_coeff", None), getattr(dm, "mo_occ", None)
     blocks, parts = [], []
@@ -192,19 +194,34 @@ def _k_factors(dm, dms: np.ndarray, dtype) -> tuple[np.ndarray, list[list[tuple[
         parts = [[add(c, sign) for c, sign in _eigen_factors(d)] for d in dms]
     else:
         mo_coeff, mo_occ = np.asarray(mo_coeff), np.asarray(mo_occ)
-        if mo_coeff.ndim == 2 and nset == 2 and mo_occ.ndim == 1:  # ROHF
-            double, single = mo_occ == 2, (mo_occ > 0) & (mo_occ != 2)
-            alpha, _ = add(mo_coeff[:, np.concatenate([np.flatnonzero(double),
-                                                       np.flatnonzero(single)])], 1.0)
-            parts = [[(alpha, 1.0)], [(slice(0, int(double.sum())), 1.0)]]
+        if mo_coeff.ndim == 2 and nset == 2 and mo_occ.ndim == 1:  # ROHF, one set tagged
+            mo_coeff = np.stack([mo_coeff, mo_coeff])
+            mo_occ = np.stack([(mo_occ > 0), (mo_occ == 2)]).astype(float)
+        mo_coeff = mo_coeff.reshape(nset, *mo_coeff.shape[-2:])
+        mo_occ = mo_occ.reshape(nset, -1)
+        shared = _shared_columns(mo_coeff, mo_occ)
+        if shared is not None:
+            alpha, _ = add(mo_coeff[0][:, shared] * np.sqrt(mo_occ[0][shared]), 1.0)
+            parts = [[(alpha, 1.0)], [(slice(0, int((mo_occ[1] > 0).sum())), 1.0)]]
         else:
-            mo_coeff = mo_coeff.reshape(nset, *mo_coeff.shape[-2:])
-            for c, n in zip(mo_coeff, mo_occ.reshape(nset, -1)):
+            for c, n in zip(mo_coeff, mo_occ):
                 occupied = n > 0
                 parts.append([add(c[:, occupied] * np.sqrt(n[occupied]), 1.0)])
     nao = dms.shape[-1]
     coeff = np.concatenate(blocks, axis=1) if blocks else np.zeros((nao, 0))
     return np.ascontiguousarray(coeff, dtype=dtype), parts
+
+
+def _shared_columns(mo_coeff: np.ndarray, mo_occ: np.ndarray) -> np.ndarray | None:
+    """For two densities of the same orbitals ``mo_coeff`` (2, nao, nmo), occupations
+    ``mo_occ`` (2, nmo), where every orbital occupied in beta is occupied in alpha with the same
+    weight (ROHF): alpha's occupied orbitals with beta's first, else None."""
+    if mo_coeff.shape[0] != 2 or not np.array_equal(mo_coeff[0], mo_coeff[1]):
+        return None
+    alpha, beta = mo_occ[0] > 0, mo_occ[1] > 0
+    if np.any(beta & ~alpha) or not np.array_equal(mo_occ[0][beta], mo_occ[1][beta]):
+        return None
+    return np.concatenate([np.flatnonzero(beta), np.flatnonzero(alpha & ~beta)])
 
 
 def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):

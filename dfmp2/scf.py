@@ -367,7 +367,7 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
             raise _stall_error(mf, options, stall.gradient,
                                f"after {stall.cycle} DIIS cycles and PySCF's second-order "
                                f"solver could not continue ({first_line(exc)})") from None
-        mf.cycles = stall.cycle
+        mf.cycles = max(seen)  # with any second-order steps taken before it failed
         mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, "
                      + _accept_stall(mf, stall, bound, _label(mf, options))
                      + f"; PySCF's second-order solver could not continue ({first_line(exc)})")

@@ -81,7 +81,8 @@ def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_
 def test_one_product_serves_every_density_of_a_k_build():
     """K reads each block of the tensor once for all densities: one ``Y = C^T B^Q`` product
     per block whatever the number of densities (a UHF's two spins, ROHF's shared doubly
-    occupied orbitals in whatever order they come, a spin with no electrons), and K equals
+    occupied orbitals in whatever order they come and however PySCF tags them, a spin with no
+    electrons), and K equals
     PySCF's for each; the flops recorded count ROHF's shared columns once."""
     nh2 = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
     hydrogen = gto.M(atom="H", basis="cc-pvdz", spin=1, verbose=0)
@@ -92,8 +93,11 @@ def test_one_product_serves_every_density_of_a_k_build():
     shuffled = lib.tag_array(rohf.make_rdm1(), mo_coeff=rohf.mo_coeff[:, order],
                              mo_occ=rohf.mo_occ[order])
     assert shuffled.mo_occ[0] == 1 and shuffled.mo_occ[1] == 2
+    # how PySCF's ROHF get_veff tags its densities: the one set of orbitals twice
+    as_pair = lib.tag_array(rohf.make_rdm1(), mo_coeff=(rohf.mo_coeff, rohf.mo_coeff),
+                            mo_occ=np.stack([rohf.mo_occ > 0, rohf.mo_occ == 2]).astype(float))
     for mf, dm in ((uhf, uhf.make_rdm1()), (rohf, rohf.make_rdm1()), (rohf, shuffled),
-                   (empty_beta, empty_beta.make_rdm1())):
+                   (rohf, as_pair), (empty_beta, empty_beta.make_rdm1())):
         ours = DFJK(mf.mol, JKFIT, _la()).build()
         la, counts = _la(), {}
         vj, vk = get_jk(ours._cderi, dm, la, square=ours.square, counts=counts)
@@ -103,6 +107,9 @@ def test_one_product_serves_every_density_of_a_k_build():
         nao, naux = mf.mol.nao_nr(), ours._cderi.shape[0]
         if dm.mo_occ.ndim == 1:  # ROHF: alpha's columns, beta's among them
             ranks = [int((dm.mo_occ > 0).sum()), int((dm.mo_occ == 2).sum())]
+            columns = ranks[0]
+        elif mf is rohf:  # the same, tagged as a pair
+            ranks = [int((occ > 0).sum()) for occ in dm.mo_occ]
             columns = ranks[0]
         else:
             ranks = [int((occ > 0).sum()) for occ in dm.mo_occ]
