@@ -12,11 +12,11 @@ the energy difference from the first (largest-limit) run. Results go to stdout a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
+import report  # benchmarks/report.py
 import run  # benchmarks/run.py, next to this script: where the xyz files are looked up
 import worker  # benchmarks/worker.py: SCF builder and RSS helpers
 
@@ -86,11 +86,7 @@ def main(argv: list[str]) -> int:
     rows = [measure(mf, limit, args.precision) for limit in limits]
     text = markdown(spec, rows)
     print(text)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, f"{args.name}.md"), "w") as handle:
-        handle.write(text)
-    with open(os.path.join(args.out_dir, f"{args.name}.json"), "w") as handle:
-        json.dump({"spec": spec, "rows": rows}, handle, indent=1)
+    report.save(args.out_dir, args.name, text, {"spec": spec, "rows": rows})
     return 0
 
 

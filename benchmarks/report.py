@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 
 #: Energy agreement required between PySCF and dfmp2 (Hartree). It is a pass/fail test for
 #: 'fp64'; reduced precisions ('mixed', 'fp32') are shown against it but not failed.
 ENERGY_TOL = 1e-8
+
+
+def save(out_dir: str, name: str, text: str, data: dict) -> None:
+    """Write a benchmark's result: ``<name>.md`` (``text``) and ``<name>.json`` (``data``)
+    under ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name + ".md"), "w") as handle:
+        handle.write(text)
+    with open(os.path.join(out_dir, name + ".json"), "w") as handle:
+        json.dump(data, handle, indent=1, default=str)
 
 
 def energy_fails(row: dict) -> bool:

@@ -491,12 +491,8 @@ def append_to(previous: dict, data: dict) -> dict:
 
 def write(data: dict, out_dir: str) -> str:
     """Write <name>.md and <name>.json under ``out_dir``; return the markdown."""
-    os.makedirs(out_dir, exist_ok=True)
     text = report.markdown(data)
-    with open(os.path.join(out_dir, data["name"] + ".md"), "w") as handle:
-        handle.write(text)
-    with open(os.path.join(out_dir, data["name"] + ".json"), "w") as handle:
-        json.dump(data, handle, indent=1, default=str)
+    report.save(out_dir, data["name"], text, data)
     return text
 
 

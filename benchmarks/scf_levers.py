@@ -24,7 +24,6 @@ Results go to stdout and to ``benchmarks/results/<name>.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ import time
 
 import numpy as np
 
+import report  # benchmarks/report.py
 import run  # benchmarks/run.py, next to this script: where the xyz files are looked up
 from machine import machine_info, numpy_gemm_rate
 
@@ -268,11 +268,7 @@ def main(argv: list[str]) -> int:
         print(f"{name} done", file=sys.stderr, flush=True)
     text = markdown(spec, results)
     print(text)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, f"{args.name}.md"), "w") as handle:
-        handle.write(text)
-    with open(os.path.join(args.out_dir, f"{args.name}.json"), "w") as handle:
-        json.dump({"spec": spec, "results": results}, handle, indent=1)
+    report.save(args.out_dir, args.name, text, {"spec": spec, "results": results})
     return 0
 
 
