@@ -84,9 +84,8 @@ def main(argv: list[str]) -> int:
             "scf_peak_mb": worker.peak_rss_mb(),
             "command": "python3 benchmarks/memory.py " + " ".join(argv)}
     rows = [measure(mf, limit, args.precision) for limit in limits]
-    text = markdown(spec, rows)
-    print(text)
-    report.save(args.out_dir, args.name, text, {"spec": spec, "rows": rows})
+    report.save(args.out_dir, args.name, markdown(spec, rows), {"spec": spec, "rows": rows},
+                echo=True)
     return 0
 
 

@@ -12,9 +12,11 @@ import statistics
 ENERGY_TOL = 1e-8
 
 
-def save(out_dir: str, name: str, text: str, data: dict) -> None:
+def save(out_dir: str, name: str, text: str, data: dict, echo: bool = False) -> None:
     """Write a benchmark's result: ``<name>.md`` (``text``) and ``<name>.json`` (``data``)
-    under ``out_dir``."""
+    under ``out_dir``; with ``echo``, print ``text`` too."""
+    if echo:
+        print(text)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, name + ".md"), "w") as handle:
         handle.write(text)

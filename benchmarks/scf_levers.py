@@ -266,9 +266,8 @@ def main(argv: list[str]) -> int:
         results.append(measure(name, run.find_xyz(name, dirs), args.basis, args.max_memory,
                                args.repeat))
         print(f"{name} done", file=sys.stderr, flush=True)
-    text = markdown(spec, results)
-    print(text)
-    report.save(args.out_dir, args.name, text, {"spec": spec, "results": results})
+    report.save(args.out_dir, args.name, markdown(spec, results),
+                {"spec": spec, "results": results}, echo=True)
     return 0
 
 
