@@ -79,7 +79,8 @@ def _scf(mol, auxbasis, dfjk, options, variant: str, dm0=None) -> dict:
 
 
 def cycles(mol, auxbasis, dfjk, options) -> tuple[list[dict], object]:
-    """The cycle counts of :data:`VARIANTS`; returns them and the default's SCF object."""
+    """The cycle counts of every start and accelerator measured (module docstring); returns
+    them and the default's SCF object."""
     from pyscf import gto, scf
     from pyscf.scf import addons
 
@@ -112,11 +113,8 @@ def atom_blocks(mol, max_functions: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def tile_maxima(cderi: np.ndarray, blocks) -> np.ndarray:
-    """(nblock, nblock): max over Q and the tile of |B^Q_{mu nu}|."""
-    from pyscf import lib
-
-    pair_max = lib.unpack_tril(np.abs(cderi).max(axis=0))
+def tile_maxima(pair_max: np.ndarray, blocks) -> np.ndarray:
+    """(nblock, nblock): the max of ``pair_max`` (nao, nao), max_Q |B^Q_{mu nu}|, per tile."""
     return np.array([[pair_max[a0:a1, b0:b1].max() for b0, b1 in blocks] for a0, a1 in blocks])
 
 
@@ -174,10 +172,15 @@ def screening(dfjk, mf, repeat: int) -> dict:
     mol = mf.mol
     c = np.ascontiguousarray(mf.mo_coeff[:, mf.mo_occ > 0] * np.sqrt(2.0))
     density = c @ c.T
+    from pyscf import lib
+
+    pair_max = lib.unpack_tril(np.abs(cderi).max(axis=0))  # one pass over the tensor
     result = {"naux": naux, "nao": mol.nao_nr(), "nocc": c.shape[1], "blocks": {}}
+    tiled = {}
     for label, size in (("atom", 1), ("40 functions", 40)):
         blocks = atom_blocks(mol, size)
-        maxima = tile_maxima(cderi, blocks)
+        maxima = tile_maxima(pair_max, blocks)
+        tiled[label] = blocks, maxima
         widths = np.array([b1 - b0 for b0, b1 in blocks])
         area = np.outer(widths, widths)
         result["blocks"][label] = {
@@ -187,8 +190,8 @@ def screening(dfjk, mf, repeat: int) -> dict:
                      for t in THRESHOLDS}}
     square = dfjk.square if dfjk.square is not None else square_copy(cderi, np.float64)
     dense_s, k_ref = _median_seconds(lambda: k_dense(square, c), repeat)
-    blocks = atom_blocks(mol, 40)
-    keep = tile_maxima(cderi, blocks) >= SPARSE_THRESHOLD
+    blocks, maxima = tiled["40 functions"]
+    keep = maxima >= SPARSE_THRESHOLD
     tiles = sparse_tiles(square, blocks, keep)
     sparse_s, k_screened = _median_seconds(lambda: k_sparse(tiles, blocks, c, naux), repeat)
     flops = 3 * naux * mol.nao_nr() ** 2 * c.shape[1]

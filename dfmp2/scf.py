@@ -315,16 +315,20 @@ def _ks_noise_bound(options: Options, stalled: _Stalled) -> float | None:
     return bound
 
 
-def _accept_stall(mf, stalled: _Stalled, bound: float, label: str) -> str:
-    """Put the stalled cycle's density, as canonical orbitals of its own Fock matrix (PySCF's
-    ``canonicalize``: occupied and virtual blocks diagonalised apart, occupations kept), and its
-    energy on ``mf`` as converged (see :func:`_ks_noise_bound`); returns what the solver record
-    adds."""
+def _settle_stall(mf, options: Options, stalled: _Stalled, what: str) -> str:
+    """A stall the second-order solver could not finish: the :class:`ConvergenceError` of
+    :func:`_stall_error` (``what`` says after what), or, within :func:`_ks_noise_bound`, the
+    stalled cycle's density put on ``mf`` as converged, as canonical orbitals of its own Fock
+    matrix (PySCF's ``canonicalize``: occupied and virtual blocks diagonalised apart,
+    occupations kept) with its energy; returns what the solver record adds."""
+    bound = _ks_noise_bound(options, stalled)
+    if bound is None:
+        raise _stall_error(mf, options, stalled.gradient, what) from None
     mf.mo_energy, mf.mo_coeff = mf.canonicalize(stalled.mo_coeff, stalled.mo_occ, stalled.fock)
     mf.converged, mf.e_tot, mf.mo_occ = True, stalled.energy, stalled.mo_occ
     log.warning("the %s stalled at |g| = %.2e over the default KS threshold %.0e (the DFT "
                 "grid's noise); accepted as converged under sqrt(conv_tol) = %.1e, PySCF's "
-                "default threshold (give --conv-tol-grad to insist)", label,
+                "default threshold (give --conv-tol-grad to insist)", _label(mf, options),
                 stalled.gradient, mf.conv_tol_grad, bound)
     return (f"stalled at |g| = {stalled.gradient:.1e} and accepted (default KS threshold "
             f"{mf.conv_tol_grad:.0e}, the grid's noise; under sqrt(conv_tol) = {bound:.1e})")
@@ -362,15 +366,11 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
         mf.converged, mf.e_tot = False, stopped.energy
         mf.mo_coeff, mf.mo_occ = stopped.mo_coeff, stopped.mo_occ
     except Exception as exc:  # e.g. a functional without the second derivatives it needs
-        bound = _ks_noise_bound(options, stall)
-        if bound is None:
-            raise _stall_error(mf, options, stall.gradient,
-                               f"after {stall.cycle} DIIS cycles and PySCF's second-order "
-                               f"solver could not continue ({first_line(exc)})") from None
+        failed = f"PySCF's second-order solver could not continue ({first_line(exc)})"
+        record = _settle_stall(mf, options, stall,
+                               f"after {stall.cycle} DIIS cycles and {failed}")
         mf.cycles = max(seen)  # with any second-order steps taken before it failed
-        mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, "
-                     + _accept_stall(mf, stall, bound, _label(mf, options))
-                     + f"; PySCF's second-order solver could not continue ({first_line(exc)})")
+        mf.solver = f"DIIS (PySCF) for {stall.cycle} cycles, {record}; {failed}"
         return
     done = max(seen)  # PySCF's Newton driver keeps no count of its own
     mf.cycles = done
@@ -386,12 +386,9 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
     try:
         mf.kernel(dm0=mf.make_rdm1(mf.mo_coeff, mf.mo_occ))
     except _Stalled as again:
-        bound = _ks_noise_bound(options, again)
-        if bound is None:
-            raise _stall_error(mf, options, again.gradient,
-                               "again after DIIS and PySCF's second-order solver") from None
-        mf.solver += (f"; then DIIS (PySCF) again for {_cycles(again.cycle - done)}, "
-                      + _accept_stall(mf, again, bound, _label(mf, options)))
+        record = _settle_stall(mf, options, again,
+                               "again after DIIS and PySCF's second-order solver")
+        mf.solver += f"; then DIIS (PySCF) again for {_cycles(again.cycle - done)}, {record}"
         mf.cycles = again.cycle
         return
     finally:
