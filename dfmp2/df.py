@@ -9,6 +9,8 @@ same pieces. Indices: mu, nu atomic orbitals; P, Q auxiliary functions.
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +26,10 @@ log = logging.getLogger(__name__)
 __all__ = [
     "INT3C_EXPCUTOFF",
     "LINDEP_THRESHOLD",
+    "MAX_UNPACK_THREADS",
     "METRIC_ON_HOST",
     "MetricFactor",
+    "PairUnpacker",
     "aux_shell_blocks",
     "cholesky_condition",
     "factor_metric",
@@ -141,9 +145,56 @@ def iter_int3c2e_pairs(mol, auxmol, max_pairs: int):
 def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Square symmetric blocks ``out[P, mu, nu]`` (n, nao, nao) from rows of
     :func:`iter_int3c2e`'s packed block (n, nao*(nao+1)/2). Runs in the calling thread only:
-    an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers."""
+    an OpenMP pool woken between two BLAS calls competes with the BLAS's spinning workers
+    (:class:`PairUnpacker` splits the rows over plain threads instead)."""
     with lib.with_omp_threads(1):
         return lib.unpack_tril(packed, out=out)
+
+
+#: At most this many threads unpack one block of pair rows (:class:`PairUnpacker`).
+MAX_UNPACK_THREADS = 8
+
+
+class PairUnpacker:
+    """:func:`unpack_pairs` with the rows of a block split over ``threads`` threads: the
+    calling one and a pool of ``threads - 1`` (libcint's C unpacking releases the GIL). The
+    default is one thread per available CPU, up to :data:`MAX_UNPACK_THREADS`. Plain threads,
+    not PySCF's OpenMP pool, which would compete with the BLAS's spinning workers between two
+    products. Measured on a 2-core Intel Xeon (C20H42 cc-pVDZ, K from a packed tensor of 2366
+    auxiliary functions unpacked 16 at a time): 1.76-1.81 s per J/K build against 1.93-2.03 s
+    in one thread (8 at a time, its best block). Use it as a context manager: the pool ends
+    with the ``with`` block."""
+
+    def __init__(self, threads: int | None = None):
+        if threads is None:
+            threads = min(len(os.sched_getaffinity(0)), MAX_UNPACK_THREADS)
+        self.threads = max(1, int(threads))
+        self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+
+    def __call__(self, packed: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out[:n]`` (n, nao, nao) unpacked from ``packed`` (n, nao*(nao+1)/2)."""
+        rows = packed.shape[0]
+        parts = min(self.threads, rows)
+        if parts < 2:
+            return unpack_pairs(packed, out[:rows])
+        bounds = np.linspace(0, rows, parts + 1).astype(int)
+        futures = [self._pool.submit(unpack_pairs, packed[r0:r1], out[r0:r1])
+                   for r0, r1 in zip(bounds[1:-1], bounds[2:])]
+        unpack_pairs(packed[: bounds[1]], out[: bounds[1]])
+        for future in futures:
+            future.result()
+        return out[:rows]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> PairUnpacker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 #: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.

@@ -124,6 +124,28 @@ def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
     assert seen == naux
 
 
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_pair_unpacker_splits_rows_over_threads_and_unpacks_exactly(threads):
+    """Every row count, more threads than rows included, gives libcint's unpacking bit for bit
+    and leaves the rest of ``out`` alone; the pool ends with the ``with`` block."""
+    from pyscf import lib
+
+    from dfmp2.df import PairUnpacker
+
+    nao = 13
+    rng = np.random.default_rng(threads)
+    packed = rng.standard_normal((16, nao * (nao + 1) // 2))
+    with PairUnpacker(threads) as unpack:
+        assert unpack.threads == threads
+        for rows in (1, 2, 7, 16):
+            out = np.full((16, nao, nao), np.nan)
+            square = unpack(packed[:rows], out)
+            assert square.shape == (rows, nao, nao) and np.shares_memory(square, out)
+            np.testing.assert_array_equal(square, lib.unpack_tril(packed[:rows]))
+            assert np.isnan(out[rows:]).all()
+    assert unpack._pool is None
+
 def _int3c2e_blocks(mol, aux) -> np.ndarray:
     from dfmp2.df import iter_int3c2e
 
