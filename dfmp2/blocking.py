@@ -129,10 +129,11 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
 
 
 def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
-                   unpack_block: int = 8) -> bool:
+                   unpack_block: int = 16) -> bool:
     """Whether K may keep a DF-SCF's in-memory tensor unpacked too, (naux, n, n) in
     ``itemsize``-byte floats: the packed tensor, that copy and K's work arrays within the usable
-    budget (the metric's factors are gone once the tensor is built)."""
+    budget (the metric's factors are gone once the tensor is built). ``unpack_block``: K's
+    (:data:`dfmp2.jk.UNPACK_BLOCK`, which its callers pass)."""
     packed = _F64 * naux * (nao * (nao + 1) // 2)
     return (packed + itemsize * naux * nao * nao + _jk_work_bytes(nao, unpack_block)
             <= usable_bytes(max_memory_mb))
@@ -195,7 +196,7 @@ class JKPlan:
 
 
 def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
-            unpack_block: int = 8, force_outcore: bool = False) -> JKPlan:
+            unpack_block: int = 16, force_outcore: bool = False) -> JKPlan:
     """In core or out of core for a DF-SCF's fitted tensor under ``max_memory_mb``, and the
     out-of-core block sizes.
 

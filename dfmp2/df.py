@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,22 +157,26 @@ MAX_UNPACK_THREADS = 8
 
 class PairUnpacker:
     """:func:`unpack_pairs` with the rows of a block split over ``threads`` threads: the
-    calling one and a pool of ``threads - 1`` (libcint's C unpacking releases the GIL). The
-    default is one thread per available CPU, up to :data:`MAX_UNPACK_THREADS`. Plain threads,
-    not PySCF's OpenMP pool, which would compete with the BLAS's spinning workers between two
-    products. Measured on a 2-core Intel Xeon (C20H42 cc-pVDZ, K from a packed tensor of 2366
-    auxiliary functions unpacked 16 at a time): 1.76-1.81 s per J/K build against 1.93-2.03 s
-    in one thread (8 at a time, its best block). Use it as a context manager: the pool ends
-    with the ``with`` block."""
+    calling one and a pool of ``threads - 1`` (PySCF's C unpacking, called through ctypes,
+    releases the GIL). The default is one thread per available CPU, up to
+    :data:`MAX_UNPACK_THREADS`. Plain threads, not PySCF's OpenMP pool, which would compete with
+    the BLAS's spinning workers between two products. Measured on a 2-core Intel Xeon (C20H42
+    cc-pVDZ, K from a packed tensor of 2366 auxiliary functions): 1.76-1.84 s per J/K build
+    unpacking 16 at a time in two threads, against 1.95-2.03 s for 8 at a time in one. Use it
+    as a context manager: the pool ends with the ``with`` block."""
 
     def __init__(self, threads: int | None = None):
         if threads is None:
             threads = min(len(os.sched_getaffinity(0)), MAX_UNPACK_THREADS)
         self.threads = max(1, int(threads))
         self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+        self._closed = False
 
     def __call__(self, packed: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """``out[:n]`` (n, nao, nao) unpacked from ``packed`` (n, nao*(nao+1)/2)."""
+        """``out[:n]`` (n, nao, nao) unpacked from ``packed`` (n, nao*(nao+1)/2). Returns once
+        every thread has finished writing, also when one of them raised."""
+        if self._closed:
+            raise RuntimeError("PairUnpacker used after close(); make a new one")
         rows = packed.shape[0]
         parts = min(self.threads, rows)
         if parts < 2:
@@ -180,12 +184,16 @@ class PairUnpacker:
         bounds = np.linspace(0, rows, parts + 1).astype(int)
         futures = [self._pool.submit(unpack_pairs, packed[r0:r1], out[r0:r1])
                    for r0, r1 in zip(bounds[1:-1], bounds[2:])]
-        unpack_pairs(packed[: bounds[1]], out[: bounds[1]])
+        try:
+            unpack_pairs(packed[: bounds[1]], out[: bounds[1]])
+        finally:
+            wait(futures)  # no thread still writes into ``out`` when this returns or raises
         for future in futures:
             future.result()
         return out[:rows]
 
     def close(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

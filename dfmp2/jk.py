@@ -30,7 +30,7 @@ from pyscf import df as pyscf_df
 from pyscf import lib
 
 from .blocking import JKPlan, jk_square_fits, plan_jk
-from .buffers import zeros
+from .buffers import empty, zeros
 from .df import (
     MetricFactor,
     PairUnpacker,
@@ -227,12 +227,12 @@ def _shared_columns(mo_coeff: np.ndarray, mo_occ: np.ndarray) -> np.ndarray | No
     return np.concatenate([np.flatnonzero(beta), np.flatnonzero(alpha & ~beta)])
 
 
-def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
+def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype, unpack: PairUnpacker):
     """Yield ``(q*nao, nao)`` row blocks of the unpacked tensor for K in ``dtype``: slices of
     ``square`` ((naux, nao, nao), kept by :class:`DFJK` when memory allows) when it has that
-    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi`` (and
-    cast) into reused arrays small enough to stay in cache until the products read them. A
-    block is valid until the next one is requested."""
+    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi`` by
+    ``unpack`` (and cast) into reused arrays. A block is valid until the next one is
+    requested."""
     naux, npair = cderi.shape
     nao = _nao_of_pairs(npair)
     if square is not None and square.dtype == dtype:
@@ -241,14 +241,13 @@ def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype):
         return
     unpacked = np.empty((UNPACK_BLOCK, nao, nao))
     cast = np.empty((UNPACK_BLOCK, nao, nao), dtype) if dtype != np.float64 else None
-    with PairUnpacker() as unpack:
-        for q0 in range(0, naux, UNPACK_BLOCK):
-            q1 = min(q0 + UNPACK_BLOCK, naux)
-            block = unpack(cderi[q0:q1], unpacked)
-            if cast is not None:
-                block = cast[: q1 - q0]
-                block[...] = unpacked[: q1 - q0]
-            yield torch.from_numpy(block.reshape(-1, nao))
+    for q0 in range(0, naux, UNPACK_BLOCK):
+        q1 = min(q0 + UNPACK_BLOCK, naux)
+        block = unpack(cderi[q0:q1], unpacked)
+        if cast is not None:
+            block = cast[: q1 - q0]
+            block[...] = unpacked[: q1 - q0]
+        yield torch.from_numpy(block.reshape(-1, nao))
 
 
 def _nao_of_pairs(npair: int) -> int:
@@ -258,20 +257,22 @@ def _nao_of_pairs(npair: int) -> int:
 
 def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
     """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``.
-    In float64 the unpacking threads write straight into it, touching its pages for the first
-    time (one pass: (H2O)16 cc-pVDZ's 2 GB in 0.53-0.58 s against 0.81-1.06 s for zeroing it
-    and copying unpacked blocks in, on the Intel Xeon of :data:`UNPACK_BLOCK`, pages already
-    mapped by the machine)."""
+    In float64 the unpacking threads write straight into it, touching its small pages for the
+    first time (one pass: (H2O)16 cc-pVDZ's 2 GB in 0.53-0.58 s against 0.81-1.06 s for zeroing
+    it and copying unpacked blocks in, on the Intel Xeon of :data:`UNPACK_BLOCK`, pages already
+    mapped by the machine); in float32 it is zeroed by threads first (see
+    :mod:`dfmp2.buffers`) and blocks are cast into it."""
     naux, npair = cderi.shape
     nao = _nao_of_pairs(npair)
-    square = np.empty((naux, nao, nao), dtype)
-    if square.dtype == np.float64:
-        with PairUnpacker() as unpack:
+    with PairUnpacker() as unpack:
+        if np.dtype(dtype) == np.float64:
+            square = empty((naux, nao, nao), dtype)
             for q0 in range(0, naux, UNPACK_BLOCK):
                 unpack(cderi[q0:q0 + UNPACK_BLOCK], square[q0:q0 + UNPACK_BLOCK])
-        return square
-    for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype)):
-        square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
+            return square
+        square = zeros((naux, nao, nao), dtype)
+        for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype, unpack)):
+            square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
     return square
 
 
@@ -318,21 +319,23 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
         flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
         vk = np.zeros((nset, nao, nao))
         k_la = la if k_la is None else k_la
-    for q0, q1, rows in _row_blocks(cderi, read_block):
-        if with_j:
-            b = torch.from_numpy(rows)
-            rho = la.gemm(b, dm_tril, trans_b=True)  # (q, nset)
-            vj_tril += la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
-        if not with_k or coeff.shape[1] == 0:  # no K, or no occupied orbitals: K is zero
-            continue
-        for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype):
-            # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T times cols^T is Y (i, q*mu)
-            y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
-            for k, density in enumerate(parts):
-                for columns, sign in density:
-                    if columns.stop > columns.start:
-                        y_rows = y[columns].reshape(-1, nao)  # ((i, q), mu), contiguous rows
-                        vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
+    with PairUnpacker() as unpack:  # its threads start on first use: never with a square copy
+        for q0, q1, rows in _row_blocks(cderi, read_block):
+            if with_j:
+                b = torch.from_numpy(rows)
+                rho = la.gemm(b, dm_tril, trans_b=True)  # (q, nset)
+                vj_tril += la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
+            if not with_k or coeff.shape[1] == 0:  # no K, or no occupied orbitals: K is zero
+                continue
+            for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype,
+                                  unpack):
+                # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T cols^T is Y (i, q*mu)
+                y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
+                for k, density in enumerate(parts):
+                    for columns, sign in density:
+                        if columns.stop > columns.start:
+                            y_rows = y[columns].reshape(-1, nao)  # ((i, q), mu), contiguous
+                            vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
     vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
     vk = vk.reshape(shape) if with_k else None
     if counts is not None:

@@ -538,7 +538,7 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
 
 @pytest.mark.parametrize("max_memory, kept", [(58, False), (70, True)])
 def test_the_record_names_the_square_copy_k_really_keeps(max_memory, kept):
-    """(H2O)4: packed 17.3, square 34.2, K's work 1.8 (1e6 bytes). Under --max-memory 58
+    """(H2O)4: packed 17.3, square 34.2, K's work 3.5 (1e6 bytes). Under --max-memory 58
     (60.8e6 bytes) packed and square fit the whole budget but not its usable 85% (51.7e6): no
     copy, and the record says none; at 70 both agree on one (one rule,
     blocking.jk_square_fits, for the copy and the record)."""

@@ -124,11 +124,11 @@ def test_packed_int3c2e_blocks_unpack_to_the_full_tensor(max_functions):
     assert seen == naux
 
 
-
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
 def test_pair_unpacker_splits_rows_over_threads_and_unpacks_exactly(threads):
-    """Every row count, more threads than rows included, gives libcint's unpacking bit for bit
-    and leaves the rest of ``out`` alone; the pool ends with the ``with`` block."""
+    """Every row count, more threads than rows included, gives PySCF's unpacking bit for bit
+    and leaves the rest of ``out`` alone; a worker thread's error reaches the caller; the pool
+    ends with the ``with`` block and a closed unpacker refuses work."""
     from pyscf import lib
 
     from dfmp2.df import PairUnpacker
@@ -144,7 +144,13 @@ def test_pair_unpacker_splits_rows_over_threads_and_unpacks_exactly(threads):
             assert square.shape == (rows, nao, nao) and np.shares_memory(square, out)
             np.testing.assert_array_equal(square, lib.unpack_tril(packed[:rows]))
             assert np.isnan(out[rows:]).all()
+        if threads > 1:  # the last rows are a worker's: its output slice is too short
+            with pytest.raises(TypeError, match="buffer is too small"):
+                unpack(packed[:7], np.empty((5, nao, nao)))
     assert unpack._pool is None
+    with pytest.raises(RuntimeError, match="after close"):
+        unpack(packed[:2], np.empty((2, nao, nao)))
+
 
 def _int3c2e_blocks(mol, aux) -> np.ndarray:
     from dfmp2.df import iter_int3c2e
