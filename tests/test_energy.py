@@ -152,6 +152,22 @@ def test_pair_unpacker_splits_rows_over_threads_and_unpacks_exactly(threads):
         unpack(packed[:2], np.empty((2, nao, nao)))
 
 
+def test_pair_unpacker_uses_no_more_threads_than_the_run_allows():
+    """By default as many threads as PySCF's OpenMP may use (a rank of a distributed run given
+    one thread gets one), never more than the CPUs it may run on."""
+    import os
+
+    from pyscf import lib
+
+    from dfmp2.df import MAX_UNPACK_THREADS, PairUnpacker
+
+    with lib.with_omp_threads(1), PairUnpacker() as unpack:
+        assert unpack.threads == 1
+    with PairUnpacker() as unpack:
+        assert unpack.threads == min(lib.num_threads(), len(os.sched_getaffinity(0)),
+                                     MAX_UNPACK_THREADS)
+
+
 def _int3c2e_blocks(mol, aux) -> np.ndarray:
     from dfmp2.df import iter_int3c2e
 
