@@ -159,11 +159,12 @@ class PairUnpacker:
     """:func:`unpack_pairs` with the rows of a block split over ``threads`` threads: the
     calling one and a pool of ``threads - 1`` (PySCF's C unpacking, called through ctypes,
     releases the GIL). The default is PySCF's OpenMP thread count (``OMP_NUM_THREADS`` when
-    set, else one per available CPU), up to :data:`MAX_UNPACK_THREADS`. Plain threads, not PySCF's OpenMP pool, which would compete with
-    the BLAS's spinning workers between two products. Measured on a 2-core Intel Xeon (C20H42
-    cc-pVDZ, K from a packed tensor of 2366 auxiliary functions): 1.76-1.84 s per J/K build
-    unpacking 16 at a time in two threads, against 1.95-2.03 s for 8 at a time in one. Use it
-    as a context manager: the pool ends with the ``with`` block."""
+    set, else one per available CPU), up to :data:`MAX_UNPACK_THREADS`. Plain threads, not
+    PySCF's OpenMP pool, which would compete with the BLAS's spinning workers between two
+    products. Measured on a 2-core Intel Xeon (C20H42 cc-pVDZ, K from a packed tensor of 2366
+    auxiliary functions): 1.76-1.84 s per J/K build unpacking 16 at a time in two threads,
+    against 1.95-2.03 s for 8 at a time in one. Use it as a context manager: the pool ends
+    with the ``with`` block."""
 
     def __init__(self, threads: int | None = None):
         if threads is None:
