@@ -167,14 +167,16 @@ def _median_seconds(fn, repeat: int):
 def screening(dfjk, mf, repeat: int) -> dict:
     from dfmp2.jk import square_copy
 
-    cderi = dfjk._cderi
-    naux = cderi.shape[0]
+    cderi = dfjk._cderi  # None when the tensor is held unpacked only (dfjk.square)
+    naux = dfjk.get_naoaux()
     mol = mf.mol
     c = np.ascontiguousarray(mf.mo_coeff[:, mf.mo_occ > 0] * np.sqrt(2.0))
     density = c @ c.T
     from pyscf import lib
 
-    pair_max = lib.unpack_tril(np.abs(cderi).max(axis=0))  # one pass over the tensor
+    # one pass over the tensor
+    pair_max = (np.abs(dfjk.square).max(axis=0) if cderi is None
+                else lib.unpack_tril(np.abs(cderi).max(axis=0)))
     result = {"naux": naux, "nao": mol.nao_nr(), "nocc": c.shape[1], "blocks": {}}
     tiled = {}
     for label, size in (("atom", 1), ("40 functions", 40)):

@@ -531,22 +531,24 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
     """The Fock matrix of ``mf``'s own density (per spin for UHF), for the orbital check.
 
     A plain density-fitted HF object (PySCF's own ``get_veff`` and ``get_fock``) whose fitted
-    tensor is in memory gets J and K from :func:`dfmp2.jk.get_jk` on that tensor with ``la``'s
-    ops (dfmp2's BLAS); anything else (exact integrals, Kohn-Sham, solvent or other added
+    tensor is in memory (PySCF's packed one, or a :class:`dfmp2.jk.DFJK`'s, packed or
+    unpacked) gets J and K from :func:`dfmp2.jk.get_jk` on that tensor with ``la``'s ops
+    (dfmp2's BLAS); anything else (exact integrals, Kohn-Sham, solvent or other added
     potentials, a tensor on disk) asks the object's ``get_fock``."""
     from pyscf import dft
 
-    from .jk import get_jk
+    from .jk import DFJK, get_jk
 
     with_df = getattr(mf, "with_df", None)
     cderi = getattr(with_df, "_cderi", None)
+    square = with_df.square if isinstance(with_df, DFJK) and with_df.square_only else None
     plain = (type(mf).get_veff in (pyscf_scf.hf.RHF.get_veff, pyscf_scf.uhf.UHF.get_veff)
              and type(mf).get_fock in (pyscf_scf.hf.RHF.get_fock, pyscf_scf.uhf.UHF.get_fock))
-    if (la is None or not isinstance(cderi, np.ndarray) or not plain
+    if (la is None or not (isinstance(cderi, np.ndarray) or square is not None) or not plain
             or isinstance(mf, (dft.rks.KohnShamDFT, pyscf_scf.rohf.ROHF))):
         return mf.get_fock()  # solvent models and other potentials: the object's own Fock
     dm = mf.make_rdm1()
-    vj, vk = get_jk(cderi, dm, la)
+    vj, vk = get_jk(cderi if square is None else None, dm, la, square=square)
     h = mf.get_hcore()
     if isinstance(mf, pyscf_scf.uhf.UHF):
         return h + (vj[0] + vj[1]) - vk

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "plan_blocks", "plan_jk", "pair_block_bytes",
-           "transform_bytes_per_aux", "usable_bytes", "MB", "RESERVE"]
+__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_only_fits", "plan_blocks",
+           "plan_jk", "pair_block_bytes", "transform_bytes_per_aux", "usable_bytes", "MB",
+           "RESERVE"]
 
 MB = 1024 * 1024
 _F64 = 8
@@ -137,6 +138,20 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
     packed = _F64 * naux * (nao * (nao + 1) // 2)
     return (packed + itemsize * naux * nao * nao + _jk_work_bytes(nao, unpack_block)
             <= usable_bytes(max_memory_mb))
+
+
+def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block: int) -> bool:
+    """Whether a DF-SCF's in-memory tensor may be held unpacked only, (naux, n, n) float64,
+    built in place (:func:`dfmp2.jk.fitted_cderi`): the metric's factors, that tensor and the
+    larger of the build's work arrays (as in :func:`plan_jk`) and K's (one block's product ``Y
+    = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``) within the usable
+    budget. ``square_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK`, which its callers pass."""
+    npair = nao * (nao + 1) // 2
+    square = _F64 * naux * nao * nao
+    metric = 3 * naux * naux * _F64
+    build = _F64 * npair * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
+    products = _F64 * 2 * nao * square_block * nao
+    return metric + square + max(build, products) <= usable_bytes(max_memory_mb)
 
 
 def _jk_work_bytes(nao: int, unpack_block: int) -> int:

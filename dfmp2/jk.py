@@ -12,8 +12,12 @@ whose J and K are registry ``gemm`` calls:
     K          = sum_Q (B^Q C)(B^Q C)^T  with D = C C^T (C = C_occ sqrt(n_occ), or from eigh
                                           of D with the negative part subtracted)
 
-In memory B is PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2), so PySCF's own tools that read a DF
-object (``loop``, ``get_naoaux``, ``ao2mo``) keep working; on disk ``loop`` reads the file.
+In memory, when K is float64 and it fits, B is held unpacked only, (naux_fit, nao, nao), built
+over its own packed rows (:func:`unpack_in_place`): K reads it without unpacking and J takes its
+fitted density from K's products. Otherwise B is PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2),
+with an unpacked copy for K where that fits too. PySCF's own tools that read a DF object
+(``loop``, ``get_naoaux``) keep working: ``loop`` packs blocks of the unpacked tensor, or reads
+the file when the tensor is on disk.
 Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied orbitals.
 """
 
@@ -29,8 +33,8 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, plan_jk
-from .buffers import empty, zeros
+from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, plan_jk
+from .buffers import zeros
 from .df import (
     MetricFactor,
     PairUnpacker,
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DFJK",
     "JK_AUX_BLOCK",
+    "JK_LAYOUTS",
     "K_PRECISIONS",
     "K_SQUARE_BLOCK",
     "UNPACK_BLOCK",
@@ -58,9 +63,13 @@ __all__ = [
     "fitted_cderi_file",
     "get_jk",
     "square_copy",
+    "unpack_in_place",
 ]
 
 
+#: Where an in-memory DF-SCF tensor is kept (:class:`DFJK`): 'auto' holds it unpacked only when
+#: K is float64 and that fits, else packed; 'packed' always holds PySCF's packed layout.
+JK_LAYOUTS = ("auto", "packed")
 #: Precisions of K's products: float64, or float32 for the early iterations of an SCF (only
 #: :func:`dfmp2.scf.run_scf` installs the convergence test that keeps float32 cycles from
 #: converging; an SCF object whose K is still float32 is refused by the MP2 step).
@@ -83,26 +92,53 @@ UNPACK_BLOCK = 16
 _DM_EIG_CUTOFF = 1e-14
 
 
-def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
+def fitted_cderi(mol, auxmol, la: Dispatcher, square: bool = False) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
     PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
-    fits). The metric is factored as in the MP2 step: after a Cholesky factorisation one trmm
-    on the whole tensor; with ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one
-    tensor is in memory."""
+    fits); with ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
+    (:func:`unpack_in_place`), so that no packed copy outlives the build. The metric is factored
+    as in the MP2 step: after a Cholesky factorisation one trmm on the whole tensor; with
+    ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    naux = factor.naux_fit
+    # pages touched up front, in order, by threads: see dfmp2.buffers (the unpacking's
+    # scattered writes into untouched pages took 2-5 times as long on the benchmark machine)
+    flat = zeros((naux * (nao * nao if square else npair),))
+    packed = flat[: naux * npair].reshape(naux, npair)
     if factor.lower is None:
-        fitted = zeros((factor.naux_fit, npair))
         for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, max(1, npair // 16)):
-            fitted[:, p0:p1] = block
-        return fitted
-    j3c = zeros((auxmol.nao_nr(), npair))  # pages touched up front: see dfmp2.buffers
-    for p0, p1, packed in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
-        j3c[p0:p1] = packed
-    # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
-    la.trmm(fit_matrix(factor, la), torch.from_numpy(j3c).T)
-    return j3c
+            packed[:, p0:p1] = block
+    else:
+        for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
+            packed[p0:p1] = block
+        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
+        la.trmm(fit_matrix(factor, la), torch.from_numpy(packed).T)
+    return unpack_in_place(flat, naux, nao) if square else packed
+
+
+def unpack_in_place(flat: np.ndarray, naux: int, nao: int) -> np.ndarray:
+    """The square tensor (naux, nao, nao) from the packed rows (naux, nao(nao+1)/2) at the start
+    of ``flat`` (at least naux*nao*nao float64 elements), in the same memory.
+
+    Blocks of :data:`UNPACK_BLOCK` rows are unpacked last to first: a block's square rows start
+    at or beyond the end of every earlier block's packed rows, and the packed rows of later
+    blocks they may cover have been unpacked already. A block whose square rows overlap its own
+    packed rows (the first few) is copied aside first."""
+    npair = nao * (nao + 1) // 2
+    packed = flat[: naux * npair].reshape(naux, npair)
+    square = flat[: naux * nao * nao].reshape(naux, nao, nao)
+    aside = np.empty((min(UNPACK_BLOCK, naux), npair))
+    with PairUnpacker() as unpack:
+        for q0 in reversed(range(0, naux, UNPACK_BLOCK)):
+            q1 = min(q0 + UNPACK_BLOCK, naux)
+            rows = packed[q0:q1]
+            if q0 * nao * nao < q1 * npair:
+                np.copyto(aside[: q1 - q0], rows)
+                rows = aside[: q1 - q0]
+            unpack(rows, square[q0:q1])
+    return square
 
 
 def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
@@ -256,17 +292,17 @@ def _nao_of_pairs(npair: int) -> int:
 
 
 def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
-    """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``.
-    In float64 the unpacking threads write straight into it, touching its small pages for the
-    first time (one pass: (H2O)16 cc-pVDZ's 2 GB in 0.53-0.58 s against 0.81-1.06 s for zeroing
-    it and copying unpacked blocks in, on the Intel Xeon of :data:`UNPACK_BLOCK`, pages already
-    mapped by the machine); in float32 it is zeroed by threads first (see
-    :mod:`dfmp2.buffers`) and blocks are cast into it."""
+    """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``,
+    zeroed by threads first (its pages touched in order, :mod:`dfmp2.buffers`: the unpacking's
+    scattered first writes took 2.1-2.5 s for (H2O)16 cc-pVDZ's 2 GB on the Intel Xeon of
+    :data:`UNPACK_BLOCK`, against 0.4-0.6 s for zeroing it and 0.3 s for the unpacking then);
+    in float64 the unpacking threads write into it, in float32 blocks are cast into it. The
+    DF-SCF's tensor itself is held unpacked only where that fits (:func:`fitted_cderi`)."""
     naux, npair = cderi.shape
     nao = _nao_of_pairs(npair)
     with PairUnpacker() as unpack:
         if np.dtype(dtype) == np.float64:
-            square = empty((naux, nao, nao), dtype)
+            square = zeros((naux, nao, nao), dtype)
             for q0 in range(0, naux, UNPACK_BLOCK):
                 unpack(cderi[q0:q0 + UNPACK_BLOCK], square[q0:q0 + UNPACK_BLOCK])
             return square
@@ -288,59 +324,155 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     ``k_precision`` 'fp32' the products run in float32 (for the early iterations of an SCF).
     ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
     allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
-    block by block. ``k_la``: the ops of K's products when they differ from ``la``'s (an NKI
-    run's float32 K). ``counts``, when given, gets the floating-point operations the products
-    need added to its ``'flops'``: ``4 naux n(n+1)/2`` per density for J and
-    ``(2 R + sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix, r_k of
-    them density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two
+    block by block. ``cderi`` None: ``square`` (float64) is the only tensor
+    (:func:`_jk_from_square`). ``k_la``: the ops of K's products when they differ from
+    ``la``'s (an NKI run's float32 K). ``counts``, when given, gets the floating-point
+    operations the products need added to its ``'flops'``: ``4 naux n(n+1)/2`` per density for
+    J and ``(2 R + sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix,
+    r_k of them density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two
     densities share columns, so R < sum_k r_k there)."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
     dms = dms.reshape(-1, nao, nao)
     nset = dms.shape[0]
+    if cderi is None and (square is None or square.dtype != np.float64):
+        raise ValueError("get_jk needs the packed tensor or a float64 square one")
+    naux = (square if cderi is None else cderi).shape[0]
+    npair = nao * (nao + 1) // 2
+    flops = 4 * naux * npair * nset if with_j else 0
+    coeff = parts = None
+    k_la = la if k_la is None else k_la
+    if with_k:
+        dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
+        coeff, parts = _k_factors(dm, dms, dtype)
+        # Y = C^T B^Q for all densities at once (2 R n^2 per Q), then per density the symmetric
+        # Y^T Y of its rows (r n^2: its upper triangle is the lower one; numpy's matmul runs
+        # A^T A as a syrk): the flops K needs, whichever BLAS
+        rank = sum(part.stop - part.start for density in parts for part, _ in density)
+        flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
+    if cderi is None:
+        vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j)
+        vj = vj.reshape(shape) if with_j else None
+    else:
+        vj_tril, vk = _jk_from_packed(cderi, dms, coeff, parts, la, k_la, with_j, square,
+                                      read_block)
+        vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
+    vk = vk.reshape(shape) if with_k else None
+    if counts is not None:
+        counts["flops"] = counts.get("flops", 0) + flops
+    return vj, vk
+
+
+def _add_k(vk: np.ndarray, y: torch.Tensor, parts, nao: int, k_la) -> None:
+    """``vk[k] += sign Y_c^T Y_c`` per density k and each of its parts (columns c, sign), from
+    K's product ``y`` = C^T B^Q (R, q*nao): rows ((i, q), mu) of a part are contiguous."""
+    for k, density in enumerate(parts):
+        for columns, sign in density:
+            if columns.stop > columns.start:
+                y_rows = y[columns].reshape(-1, nao)
+                vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
+
+
+def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, with_j: bool,
+                    square, read_block: int):
+    """(vj packed (nset, n(n+1)/2) or None, vk (nset, n, n) or None) from the packed tensor
+    (:func:`get_jk`): per block of rows, J's two products on the packed rows and K's from the
+    square copy or the rows unpacked."""
+    nset, nao = dms.shape[0], dms.shape[-1]
     naux, npair = cderi.shape
-    flops = 0
     if with_j:
         dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
         idx = np.arange(nao)
         dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
         dm_tril = torch.from_numpy(dm_tril)
         vj_tril = np.zeros((nset, npair))
-        flops += 4 * naux * npair * nset
-    if with_k:
-        dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
-        coeff, parts = _k_factors(dm, dms, dtype)
-        coeff = torch.from_numpy(coeff)
-        # Y = C^T B^Q for all densities at once (2 R n^2 per Q), then per density the symmetric
-        # Y^T Y of its rows (r n^2: its upper triangle is the lower one; numpy's matmul runs
-        # A^T A as a syrk): the flops K needs, whichever BLAS
-        rank = sum(part.stop - part.start for density in parts for part, _ in density)
-        flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
+    vk = None
+    if coeff is not None:
+        dtype = coeff.dtype
         vk = np.zeros((nset, nao, nao))
-        k_la = la if k_la is None else k_la
+        coeff = torch.from_numpy(coeff)
     with PairUnpacker() as unpack:  # its threads start on first use: never with a square copy
         for q0, q1, rows in _row_blocks(cderi, read_block):
             if with_j:
                 b = torch.from_numpy(rows)
                 rho = la.gemm(b, dm_tril, trans_b=True)  # (q, nset)
                 vj_tril += la.gemm(rho, b, trans_a=True).numpy()  # (nset, npair)
-            if not with_k or coeff.shape[1] == 0:  # no K, or no occupied orbitals: K is zero
+            if coeff is None or coeff.shape[1] == 0:  # no K, or no occupied orbitals: K is zero
                 continue
             for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype,
                                   unpack):
                 # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T cols^T is Y (i, q*mu)
-                y = k_la.gemm(coeff, cols, trans_a=True, trans_b=True)
+                _add_k(vk, k_la.gemm(coeff, cols, trans_a=True, trans_b=True), parts, nao, k_la)
+    return (vj_tril if with_j else None), vk
+
+
+def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
+                    with_j: bool):
+    """(vj (nset, n*n) or None, vk (nset, n, n) or None) from the float64 square tensor alone
+    (naux, n, n), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions.
+
+    Per block: K's product ``Y = C^T B^Q`` (when ``coeff`` is given, cast to its precision);
+    J's fitted density ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu}
+    C_{mu i}`` summed with each part's sign, read from Y instead of a product of its own, when
+    Y is float64 and the factors reproduce the densities (``D = sum sign C C^T``: PySCF's tags
+    name the orbitals K is built from, which J must not assume; else one product with the
+    densities); then ``vj += rho^T B`` and ``K += Y^T Y`` per density."""
+    naux, nao = square.shape[:2]
+    nset = dms.shape[0]
+    vj = np.zeros((nset, nao * nao)) if with_j else None
+    vk = None if coeff is None else np.zeros((nset, nao, nao))
+    products = coeff is not None and coeff.shape[1] > 0  # no occupied orbitals: K is zero
+    fused = (with_j and products and coeff.dtype == np.float64
+             and _factors_reproduce(coeff, parts, dms))
+    if with_j and not fused:
+        dm_flat = torch.from_numpy(np.ascontiguousarray(dms.reshape(nset, nao * nao)))
+    if products:
+        coeff_rows = np.ascontiguousarray(coeff.T)[:, :, None]  # (R, n, 1) for rho
+        coeff = torch.from_numpy(coeff)
+        cast = (None if coeff.dtype == torch.float64 else
+                np.empty((min(K_SQUARE_BLOCK, naux) * nao, nao), coeff.numpy().dtype))
+    for q0 in range(0, naux, K_SQUARE_BLOCK):
+        block = square[q0:q0 + K_SQUARE_BLOCK]
+        q = block.shape[0]
+        flat = torch.from_numpy(block.reshape(q, nao * nao))
+        if products:
+            cols = block.reshape(q * nao, nao)
+            if cast is not None:
+                cols = cast[: q * nao]
+                np.copyto(cols, block.reshape(q * nao, nao), casting="same_kind")
+            y = k_la.gemm(coeff, torch.from_numpy(cols), trans_a=True, trans_b=True)
+            if fused:
+                per_column = np.matmul(y.numpy().reshape(-1, q, nao), coeff_rows)[:, :, 0]
+                rho = np.zeros((nset, q))
                 for k, density in enumerate(parts):
                     for columns, sign in density:
-                        if columns.stop > columns.start:
-                            y_rows = y[columns].reshape(-1, nao)  # ((i, q), mu), contiguous
-                            vk[k] += sign * k_la.gemm(y_rows, y_rows, trans_a=True).numpy()
-    vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
-    vk = vk.reshape(shape) if with_k else None
-    if counts is not None:
-        counts["flops"] = counts.get("flops", 0) + flops
+                        rho[k] += sign * per_column[columns].sum(axis=0)
+                vj += la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
+            _add_k(vk, y, parts, nao, k_la)
+        if with_j and not fused:
+            rho = la.gemm(dm_flat, flat, trans_b=True)  # (nset, q)
+            vj += la.gemm(rho, flat).numpy()  # (nset, n*n)
     return vj, vk
+
+
+#: Largest |D - sum sign C C^T| (relative to max(1, max |D|)) for which J takes its fitted
+#: density from K's product (:func:`_jk_from_square`).
+_FACTORS_REPRODUCE = 1e-12
+
+
+def _factors_reproduce(coeff: np.ndarray, parts, dms: np.ndarray) -> bool:
+    """Whether ``dms[k] = sum sign coeff[:, c] coeff[:, c]^T`` over density k's parts, to
+    :data:`_FACTORS_REPRODUCE`: true for orbitals PySCF tagged its own densities with and for
+    eigenvectors; false for a tag that names other orbitals than the density's."""
+    scale = max(1.0, float(np.abs(dms).max(initial=0.0)))
+    for dm, density in zip(dms, parts):
+        made = np.zeros_like(dm)
+        for columns, sign in density:
+            made += sign * (coeff[:, columns] @ coeff[:, columns].T)
+        if np.abs(made - dm).max(initial=0.0) > _FACTORS_REPRODUCE * scale:
+            return False
+    return True
 
 
 class DFJK(pyscf_df.DF):
@@ -356,24 +488,31 @@ class DFJK(pyscf_df.DF):
     iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
     does so once the orbital gradient is small, and accepts convergence only on float64 K).
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
-    the packed tensor in memory (``_cderi``, PySCF's layout) or in a temporary file in
-    ``scratch_dir`` (``file``, a :class:`MatrixFile` read block by block each iteration and
-    closed by :meth:`reset`). ``square`` is the tensor unpacked in K's precision, kept while it
-    fits in ``max_memory`` next to the packed one in memory
-    (:func:`dfmp2.blocking.jk_square_fits`; K otherwise unpacks it every iteration).
-    ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their seconds and
-    their products' flops.
+    the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
+    :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
+    memory, with ``layout`` 'auto' and float64 K, the tensor is kept unpacked only
+    (``square``, (naux, n, n) float64, built in place: :func:`fitted_cderi`) when that fits
+    (:func:`dfmp2.blocking.jk_square_only_fits`), and ``_cderi`` stays None (:meth:`loop`
+    packs its blocks for PySCF's code); otherwise, and always with ``layout`` 'packed', it is
+    PySCF's packed ``_cderi``, and ``square`` the tensor unpacked in K's precision, kept while
+    it fits in ``max_memory`` next to the packed one (:func:`dfmp2.blocking.jk_square_fits`;
+    K otherwise unpacks it every iteration). ``k_calls`` counts K builds per precision;
+    ``stats`` the J/K calls, their seconds and their products' flops.
     """
 
     _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
-             "force_outcore"}
+             "force_outcore", "layout"}
 
     def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64",
-                 scratch_dir: str | None = None, force_outcore: bool = False):
+                 scratch_dir: str | None = None, force_outcore: bool = False,
+                 layout: str = "auto"):
         if k_precision not in K_PRECISIONS:
             raise InputError(f"DFJK: k_precision {k_precision!r}; choose one of "
                              f"{', '.join(K_PRECISIONS)}")
+        if layout not in JK_LAYOUTS:
+            raise InputError(f"DFJK: layout {layout!r}; choose one of {', '.join(JK_LAYOUTS)}")
         super().__init__(mol, auxbasis)
+        self.layout = layout
         self.la = la
         self.square = None
         self.k_precision = k_precision
@@ -403,42 +542,65 @@ class DFJK(pyscf_df.DF):
                           self.max_memory, UNPACK_BLOCK):
             self.square = square_copy(self._cderi, dtype)
 
+    @property
+    def square_only(self) -> bool:
+        """Whether the tensor is held unpacked only (``square``, float64; ``_cderi`` None)."""
+        return self._cderi is None and self.file is None and self.square is not None
+
     def build(self):
-        if self._cderi is not None or self.file is not None:
+        if self._cderi is not None or self.file is not None or self.square_only:
             return self
         self.auxmol = make_auxmol(self.mol, self.auxbasis)
-        self.plan = plan_jk(self.mol.nao_nr(), self.auxmol.nao_nr(), self.max_memory,
+        nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
+        self.plan = plan_jk(nao, naux, self.max_memory,
                             max(p1 - p0 for *_, p0, p1 in shell_row_pairs(self.mol)),
                             UNPACK_BLOCK, self.force_outcore)
         if self.plan.outcore:
             self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
                                           self.scratch_dir)
+        elif (self.layout == "auto" and self.k_precision == "fp64"
+              and jk_square_only_fits(nao, naux, self.max_memory, K_SQUARE_BLOCK)):
+            self.square = fitted_cderi(self.mol, self.auxmol, self._ops(), square=True)
         else:
             self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops())
-        self._keep_square()
-        log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %.0f MB packed %s%s",
-                 self.auxmol.nao_nr(), self.tensor.shape[0], self.tensor.shape[1],
-                 self.plan.tensor_bytes / 2**20, "on disk" if self.file else "in memory",
-                 "" if self.square is None else
-                 f" + {self.square.nbytes / 2**20:.0f} MB square ({self.square.dtype})")
+            self._keep_square()
+        log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %s", naux,
+                 self.get_naoaux(), nao * (nao + 1) // 2, self.describe())
         return self
+
+    def describe(self) -> str:
+        """Where the built tensor is, in words (the log and the run's record)."""
+        if self.file is not None:
+            return f"{self.plan.tensor_bytes / 2**20:.0f} MB packed on disk"
+        if self.square_only:
+            return f"{self.square.nbytes / 2**20:.0f} MB unpacked (float64) in memory"
+        return (f"{self._cderi.nbytes / 2**20:.0f} MB packed in memory"
+                + ("" if self.square is None else
+                   f" + {self.square.nbytes / 2**20:.0f} MB unpacked ({self.square.dtype})"))
 
     @property
     def tensor(self):
-        """The fitted tensor: the in-memory array, or the :class:`MatrixFile` (None before
-        :meth:`build`)."""
+        """The packed fitted tensor: the in-memory array, or the :class:`MatrixFile` (None
+        before :meth:`build`, and when the tensor is held unpacked only)."""
         return self.file if self.file is not None else self._cderi
 
     def get_naoaux(self):
         if self.file is not None:
             return self.file.shape[0]
+        if self.square_only:
+            return self.square.shape[0]
         return super().get_naoaux()
 
     def loop(self, blksize=None):
         """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor, from the file
-        when it is on disk."""
-        if self.tensor is None:
+        when it is on disk, packed from the square tensor when it is held unpacked only."""
+        if self.tensor is None and not self.square_only:
             self.build()
+        if self.square_only:
+            step = blksize or JK_AUX_BLOCK
+            for q0 in range(0, self.square.shape[0], step):
+                yield lib.pack_tril(self.square[q0:q0 + step])
+            return
         if self.file is None:
             yield from super().loop(blksize)
             return
@@ -449,7 +611,8 @@ class DFJK(pyscf_df.DF):
         """K in float64 from now on (with a float64 square copy when it fits)."""
         if self.k_precision != "fp64":
             self.k_precision = "fp64"
-            self._keep_square()
+            if not self.square_only:
+                self._keep_square()
 
     def reset(self, mol=None):
         """Release the tensors: the square copy, the array, the file, and those of the copies
@@ -473,7 +636,7 @@ class DFJK(pyscf_df.DF):
     def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
         if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
             return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
-        if self.tensor is None:
+        if self.tensor is None and not self.square_only:
             self.build()
         if with_k:
             self.k_calls[self.k_precision] += 1

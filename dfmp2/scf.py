@@ -205,7 +205,9 @@ def _choose_jk(mf, mol, auxbasis, options: Options, la, restart: bool = False) -
 
 def _jk_layout(jk: DFJK, mixed: bool) -> str:
     """Where a built :class:`DFJK` keeps its tensor, for the record."""
-    plan, (naux, _npair) = jk.plan, jk.tensor.shape
+    plan, naux = jk.plan, jk.get_naoaux()
+    if jk.square_only:
+        return f" (fitted tensor in memory, unpacked, float64, naux {naux})"
     if plan.outcore:
         return (f" (fitted tensor on disk: {plan.tensor_bytes / 2**20:.0f} MB, more than "
                 f"--max-memory {jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary "

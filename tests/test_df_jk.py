@@ -3,6 +3,7 @@ and SCF energies as PySCF's DF-SCF with the same JK-fit basis, on every referenc
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -56,14 +57,21 @@ def test_scf_energy_equals_pyscf_df_scf(kind):
     assert cycles[1] == cycles[0]
 
 
-@pytest.mark.parametrize("square", [True, False], ids=["square", "packed"])
+@pytest.mark.parametrize("layout", ["square", "packed+square", "packed"])
 @pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
-def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_blas):
+def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(layout, cpu_blas):
+    """Every in-memory layout: the tensor unpacked only (the float64 default), packed with an
+    unpacked copy for K, packed alone. The third density's tag names other orbitals than the
+    density's own (PySCF builds K from the tag and J from the density): J must not take its
+    fitted density from K's factors there."""
     mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
     ref = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()
-    ours = DFJK(mol, JKFIT, _la(cpu_blas=cpu_blas)).build()
-    assert (ours.square is not None) and ours.square.dtype == np.float64
-    if not square:
+    ours = DFJK(mol, JKFIT, _la(cpu_blas=cpu_blas),
+                layout="auto" if layout == "square" else "packed").build()
+    assert ours.square is not None and ours.square.dtype == np.float64
+    assert ours.square_only is (layout == "square")
+    assert (ours._cderi is None) is (layout == "square")
+    if layout == "packed":
         ours.square = None
     dm_rohf = ref.make_rdm1()  # (2, nao, nao) tagged with one set of orbitals (2/1/0)
     rng = np.random.default_rng(0)
@@ -75,7 +83,55 @@ def test_j_and_k_equal_pyscf_for_tagged_untagged_and_rohf_densities(square, cpu_
         vj, vk = ours.get_jk(dm, hermi=1)
         assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
         assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
-    assert get_jk(ours._cderi, dm_rohf, _la(), with_k=False)[1] is None
+        vj, vk = ours.get_jk(dm, hermi=1, with_k=False)  # J alone: its own product
+        assert vk is None and np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+        vj, vk = ours.get_jk(dm, hermi=1, with_j=False)
+        assert vj is None and np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+
+
+def test_the_unpacked_only_tensor_serves_pyscfs_code_and_float32_k():
+    """A DFJK holding its tensor unpacked only: ``loop`` gives PySCF's packed rows (those of
+    the packed layout), ``get_naoaux`` the fitted count, PySCF's general code (a
+    non-symmetric density) reads it through ``loop``; K asked in float32 casts its blocks
+    (float64 K to float32 rounding, J still float64)."""
+    mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    square = DFJK(mol, JKFIT, _la()).build()
+    packed = DFJK(mol, JKFIT, _la(), layout="packed").build()
+    assert square.square_only and square.tensor is None and packed.tensor is not None
+    assert square.get_naoaux() == packed.get_naoaux() == packed._cderi.shape[0]
+    rows = np.concatenate(list(square.loop(blksize=7)))
+    assert rows.shape == packed._cderi.shape
+    assert np.abs(rows - packed._cderi).max() < TOL_MATRIX_ABS
+    ref = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
+    x = np.random.default_rng(2).standard_normal((mol.nao_nr(), mol.nao_nr()))
+    for a, b in zip(square.get_jk(x, hermi=0), ref.with_df.get_jk(x, hermi=0)):
+        assert np.abs(a - b).max() < TOL_MATRIX_ABS
+    dm = ref.make_rdm1()
+    vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=1)
+    square.k_precision = "fp32"
+    vj, vk = square.get_jk(dm, hermi=1)
+    assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+    error = np.abs(vk - vk_ref).max() / np.abs(vk_ref).max()
+    assert 0 < error < TOL_FP32_REL and vk.dtype == np.float64
+    with pytest.raises(ValueError, match="float64 square"):
+        get_jk(None, dm, _la(), square=square.square.astype(np.float32))
+
+
+@pytest.mark.parametrize("nao", [1, 2, 5, 24])
+@pytest.mark.parametrize("naux", [1, 15, 16, 17, 40])
+def test_unpacking_in_place_equals_pyscfs_unpacking(naux, nao):
+    """The square tensor written over its own packed rows (last block first, the first blocks
+    copied aside where their square rows overlap their packed ones) equals PySCF's unpacking
+    of a separate copy, for fewer rows than a block, whole blocks and a part block."""
+    from dfmp2.jk import unpack_in_place
+
+    npair = nao * (nao + 1) // 2
+    packed = np.random.default_rng(naux * 100 + nao).standard_normal((naux, npair))
+    flat = np.full(naux * nao * nao, np.nan)
+    flat[: naux * npair] = packed.ravel()
+    square = unpack_in_place(flat, naux, nao)
+    assert np.shares_memory(square, flat) and square.shape == (naux, nao, nao)
+    assert np.array_equal(square, lib.unpack_tril(packed))
 
 
 def test_one_product_serves_every_density_of_a_k_build():
@@ -96,15 +152,16 @@ def test_one_product_serves_every_density_of_a_k_build():
     # how PySCF's ROHF get_veff tags its densities: the one set of orbitals twice
     as_pair = lib.tag_array(rohf.make_rdm1(), mo_coeff=(rohf.mo_coeff, rohf.mo_coeff),
                             mo_occ=np.stack([rohf.mo_occ > 0, rohf.mo_occ == 2]).astype(float))
-    for mf, dm in ((uhf, uhf.make_rdm1()), (rohf, rohf.make_rdm1()), (rohf, shuffled),
-                   (rohf, as_pair), (empty_beta, empty_beta.make_rdm1())):
-        ours = DFJK(mf.mol, JKFIT, _la()).build()
+    for (mf, dm), layout in itertools.product(
+            ((uhf, uhf.make_rdm1()), (rohf, rohf.make_rdm1()), (rohf, shuffled),
+             (rohf, as_pair), (empty_beta, empty_beta.make_rdm1())), ("auto", "packed")):
+        ours = DFJK(mf.mol, JKFIT, _la(), layout=layout).build()
         la, counts = _la(), {}
         vj, vk = get_jk(ours._cderi, dm, la, square=ours.square, counts=counts)
         vj_ref, vk_ref = mf.with_df.get_jk(dm, hermi=1)
         assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
         assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
-        nao, naux = mf.mol.nao_nr(), ours._cderi.shape[0]
+        nao, naux = mf.mol.nao_nr(), ours.get_naoaux()
         if dm.mo_occ.ndim == 1:  # ROHF: alpha's columns, beta's among them
             ranks = [int((dm.mo_occ > 0).sum()), int((dm.mo_occ == 2).sum())]
             columns = ranks[0]
@@ -115,8 +172,11 @@ def test_one_product_serves_every_density_of_a_k_build():
             ranks = [int((occ > 0).sum()) for occ in dm.mo_occ]
             columns = sum(ranks)
         nblocks = -(-naux // K_SQUARE_BLOCK)
-        # J: two products over the whole tensor; K per block: one Y, then Y^T Y per density
-        assert la.records["gemm"].calls == 2 + nblocks * (1 + sum(r > 0 for r in ranks))
+        k_calls = nblocks * (1 + sum(r > 0 for r in ranks))  # per block one Y, Y^T Y per density
+        if layout == "packed":  # J: two products over the whole tensor
+            assert la.records["gemm"].calls == 2 + k_calls
+        else:  # J: rho from K's Y, then one product per block
+            assert ours.square_only and la.records["gemm"].calls == nblocks + k_calls
         k_flops = (2 * columns + sum(ranks)) * nao * nao * naux
         assert counts["flops"] == k_flops + 2 * 4 * naux * (nao * (nao + 1) // 2)
 
@@ -267,7 +327,7 @@ def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch)
 
     mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
     ref = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()
-    incore = DFJK(mol, JKFIT, _la()).build()
+    incore = DFJK(mol, JKFIT, _la(), layout="packed").build()
     npair = mol.nao_nr() * (mol.nao_nr() + 1) // 2
     monkeypatch.setattr(dfmod, "plan_jk", lambda *a, **k: JKPlan(True, 40, 7, 0, 0))
     ours = DFJK(mol, JKFIT, _la()).build()
@@ -361,14 +421,21 @@ def test_nki_runs_float32_k_on_its_gemm_and_ends_in_float64():
     assert 2 * calls["fp32"] <= gemm.calls - gemm.host_calls  # two products per K build
 
 
+@pytest.mark.parametrize("with_df", ["pyscf", "dfjk"])
 @pytest.mark.parametrize("kind", ["rhf", "uhf"])
-def test_orbital_check_fock_from_dfmp2_jk_equals_pyscf(kind):
+def test_orbital_check_fock_from_dfmp2_jk_equals_pyscf(kind, with_df):
     """DFMP2(mf) checks canonical orbitals with a Fock build; for a DF-HF object whose tensor is
-    in memory dfmp2 builds it from that tensor with its own ops: PySCF's Fock to 1e-10."""
+    in memory (PySCF's packed one, or a DFJK's held unpacked only) dfmp2 builds it from that
+    tensor with its own ops: the object's own Fock to 1e-10."""
     from dfmp2.api import fock_matrix
 
     atom, spin, make = REFERENCES[kind]
-    mf = make(gto.M(atom=atom, basis="cc-pvdz", spin=spin, verbose=0)).density_fit().run()
+    mol = gto.M(atom=atom, basis="cc-pvdz", spin=spin, verbose=0)
+    mf = make(mol).density_fit(auxbasis=JKFIT)
+    if with_df == "dfjk":
+        mf.with_df = DFJK(mol, JKFIT, _la())
+    mf.run()
+    assert (with_df == "dfjk") is (getattr(mf.with_df, "square_only", False))
     la = _la()
     assert np.abs(fock_matrix(mf, la) - mf.get_fock()).max() < TOL_MATRIX_ABS
     assert la.records["gemm"].calls > 0
@@ -397,7 +464,8 @@ def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
 
     calls = []
     real = dfmp2_df.fitted_cderi
-    monkeypatch.setattr(dfmp2_df, "fitted_cderi", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(dfmp2_df, "fitted_cderi",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     seen = {}
     real_compute = dfmp2.api.compute
 
@@ -536,15 +604,45 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
         dfmp2.DFMP2(mf).run()
 
 
-@pytest.mark.parametrize("max_memory, kept", [(58, False), (70, True)])
-def test_the_record_names_the_square_copy_k_really_keeps(max_memory, kept):
-    """(H2O)4: packed 17.3, square 34.2, K's work 3.5 (1e6 bytes). Under --max-memory 58
-    (60.8e6 bytes) packed and square fit the whole budget but not its usable 85% (51.7e6): no
-    copy, and the record says none; at 70 both agree on one (one rule,
-    blocking.jk_square_fits, for the copy and the record)."""
+@pytest.mark.parametrize("max_memory, layout", [(58, "packed"), (70, "unpacked"),
+                                                (58, "packed, mixed"), (90, "packed, mixed")])
+def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
+    """(H2O)4 (1e6 bytes): packed 17.3, unpacked 34.2, the metric's factors 5.2, the build's
+    work 14.3, K's 3.5. Under --max-memory 58 (usable 85%: 51.7e6) the unpacked tensor alone
+    does not fit with the factors and the build's work (53.7), nor packed and unpacked
+    together: packed, no copy, and the record says so; at 70 (62.4e6) the tensor is held
+    unpacked only. A mixed-precision SCF keeps the packed tensor, with float32 and then
+    float64 copies where they fit (at 90, 76.5e6: packed and float64 unpacked, 55.0) and the
+    record says which (one rule, blocking.jk_square_fits, for the copy and the record)."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
-    mf = run_scf(mol, Options(max_memory=max_memory), la=_la())
-    assert not mf.with_df.plan.outcore
-    assert (mf.with_df.square is not None) is kept
-    assert ("square copies for K: float64" in mf.jk) is kept
+    mixed = layout.endswith("mixed")
+    mf = run_scf(mol, Options(max_memory=max_memory,
+                              scf_precision="mixed" if mixed else "fp64"), la=_la())
+    jk = mf.with_df
+    assert not jk.plan.outcore
+    assert jk.square_only is (layout == "unpacked")
+    if layout == "unpacked":
+        assert "fitted tensor in memory, unpacked, float64" in mf.jk
+    else:
+        assert "fitted tensor in memory, packed" in mf.jk
+        copy = max_memory == 90
+        assert (jk.square is not None) is copy
+        assert ("square copies for K: float32 then float64" in mf.jk) is copy
     release_integrals(mf)
+
+
+def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
+    """jk_square_only_fits: the metric's factors, the unpacked tensor and the larger of the
+    build's and K's work arrays within the usable budget; (H2O)16 cc-pVDZ (JK-fit naux 1856)
+    fits under the default 4000 MB, C20H42 (nao 490, naux 2366: 4.5 GB unpacked) does not."""
+    from dfmp2.blocking import jk_square_fits, jk_square_only_fits, usable_bytes
+
+    assert jk_square_only_fits(384, 1856, 4000, K_SQUARE_BLOCK)
+    assert not jk_square_only_fits(490, 2366, 4000, K_SQUARE_BLOCK)
+    nao, naux = 384, 1856
+    need = (8 * naux * nao * nao + 3 * 8 * naux**2
+            + max(8 * nao * (nao + 1) // 2 * (128 + 256), 8 * 2 * nao * K_SQUARE_BLOCK * nao))
+    least = next(mb for mb in range(1, 10**5) if usable_bytes(mb) >= need)
+    assert jk_square_only_fits(nao, naux, least, K_SQUARE_BLOCK)
+    assert not jk_square_only_fits(nao, naux, least - 1, K_SQUARE_BLOCK)
+    assert not jk_square_fits(nao, naux, 8, least, 16)  # packed + unpacked need more
