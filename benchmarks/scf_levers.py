@@ -175,8 +175,11 @@ def screening(dfjk, mf, repeat: int) -> dict:
     from pyscf import lib
 
     # one pass over the tensor
-    pair_max = (np.abs(dfjk.square).max(axis=0) if cderi is None
-                else lib.unpack_tril(np.abs(cderi).max(axis=0)))
+    if cderi is None:  # by blocks: no temporary of the tensor's size
+        pair_max = np.max([np.abs(dfjk.square[q0:q0 + 64]).max(axis=0)
+                           for q0 in range(0, naux, 64)], axis=0)
+    else:
+        pair_max = lib.unpack_tril(np.abs(cderi).max(axis=0))
     result = {"naux": naux, "nao": mol.nao_nr(), "nocc": c.shape[1], "blocks": {}}
     tiled = {}
     for label, size in (("atom", 1), ("40 functions", 40)):

@@ -541,14 +541,16 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
 
     with_df = getattr(mf, "with_df", None)
     cderi = getattr(with_df, "_cderi", None)
-    square = with_df.square if isinstance(with_df, DFJK) and with_df.square_only else None
+    square = getattr(with_df, "square", None) if isinstance(with_df, DFJK) else None
+    if square is not None and square.dtype != np.float64:  # a float32 copy: K unpacks instead
+        square = None
     plain = (type(mf).get_veff in (pyscf_scf.hf.RHF.get_veff, pyscf_scf.uhf.UHF.get_veff)
              and type(mf).get_fock in (pyscf_scf.hf.RHF.get_fock, pyscf_scf.uhf.UHF.get_fock))
     if (la is None or not (isinstance(cderi, np.ndarray) or square is not None) or not plain
             or isinstance(mf, (dft.rks.KohnShamDFT, pyscf_scf.rohf.ROHF))):
         return mf.get_fock()  # solvent models and other potentials: the object's own Fock
     dm = mf.make_rdm1()
-    vj, vk = get_jk(cderi if square is None else None, dm, la, square=square)
+    vj, vk = get_jk(cderi if isinstance(cderi, np.ndarray) else None, dm, la, square=square)
     h = mf.get_hcore()
     if isinstance(mf, pyscf_scf.uhf.UHF):
         return h + (vj[0] + vj[1]) - vk

@@ -118,19 +118,21 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, square: bool = False) -> np.ndarra
     return unpack_in_place(flat, naux, nao) if square else packed
 
 
-def unpack_in_place(flat: np.ndarray, naux: int, nao: int) -> np.ndarray:
+def unpack_in_place(flat: np.ndarray, naux: int, nao: int,
+                    threads: int | None = None) -> np.ndarray:
     """The square tensor (naux, nao, nao) from the packed rows (naux, nao(nao+1)/2) at the start
     of ``flat`` (at least naux*nao*nao float64 elements), in the same memory.
 
     Blocks of :data:`UNPACK_BLOCK` rows are unpacked last to first: a block's square rows start
     at or beyond the end of every earlier block's packed rows, and the packed rows of later
     blocks they may cover have been unpacked already. A block whose square rows overlap its own
-    packed rows (the first few) is copied aside first."""
+    packed rows (the first few) is copied aside first. ``threads``: the
+    :class:`PairUnpacker`'s (its default when None)."""
     npair = nao * (nao + 1) // 2
     packed = flat[: naux * npair].reshape(naux, npair)
     square = flat[: naux * nao * nao].reshape(naux, nao, nao)
     aside = np.empty((min(UNPACK_BLOCK, naux), npair))
-    with PairUnpacker() as unpack:
+    with PairUnpacker(threads) as unpack:
         for q0 in reversed(range(0, naux, UNPACK_BLOCK)):
             q1 = min(q0 + UNPACK_BLOCK, naux)
             rows = packed[q0:q1]
@@ -432,8 +434,11 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
         coeff = torch.from_numpy(coeff)
         cast = (None if coeff.dtype == torch.float64 else
                 np.empty((min(K_SQUARE_BLOCK, naux) * nao, nao), coeff.numpy().dtype))
-    for q0 in range(0, naux, K_SQUARE_BLOCK):
-        block = square[q0:q0 + K_SQUARE_BLOCK]
+    # Y (R, q*n) within what the planner counts for two densities' columns (R <= 2n)
+    step = K_SQUARE_BLOCK if coeff is None else max(
+        1, min(K_SQUARE_BLOCK, 2 * nao * K_SQUARE_BLOCK // max(1, coeff.shape[1])))
+    for q0 in range(0, naux, step):
+        block = square[q0:q0 + step]
         q = block.shape[0]
         flat = torch.from_numpy(block.reshape(q, nao * nao))
         if products:
@@ -463,14 +468,16 @@ _FACTORS_REPRODUCE = 1e-12
 
 def _factors_reproduce(coeff: np.ndarray, parts, dms: np.ndarray) -> bool:
     """Whether ``dms[k] = sum sign coeff[:, c] coeff[:, c]^T`` over density k's parts, to
-    :data:`_FACTORS_REPRODUCE`: true for orbitals PySCF tagged its own densities with and for
-    eigenvectors; false for a tag that names other orbitals than the density's."""
-    scale = max(1.0, float(np.abs(dms).max(initial=0.0)))
+    :data:`_FACTORS_REPRODUCE` relative to the larger of 1, max |D| and max (|C| |C|^T) (the
+    size of the products' rounding): true for orbitals PySCF tagged its own densities with and
+    for eigenvectors; false for a tag that names other orbitals than the density's, or NaN."""
     for dm, density in zip(dms, parts):
-        made = np.zeros_like(dm)
+        made, size = np.zeros_like(dm), np.zeros_like(dm)
         for columns, sign in density:
             made += sign * (coeff[:, columns] @ coeff[:, columns].T)
-        if np.abs(made - dm).max(initial=0.0) > _FACTORS_REPRODUCE * scale:
+            size += np.abs(coeff[:, columns]) @ np.abs(coeff[:, columns]).T
+        scale = max(1.0, float(np.abs(dm).max(initial=0.0)), float(size.max(initial=0.0)))
+        if not np.abs(made - dm).max(initial=0.0) <= _FACTORS_REPRODUCE * scale:
             return False
     return True
 
@@ -585,6 +592,8 @@ class DFJK(pyscf_df.DF):
         return self.file if self.file is not None else self._cderi
 
     def get_naoaux(self):
+        if self.tensor is None and not self.square_only:
+            self.build()
         if self.file is not None:
             return self.file.shape[0]
         if self.square_only:
@@ -630,14 +639,29 @@ class DFJK(pyscf_df.DF):
         for range-separated integrals and resets the copy, which would release this one's)."""
         new = super().copy()
         new._cderi, new.file, new.square, new.plan = None, None, None, None
+        # PySCF reads a range-separated copy through loop(): its packed layout, as before;
+        # and the copy's reset must not reach this object's range-separated copies
+        new.layout, new._rsh_df = "packed", {}
         new.k_calls, new.stats = dict(self.k_calls), dict(self.stats)
         return new
 
     def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
-        if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
-            return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if self.tensor is None and not self.square_only:
             self.build()
+        if omega is None and hermi != 1 and self.square_only and not np.iscomplexobj(dm):
+            # PySCF's general code: K from loop(); its J without K would not read the tensor
+            # (with _cderi None it recomputes the integrals), and J needs only the symmetric
+            # part of the density (B^Q is symmetric)
+            vj = vk = None
+            if with_j:
+                dms = np.asarray(dm)
+                vj = get_jk(None, (dms + dms.swapaxes(-1, -2)) / 2, self._ops(), with_k=False,
+                            square=self.square)[0]
+            if with_k:
+                vk = super().get_jk(dm, hermi, False, True)[1]
+            return vj, vk
+        if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
+            return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if with_k:
             self.k_calls[self.k_precision] += 1
         start = time.perf_counter()

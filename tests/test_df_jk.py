@@ -106,6 +106,15 @@ def test_the_unpacked_only_tensor_serves_pyscfs_code_and_float32_k():
     x = np.random.default_rng(2).standard_normal((mol.nao_nr(), mol.nao_nr()))
     for a, b in zip(square.get_jk(x, hermi=0), ref.with_df.get_jk(x, hermi=0)):
         assert np.abs(a - b).max() < TOL_MATRIX_ABS
+    # an untagged indefinite density: J's fitted density from K's product of its eigenvectors
+    # (positive and negative parts): per block one Y, one Y^T Y per part, one J product
+    la, sym = _la(), x + x.T
+    vj, vk = get_jk(None, sym, la, square=square.square)
+    vj_ref, vk_ref = ref.with_df.get_jk(sym, hermi=1)
+    assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+    assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+    nblocks = -(-square.get_naoaux() // K_SQUARE_BLOCK)
+    assert la.records["gemm"].calls == nblocks * (1 + 2 + 1)
     dm = ref.make_rdm1()
     vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=1)
     square.k_precision = "fp32"
@@ -117,21 +126,47 @@ def test_the_unpacked_only_tensor_serves_pyscfs_code_and_float32_k():
         get_jk(None, dm, _la(), square=square.square.astype(np.float32))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("nao", [1, 2, 5, 24])
 @pytest.mark.parametrize("naux", [1, 15, 16, 17, 40])
-def test_unpacking_in_place_equals_pyscfs_unpacking(naux, nao):
+def test_unpacking_in_place_equals_pyscfs_unpacking(naux, nao, threads):
     """The square tensor written over its own packed rows (last block first, the first blocks
-    copied aside where their square rows overlap their packed ones) equals PySCF's unpacking
-    of a separate copy, for fewer rows than a block, whole blocks and a part block."""
+    copied aside where their square rows overlap their packed ones, a block's rows split over
+    the unpacking threads) equals PySCF's unpacking of a separate copy, for fewer rows than a
+    block, whole blocks and a part block."""
     from dfmp2.jk import unpack_in_place
 
     npair = nao * (nao + 1) // 2
     packed = np.random.default_rng(naux * 100 + nao).standard_normal((naux, npair))
     flat = np.full(naux * nao * nao, np.nan)
     flat[: naux * npair] = packed.ravel()
-    square = unpack_in_place(flat, naux, nao)
+    square = unpack_in_place(flat, naux, nao, threads=threads)
     assert np.shares_memory(square, flat) and square.shape == (naux, nao, nao)
     assert np.array_equal(square, lib.unpack_tril(packed))
+
+
+def test_the_unpacked_only_tensor_answers_before_its_build_and_for_general_densities(
+        monkeypatch):
+    """``get_naoaux`` on an unbuilt DFJK builds it (PySCF's DF-SCF asks before any J/K); a
+    non-symmetric density's J alone comes from the unpacked tensor (PySCF's general code would
+    recompute the integrals without ``_cderi``), equal to PySCF's; J and K together too."""
+    from pyscf.df import df_jk
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    ref = scf.RHF(mol).density_fit(auxbasis=JKFIT)
+    ref.with_df.build()
+    ours = DFJK(mol, JKFIT, _la())
+    assert ours.get_naoaux() == ref.with_df.get_naoaux() and ours.square_only
+    monkeypatch.setattr(df_jk, "get_j", lambda *a, **k: pytest.fail("integrals recomputed"))
+    dm = np.random.default_rng(3).standard_normal((2, mol.nao_nr(), mol.nao_nr()))
+    vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=0)
+    vj, vk = ours.get_jk(dm, hermi=0, with_k=False)
+    assert vk is None and np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+    vj, vk = ours.get_jk(dm, hermi=0)
+    assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+    assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+    vj, vk = ours.get_jk(dm, hermi=0, with_j=False)
+    assert vj is None and np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
 
 
 def test_one_product_serves_every_density_of_a_k_build():
