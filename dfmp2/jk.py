@@ -646,9 +646,11 @@ class DFJK(pyscf_df.DF):
         return new
 
     def get_jk(self, dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
+        if omega is not None:  # range-separated: PySCF's copy of this object, its own tensor
+            return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if self.tensor is None and not self.square_only:
             self.build()
-        if omega is None and hermi != 1 and self.square_only and not np.iscomplexobj(dm):
+        if hermi != 1 and self.square_only and not np.iscomplexobj(dm):
             # PySCF's general code: K from loop(); its J without K would not read the tensor
             # (with _cderi None it recomputes the integrals), and J needs only the symmetric
             # part of the density (B^Q is symmetric)
@@ -660,8 +662,8 @@ class DFJK(pyscf_df.DF):
             if with_k:
                 vk = super().get_jk(dm, hermi, False, True)[1]
             return vj, vk
-        if omega is not None or hermi != 1:  # range-separated or non-symmetric densities
-            return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
+        if hermi != 1:  # non-symmetric densities: PySCF's general code reads loop()
+            return super().get_jk(dm, hermi, with_j, with_k)
         if with_k:
             self.k_calls[self.k_precision] += 1
         start = time.perf_counter()
