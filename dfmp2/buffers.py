@@ -1,5 +1,5 @@
-"""Large arrays: the stored integrals (small pages, zeroed by one thread per CPU, or left for
-their writers to touch) and the reused work arrays of the block loops.
+"""Large arrays: the stored integrals (small pages, zeroed by one thread per CPU) and the
+reused work arrays of the block loops.
 
 The first touch of a page is most of what a large fresh array costs on the benchmark machine, a
 VM that hands freed memory back to its host: 500 MB took 1.3-1.5 s in transparent huge pages
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-__all__ = ["empty", "zeros", "Buffers", "MAX_TOUCH_THREADS"]
+__all__ = ["zeros", "Buffers", "MAX_TOUCH_THREADS"]
 
 #: Largest number of threads that zero a new array.
 MAX_TOUCH_THREADS = 8
@@ -26,23 +26,17 @@ MAX_TOUCH_THREADS = 8
 _THREAD_BYTES = 64 * 1024 * 1024
 
 
-def empty(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
-    """A C-contiguous array in small pages (where the OS lets us ask), not touched yet: for an
-    array whose writer fills every element in several threads (they touch its pages)."""
+def zeros(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
+    """A zeroed C-contiguous array in small pages (where the OS lets us ask), zeroed by one
+    thread per available CPU (up to :data:`MAX_TOUCH_THREADS`, one per 64 MB)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes and hasattr(mmap, "MADV_NOHUGEPAGE"):
         buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buffer.madvise(mmap.MADV_NOHUGEPAGE)
-        return np.frombuffer(buffer, dtype=dtype).reshape(shape)  # unmapped when freed
-    return np.empty(shape, dtype=dtype)
-
-
-def zeros(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
-    """A zeroed C-contiguous array in small pages (where the OS lets us ask), zeroed by one
-    thread per available CPU (up to :data:`MAX_TOUCH_THREADS`, one per 64 MB)."""
-    array = empty(shape, dtype)
-    nbytes = array.nbytes
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)  # unmapped when freed
+    else:
+        array = np.empty(shape, dtype=dtype)
     flat = array.reshape(-1)
     nthreads = max(1, min(len(os.sched_getaffinity(0)), MAX_TOUCH_THREADS,
                           nbytes // _THREAD_BYTES))

@@ -296,21 +296,21 @@ def _nao_of_pairs(npair: int) -> int:
 def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
     """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``,
     zeroed by threads first (its pages touched in order, :mod:`dfmp2.buffers`: the unpacking's
-    scattered first writes took 2.1-2.5 s for (H2O)16 cc-pVDZ's 2 GB on the Intel Xeon of
-    :data:`UNPACK_BLOCK`, against 0.4-0.6 s for zeroing it and 0.3 s for the unpacking then);
-    in float64 the unpacking threads write into it, in float32 blocks are cast into it. The
+    scattered first writes took 2.1-2.5 s for (H2O)16 cc-pVDZ's 2 GB on the Intel Xeon (family
+    6, model 167), against 0.4-0.6 s for zeroing it and 0.3 s for the unpacking then); in
+    float64 the unpacking threads write into it, in float32 blocks are cast into it. The
     DF-SCF's tensor itself is held unpacked only where that fits (:func:`fitted_cderi`)."""
     naux, npair = cderi.shape
     nao = _nao_of_pairs(npair)
+    square = zeros((naux, nao, nao), dtype)
     with PairUnpacker() as unpack:
-        if np.dtype(dtype) == np.float64:
-            square = zeros((naux, nao, nao), dtype)
+        if square.dtype == np.float64:  # the unpacking threads write into it
             for q0 in range(0, naux, UNPACK_BLOCK):
                 unpack(cderi[q0:q0 + UNPACK_BLOCK], square[q0:q0 + UNPACK_BLOCK])
-            return square
-        square = zeros((naux, nao, nao), dtype)
-        for q0, cols in zip(range(0, naux, UNPACK_BLOCK), _k_blocks(cderi, None, dtype, unpack)):
-            square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
+        else:  # unpacked, then cast, block by block
+            for q0, cols in zip(range(0, naux, UNPACK_BLOCK),
+                                _k_blocks(cderi, None, square.dtype, unpack)):
+                square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
     return square
 
 
@@ -461,8 +461,8 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     return vj, vk
 
 
-#: Largest |D - sum sign C C^T| (relative to max(1, max |D|)) for which J takes its fitted
-#: density from K's product (:func:`_jk_from_square`).
+#: Largest |D - sum sign C C^T| (relative to the scale of :func:`_factors_reproduce`) for
+#: which J takes its fitted density from K's product (:func:`_jk_from_square`).
 _FACTORS_REPRODUCE = 1e-12
 
 

@@ -632,6 +632,8 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
     mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
     with pytest.raises(InputError, match="k_precision 'fp16'; choose one of fp64, fp32"):
         DFJK(mol, JKFIT, _la(), k_precision="fp16")
+    with pytest.raises(InputError, match="layout 'square'; choose one of auto, packed"):
+        DFJK(mol, JKFIT, _la(), layout="square")
     mf = scf.RHF(mol).density_fit(auxbasis=JKFIT)
     mf.with_df = DFJK(mol, JKFIT, _la(), k_precision="fp32")  # no run_scf: float32 to the end
     mf.run(conv_tol=1e-8)
