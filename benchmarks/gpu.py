@@ -5,8 +5,10 @@
 
 Per molecule (cc-pVDZ, cc-pVDZ-RI): one density-fitted RHF (PySCF, every core), then the MP2
 step three ways on that SCF: dfmp2 with ``--device`` (default cuda), dfmp2 on the host, and
-PySCF's DF-MP2 (``with_t2=False``, its OpenBLAS set to Haswell kernels: its fastest setting on
-the project's CPUs). Reported: each path's time and stage times, the device's pair step in
+PySCF's DF-MP2 (``with_t2=False``; the process set up as the ``dfmp2`` command sets it up,
+:func:`dfmp2.blas_env.prepare_process`: PySCF's bundled OpenBLAS on Haswell kernels where it
+would pick an older core, numpy's OpenBLAS on the kernels it detects). Reported: each path's
+time and stage times, the host path's BLAS and pair reduction, the device's pair step in
 TFLOP/s against the device's own DGEMM and SGEMM rates measured in this run (n = 8192), the
 energies' differences, where B lived, and the device and CPU names. Results:
 ``benchmarks/results/<name>.json`` and ``.md``. Exit status 1 if an fp64 energy differs from the
@@ -22,10 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")  # PySCF's OpenBLAS; before numpy loads
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+# As the dfmp2 command does, before numpy, torch and PySCF load: PySCF's bundled OpenBLAS gets
+# Haswell kernels where it would pick an older core, numpy's own OpenBLAS keeps the kernels it
+# detects (a global OPENBLAS_CORETYPE=Haswell would hold the host path to AVX2 on an AVX-512 CPU).
+from dfmp2.blas_env import prepare_process  # noqa: E402  (imports no numerical library)
+
+ENVIRONMENT = prepare_process("auto")
 
 from machine import cpu_model, machine_info  # noqa: E402
 from run import find_xyz, molecule_dirs  # noqa: E402
@@ -99,7 +106,8 @@ def measure(name: str, xyz: str, basis: str, device: str, max_memory: int) -> di
         pt = dfmp2.DFMP2(mf, auxbasis=basis + "-ri", device=where, max_memory=max_memory).run()
         row[label] = {"seconds": round(time.perf_counter() - start, 3),
                       "stages": pt.result.timings, "e_corr": pt.e_corr,
-                      "device": pt.result.backend.device}
+                      "device": pt.result.backend.device,
+                      "cpu_blas": pt.result.backend.cpu_blas}
     s = pt.result.sizes
     row["sizes"] = {"nocc": s.nocc, "nvir": s.nvir, "naux": s.naux}
     pair_s = row["device"]["stages"].get("pair_energy")
@@ -116,12 +124,21 @@ def measure(name: str, xyz: str, basis: str, device: str, max_memory: int) -> di
     return row
 
 
+def _host_blas(result: dict) -> str:
+    """The host path's BLAS choice and pair reduction, as its record says (first row)."""
+    blas = (result["rows"][0]["host"].get("cpu_blas") or {}) if result["rows"] else {}
+    return (f"{blas.get('choice', '?')} BLAS ({blas.get('reason', '')}), pair reduction "
+            f"{blas.get('pair_reduction', '?')}")
+
+
 def report(result: dict) -> str:
     rates = result["device_gemm"]
     lines = [f"# DF-MP2 on a device: `{result['name']}`", "",
              f"Device: {result['device_name']}; CPU: {result['cpu']} ({result['cores']} cores). "
              f"Device GEMM (torch, n={rates['fp64']['n']}): DGEMM {rates['fp64']['tflops']:.1f} "
-             f"TFLOP/s, SGEMM {rates['fp32']['tflops']:.1f} (TF32 off).", "",
+             f"TFLOP/s, SGEMM {rates['fp32']['tflops']:.1f} (TF32 off). Host path: "
+             f"{_host_blas(result)}; PySCF's OpenBLAS: "
+             f"{result['environment'].get('pyscf_openblas')}.", "",
              "| molecule | nbasis | o, v, X | B | device MP2 s | pair TFLOP/s (% DGEMM) | "
              "host MP2 s | PySCF DF-MP2 s | vs PySCF | E(dev) - E(host) | E(dev) - E(PySCF) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -168,7 +185,7 @@ def main() -> None:
                    else f"none (--device cpu: the host path twice, {cpu_model()})")
     result = {"name": args.name, "machine": machine_info(), "cpu": cpu_model(),
               "cores": os.cpu_count(), "device_name": device_name,
-              "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+              "environment": ENVIRONMENT,
               "max_memory_mb": args.max_memory,
               "device_gemm": device_gemm_rates(args.device), "rows": []}
     dirs = molecule_dirs()

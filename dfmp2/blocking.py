@@ -63,7 +63,9 @@ class BlockPlan:
     """aux_block : auxiliary functions per int3c2e block; unpack_block : square (mu nu|P) matrices
     unpacked at a time within it; fit_occ : occupied orbitals per fit
     call; occ_block : occupied orbitals per pair-energy block; b_bytes : size of the stored B;
-    outcore : B lives in an HDF5 file; resident_bytes : what stays in memory throughout."""
+    outcore : B lives in an HDF5 file; resident_bytes : what stays in memory throughout;
+    forced : out of core because the run asked for it (``force_outcore``), which a device run
+    honours too (:func:`dfmp2.device.plan_device`)."""
 
     aux_block: int
     unpack_block: int
@@ -72,6 +74,7 @@ class BlockPlan:
     b_bytes: int
     outcore: bool
     resident_bytes: int
+    forced: bool = False
 
     def as_dict(self) -> dict:
         return {"aux_block": self.aux_block, "unpack_block": self.unpack_block,
@@ -126,7 +129,8 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     omax = max(o for o, _ in spaces)
     fit_occ = int(max(1, min(omax, free // per_fit_occ)))
     occ_block = _largest_occ_block(free, omax, vmax, naux, b_itemsize if outcore else 0)
-    return BlockPlan(aux_block, unpack_block, fit_occ, occ_block, b_bytes, outcore, int(resident))
+    return BlockPlan(aux_block, unpack_block, fit_occ, occ_block, b_bytes, outcore, int(resident),
+                     force_outcore)
 
 
 def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,

@@ -188,8 +188,9 @@ _D = Options.default
               help="2S of each fragment [default: 0 or 1 by its electron count].")
 @click.option("--dist-backend", type=click.Choice(("auto",) + DIST_BACKENDS), default="auto",
               show_default=True,
-              help="Under torchrun: the torch.distributed backend (auto: nccl with CUDA, xla "
-                   "with torch-xla on a Neuron device, else gloo).")
+              help="Under torchrun: the torch.distributed backend (auto: nccl when each rank "
+                   "of a node has a CUDA device, xla with torch-xla on a Neuron device, else "
+                   "gloo).")
 @click.option("--dist-timeout", type=click.FloatRange(min=1.0), default=3600.0,
               show_default=True,
               help="Under torchrun: seconds a rank waits in a collective (the other ranks wait "

@@ -126,7 +126,8 @@ class DevicePlan:
 
 
 def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
-                max_shell: int = 1, host_bytes: int | None = None) -> DevicePlan:
+                max_shell: int = 1, host_bytes: int | None = None,
+                resident: bool = True) -> DevicePlan:
     """The device plan for orbital spaces ``dims`` ((nocc, nvir) each) and ``naux`` auxiliary
     functions within ``budget_bytes`` (less :data:`DEVICE_RESERVE`).
 
@@ -138,7 +139,8 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
     pair block; a transform block holds whole auxiliary shells, so up to ``max_shell - 1``
     functions more than ``aux_block``. The transform's two host buffers (pinned on CUDA) take
     at most half of ``host_bytes`` when given (the run's ``--max-memory``). Streamed (B in host
-    memory): a pair block and the two blocks of B it reads. Raises
+    memory): a pair block and the two blocks of B it reads; always when ``resident`` is False
+    (``--force-outcore``: B stays in the host's HDF5 file). Raises
     :class:`dfmp2.errors.ResourceError` when not even one-orbital pair blocks fit."""
     from .blocking import MB, pair_block_bytes
     from .errors import ResourceError
@@ -155,7 +157,8 @@ def plan_device(nao: int, dims, naux: int, budget_bytes: int, b_itemsize: int,
     per_aux = (2 * nao * nao + sum(2 * o * nao + o * v for o, v in used)) * 8
     per_fit_occ = vmax * (min(naux, 256) + naux) * 8  # trmm work columns, or a gemm product
     extra = max_shell - 1  # a block of whole shells may run over aux_block by this many
-    if room >= max((1 + extra) * per_aux, per_fit_occ) + pair_block_bytes(1, vmax, naux, 0):
+    if resident and room >= max((1 + extra) * per_aux, per_fit_occ) \
+            + pair_block_bytes(1, vmax, naux, 0):
         aux_block = int(max(1, min(naux, 256, room // per_aux - extra)))
         if host_bytes is not None:  # two host buffers of aux_block + extra square matrices
             aux_block = int(max(1, min(aux_block,

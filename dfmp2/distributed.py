@@ -207,7 +207,8 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
     """Join the default process group of a torchrun job: None unless ``environ`` has
     torchrun's ``RANK`` and ``WORLD_SIZE`` with more than one rank. An already initialised
     group (a caller's) is used as it is. ``backend``: one of :data:`BACKENDS` or 'auto' (nccl
-    when CUDA is available, xla when torch-xla and a Neuron device are, else gloo)."""
+    when each of the node's ranks has a CUDA device, xla when torch-xla and a Neuron device
+    are, else gloo)."""
     import datetime
 
     import torch.distributed as dist
@@ -230,11 +231,17 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
     if not dist.is_available():
         raise BackendUnavailableError("this torch build has no torch.distributed")
     if backend == "auto":
-        backend = _auto_backend()
+        backend = _auto_backend(environ)
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise BackendUnavailableError("--dist-backend nccl needs CUDA; use gloo")
-        torch.cuda.set_device(int(environ.get("LOCAL_RANK", 0)))
+        local_rank, gpus = _local_rank(environ), torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise BackendUnavailableError(
+                f"--dist-backend nccl needs a CUDA device per rank of a node: local rank "
+                f"{local_rank}, {gpus} device(s) visible; use gloo, or as many ranks per node "
+                f"as devices")
+        torch.cuda.set_device(local_rank)
     init = "env://"
     if backend == "xla":  # not verified here: no Neuron device (torch-xla's backend)
         try:
@@ -247,11 +254,27 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), backend, timeout_s, owned=True)
 
 
-def _auto_backend() -> str:
+def _local_rank(environ) -> int:
+    """torchrun's ``LOCAL_RANK`` (0 when absent or not an integer)."""
+    try:
+        return int(environ.get("LOCAL_RANK", 0))
+    except ValueError:
+        return 0
+
+
+def _auto_backend(environ) -> str:
+    """nccl when every rank of this node has a CUDA device of its own (torchrun's
+    ``LOCAL_WORLD_SIZE``; NCCL refuses two ranks on one device), xla with torch-xla and a
+    Neuron device, else gloo."""
     import glob
     import importlib.util
 
-    if torch.cuda.is_available():
+    try:
+        local_world = int(environ.get("LOCAL_WORLD_SIZE", 0))
+    except ValueError:
+        local_world = 0
+    ranks_here = max(local_world, _local_rank(environ) + 1)
+    if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here:
         return "nccl"
     if glob.glob("/dev/neuron*") and importlib.util.find_spec("torch_xla") is not None:
         return "xla"

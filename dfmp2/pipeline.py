@@ -350,8 +350,9 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     the device's budget (:func:`dfmp2.device.plan_device`), the transform runs there
     (:func:`transform_on_device`: int3c2e blocks from libcint on the host, copied in while the
     device transforms the previous block), then the fit and the pair energies, B never leaving
-    the device. Otherwise the transform and fit run on the host (the host plan: in memory or
-    out of core) and the pair blocks of B are copied to the device (:class:`StreamedB`).
+    the device. Otherwise, or when the run forces B out of core (``plan.forced``), the transform
+    and fit run on the host (the host plan: in memory or out of core) and the pair blocks of B
+    are copied to the device (:class:`StreamedB`).
     Operands on a CUDA device always run torch's ops (the dispatcher's records say pytorch)."""
     from .device import plan_device
     from .storage import DeviceStore
@@ -365,7 +366,8 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     dplan = plan_device(mol.nao_nr(), [(spaces[k].nocc, spaces[k].nvir) for k in used], naux,
                         device.memory_bytes if device.memory_bytes is not None
                         else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8,
-                        int(np.diff(auxmol.ao_loc_nr()).max()), device.host_bytes)
+                        int(np.diff(auxmol.ao_loc_nr()).max()), device.host_bytes,
+                        resident=not plan.forced)
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c
@@ -374,6 +376,8 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     stages = (StagePrecision("metric", "host fp64", "LAPACK's positive-definiteness decision"),
               *(StagePrecision(stage, f"{dev.type} fp64" if dplan.resident else "host fp64",
                                "B on the device" if dplan.resident else
+                               "--force-outcore: B in the host's HDF5 file, pair blocks "
+                               "streamed" if plan.forced else
                                "B does not fit on the device: host, pair blocks streamed")
                 for stage in ("transform", "fit")),
               StagePrecision("pair_energy", where, f"--device on {device.name}"))

@@ -23,7 +23,7 @@ def _invoke(*args):
 
 def test_run_water_prints_every_energy_and_writes_json(tmp_path):
     out = tmp_path / "water.json"
-    result = _invoke("run", WATER, "--backend", "pytorch", "--json", str(out))
+    result = _invoke("run", WATER, "--backend", "pytorch", "--device", "cpu", "--json", str(out))
     assert result.exit_code == 0, result.output
     for label in ("E(HF)", "E(OS)", "E(SS)", "E(corr) MP2", "E(MP2) total", "E(corr) SCS-MP2"):
         assert label in result.stdout

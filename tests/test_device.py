@@ -48,7 +48,7 @@ def cpu_as_device(monkeypatch):
 ], ids=["rhf", "frozen-core", "uhf", "rohf", "unfused", "pair-table"])
 @pytest.mark.parametrize("budget", [ROOMY, TIGHT], ids=["resident", "streamed"])
 def test_device_path_equals_host(cpu_as_device, kwargs, budget):
-    host = dfmp2.run(WATER, **kwargs)
+    host = dfmp2.run(WATER, device="cpu", **kwargs)  # explicit: auto takes a real GPU
     cpu_as_device(budget)
     dev = dfmp2.run(WATER, **kwargs)
     assert abs(dev.e_corr_os - host.e_corr_os) <= TOL_OUTCORE
@@ -64,12 +64,27 @@ def test_device_path_equals_host(cpu_as_device, kwargs, budget):
         assert dev.pair_energies["blocks"].keys() == host.pair_energies["blocks"].keys()
 
 
+def test_force_outcore_keeps_b_in_the_hdf5_file_on_a_device(cpu_as_device, tmp_path):
+    """--force-outcore on a device run: B is written to the host's HDF5 file and its pair
+    blocks stream to the device, though B would fit there; the records say so."""
+    host = dfmp2.run(WATER, device="cpu")
+    cpu_as_device(ROOMY)
+    dev = dfmp2.run(WATER, force_outcore=True, scratch_dir=str(tmp_path))
+    assert abs(dev.e_tot - host.e_tot) <= TOL_OUTCORE
+    assert dev.backend.device["plan"]["b_placement"] == "host, streamed per pair block"
+    assert dev.method.blocks["storage"] == "hdf5"
+    fit = dev.method.stage_precision["fit"]
+    assert fit == {"placement": "host fp64",
+                   "reason": "--force-outcore: B in the host's HDF5 file, pair blocks streamed"}
+    assert not list(tmp_path.iterdir())  # the file is gone after the run
+
+
 @pytest.mark.parametrize("budget", [240_000, 270_000])
 def test_a_transform_block_smaller_than_a_shell(cpu_as_device, budget):
     """Budgets whose transform block is smaller than oxygen's f shell (7 functions): the host
     buffers still hold the whole shells iter_int3c2e yields, and the plan counts them (it
     keeps B on the device only where those fit)."""
-    host = dfmp2.run(WATER)
+    host = dfmp2.run(WATER, device="cpu")
     cpu_as_device(budget)
     dev = dfmp2.run(WATER)
     assert dev.backend.device["plan"]["aux_block"] < 7
@@ -223,7 +238,7 @@ def test_stage_timer_synchronises_before_reading_the_end():
 def test_a_device_run_records_no_host_pair_reduction(cpu_as_device):
     """The compiled host reduction is recorded only where it ran: not on a device run, whose
     pair blocks are reduced by torch's ops there."""
-    host = dfmp2.run(WATER, cpu_blas="numpy")
+    host = dfmp2.run(WATER, cpu_blas="numpy", device="cpu")  # auto takes a real GPU
     cpu_as_device(ROOMY)
     dev = dfmp2.run(WATER, cpu_blas="numpy")
     assert "pair_reduction" in host.backend.cpu_blas

@@ -132,6 +132,27 @@ def test_a_group_that_cannot_be_joined_is_one_line():
         distributed.init_from_environment(env, "xla")
 
 
+def test_nccl_only_where_each_rank_of_the_node_has_a_device(monkeypatch):
+    """Two ranks on a one-GPU machine: auto takes gloo (NCCL refuses two ranks on one device),
+    and nccl asked for is one line naming the local rank and the devices, before any CUDA call
+    (torch's queries patched: this runs without a GPU)."""
+    from dfmp2.errors import BackendUnavailableError
+
+    torch = __import__("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda _i: pytest.fail("set_device called"))
+    two = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    one_per_node = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    assert distributed._auto_backend(two) == "gloo"
+    assert distributed._auto_backend({**two, "LOCAL_RANK": "0"}) == "gloo"  # rank 1 needs one
+    assert distributed._auto_backend(one_per_node) == "nccl"
+    with pytest.raises(BackendUnavailableError,
+                       match=r"^--dist-backend nccl needs a CUDA device per rank of a node: "
+                             r"local rank 1, 1 device\(s\) visible; use gloo"):
+        distributed.init_from_environment(two, "nccl")
+
+
 # -- torchrun ----------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -100,9 +100,9 @@ def test_pair_energies_match_pyscf_amplitudes():
 
 
 def test_record_out_of_core_and_open_shell(tmp_path):
-    incore = dfmp2.run(NH2, spin=1, reference="rohf", pair_energies=True)
+    incore = dfmp2.run(NH2, spin=1, reference="rohf", pair_energies=True, device="cpu")
     outcore = dfmp2.run(NH2, spin=1, reference="rohf", pair_energies=True,
-                        force_outcore=True, max_memory=50)
+                        force_outcore=True, max_memory=50, device="cpu")  # the host's record
     rec = outcore.pair_energies
     assert [len(s["orbital_energies"]) for s in rec["spaces"]] == [outcore.sizes.nocc,
                                                                    outcore.sizes.nocc_beta]

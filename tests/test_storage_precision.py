@@ -40,7 +40,7 @@ def test_outcore_equals_incore(water4_scf, tmp_path, fused, cpu_blas):
                                                   ("mixed", "compiled single pass"),
                                                   ("fp32", "numpy ufuncs")])
 def test_the_pair_reduction_that_ran_is_recorded(water4_scf, precision, reduction):
-    result = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="numpy",
+    result = dfmp2.DFMP2(water4_scf, backend="pytorch", cpu_blas="numpy", device="cpu",
                          precision=precision).run().result
     assert result.backend.cpu_blas["pair_reduction"].startswith(reduction)
     assert "pair-energy reduction: " + reduction in result.summary(verbose=True)
