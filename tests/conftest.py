@@ -34,3 +34,28 @@ def _restore_dfmp2_logger():
     saved = (logger.handlers[:], logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture(autouse=True)
+def _auto_device_as_on_a_gpu(monkeypatch):
+    """``DFMP2_TEST_AUTO_DEVICE=cpu python3 -m pytest``: every in-process run that leaves
+    ``device`` at 'auto' takes the device path with the CPU as the device, as it takes a real
+    GPU on a machine with one; 'cpu' stays on the host. A run of the suite this way shows the
+    tests that assume the host without saying so (on an H200, four did). Unset: nothing."""
+    import os
+
+    if os.environ.get("DFMP2_TEST_AUTO_DEVICE") != "cpu":
+        return
+    import torch
+
+    from dfmp2 import api
+    from dfmp2.device import ComputeDevice, resolve_device
+
+    def resolve(requested, backend, distributed=False, memory_mb=None):
+        if requested != "auto" or distributed or backend == "nki":
+            return resolve_device(requested, backend, distributed, memory_mb)
+        budget = (memory_mb or 4000) * 2**20
+        return ComputeDevice(requested, torch.device("cpu"),
+                             "auto: the CPU as a device (DFMP2_TEST_AUTO_DEVICE)", "cpu", budget)
+
+    monkeypatch.setattr(api, "resolve_device", resolve)
