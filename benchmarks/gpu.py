@@ -181,6 +181,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu.py: torch sees no CUDA device here; --device cpu runs the "
+                         "script's machinery on the host (a smoke test)")
     device_name = (torch.cuda.get_device_name() if args.device == "cuda"
                    else f"none (--device cpu: the host path twice, {cpu_model()})")
     result = {"name": args.name, "machine": machine_info(), "cpu": cpu_model(),

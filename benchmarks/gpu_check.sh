@@ -1,0 +1,81 @@
+#!/bin/bash
+# Everything a machine with a CUDA device should check, in one go (a lent GPU is short-lived):
+#
+#     bash benchmarks/gpu_check.sh OUTDIR [MOLECULE]        # MOLECULE: an xyz stem, default water20
+#     STEPS=34 bash benchmarks/gpu_check.sh OUTDIR          # only steps 3 and 4 (default 1234)
+#
+# 1. the tests of tests/test_device.py (the CUDA-marked ones run here);
+# 2. the whole suite with the GPU visible (device="auto" takes it), with pytest-xdist when present;
+# 3. benchmarks/gpu.py on MOLECULE: the MP2 step on the device, on the host and by PySCF;
+# 4. the host path's MP2 step on 2, 4, 8 and all cores (one SCF, restarted from a chkfile), to
+#    show how far the host pair step scales (on 16 cores of an H200 machine it ran at 0.24 TFLOP/s).
+#
+# Needs dfmp2 installed with its test extras and PySCF. Each step has a time limit, so one slow
+# step does not take the others' time; logs, results and a summary go to OUTDIR.
+set -u
+out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR [MOLECULE]}
+molecule=${2:-water20}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+cores=$(python3 -c "import os; print(len(os.sched_getaffinity(0)))")
+steps=${STEPS:-1234}
+step() { [[ $steps == *$1* ]]; }
+
+if step 1; then
+echo "== 1. device tests"
+timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device.py \
+    > "$out/device_tests.log" 2>&1
+echo "rc $?: $(tail -1 "$out/device_tests.log")"
+fi
+
+if step 2; then
+echo "== 2. the suite with the GPU visible"
+workers=()
+python3 -c "import xdist" 2>/dev/null && workers=(-n "$((cores > 2 ? cores - 1 : 1))")
+OMP_NUM_THREADS=1 timeout 600 python3 -m pytest -q -p no:cacheprovider -rf "${workers[@]}" \
+    > "$out/suite.log" 2>&1
+echo "rc $?: $(tail -1 "$out/suite.log")"
+grep '^FAILED' "$out/suite.log" | head -40
+fi
+
+if step 3; then
+echo "== 3. benchmarks/gpu.py --molecules $molecule"
+timeout 600 python3 benchmarks/gpu.py --molecules "$molecule" --max-memory 32000 \
+    --name "gpu-check-$molecule" > "$out/gpu.log" 2>&1
+echo "rc $?"
+cp "benchmarks/results/gpu-check-$molecule".{json,md} "$out/" 2>/dev/null && \
+    rm -f "benchmarks/results/gpu-check-$molecule".{json,md}
+tail -8 "$out/gpu.log"
+fi
+
+step 4 || exit 0
+echo "== 4. the host's MP2 step by thread count"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+xyz=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from run import find_xyz, \
+molecule_dirs; print(find_xyz('$molecule', molecule_dirs()))")
+counts=$(printf '%s\n' "$cores" 8 4 2 | awk -v c="$cores" '$1 <= c && !seen[$1]++')
+for threads in $counts; do  # all cores first: its run converges the SCF for the others
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+        timeout 600 python3 -m dfmp2 run "$xyz" --device cpu --chkfile "$scratch/scf.chk" \
+        --json "$out/host-$threads.json" -q > "$out/host-$threads.log" 2>&1 \
+        || echo "threads $threads: rc $? ($(tail -1 "$out/host-$threads.log"))"
+done
+python3 - "$out" "$cores" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out, cores = Path(sys.argv[1]), int(sys.argv[2])
+print("| threads | transform s | fit s | pair s | pair GFLOP/s | BLAS |")
+print("|---|---|---|---|---|---|")
+for threads in sorted(t for t in {cores, 8, 4, 2} if t <= cores):
+    path = out / f"host-{threads}.json"
+    if not path.exists():
+        continue
+    extras = json.loads(path.read_text())["extras"]
+    t, s = extras["timings"], extras["sizes"]
+    flops = s["nocc"] * (s["nocc"] + 1) * s["nvir"] ** 2 * s["naux"]  # o(o+1)/2 * 2 v^2 X
+    print(f"| {threads} | {t['transform']:.2f} | {t['fit']:.2f} | {t['pair_energy']:.2f} | "
+          f"{flops / t['pair_energy'] / 1e9:.0f} | {extras['backend']['cpu_blas']['choice']} |")
+EOF
