@@ -33,6 +33,9 @@ sys.path.insert(0, str(HERE))
 from dfmp2.blas_env import prepare_process  # noqa: E402  (imports no numerical library)
 
 ENVIRONMENT = prepare_process("auto")
+_core = ENVIRONMENT.get("pyscf_openblas_core") or {}
+if _core.get("library"):  # a file name, not this machine's path, goes into the results
+    _core["library"] = os.path.basename(_core["library"])
 
 from machine import cpu_model, machine_info  # noqa: E402
 from run import find_xyz, molecule_dirs  # noqa: E402
