@@ -10,21 +10,31 @@
 # 4. the host path's MP2 step on 2, 4, 8 and all cores (one SCF, restarted from a chkfile), to
 #    show how far the host pair step scales (on 16 cores of an H200 machine it ran at 0.24 TFLOP/s).
 #
-# Needs dfmp2 installed with its test extras and PySCF. Each step has a time limit, so one slow
-# step does not take the others' time; logs, results and a summary go to OUTDIR.
+# Needs dfmp2 installed with its test extras and PySCF. The whole script keeps to BUDGET seconds
+# (default 540, to fit a 10-minute call); each step has its own limit within what is left, so
+# one slow step does not take the others' time. Logs, results and a summary go to OUTDIR.
 set -u
 out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR [MOLECULE]}
 molecule=${2:-water20}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 cores=$(python3 -c "import os; print(len(os.sched_getaffinity(0)))")
 steps=${STEPS:-1234}
 step() { [[ $steps == *$1* ]]; }
+deadline=$((SECONDS + ${BUDGET:-540}))
+# run_for S CMD...: CMD for at most S seconds and what is left of the budget; skipped (status
+# 124, as a timeout) when under 20 s are left
+run_for() {
+    local left=$((deadline - SECONDS)) cap=$1
+    shift
+    if ((left < 20)); then echo "skipped: the budget is spent: $*"; return 124; fi
+    timeout "$((left < cap ? left : cap))" "$@"
+}
 
 if step 1; then
 echo "== 1. device tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device.py \
+run_for 120 python3 -m pytest -q -p no:cacheprovider -rs tests/test_device.py \
     > "$out/device_tests.log" 2>&1
 echo "rc $?: $(tail -1 "$out/device_tests.log")"
 fi
@@ -33,7 +43,8 @@ if step 2; then
 echo "== 2. the suite with the GPU visible"
 workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n "$((cores > 2 ? cores - 1 : 1))")
-OMP_NUM_THREADS=1 timeout 600 python3 -m pytest -q -p no:cacheprovider -rf "${workers[@]}" \
+run_for 240 env OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -rf \
+    ${workers[@]+"${workers[@]}"} \
     > "$out/suite.log" 2>&1
 echo "rc $?: $(tail -1 "$out/suite.log")"
 grep '^FAILED' "$out/suite.log" | head -40
@@ -41,7 +52,7 @@ fi
 
 if step 3; then
 echo "== 3. benchmarks/gpu.py --molecules $molecule"
-timeout 600 python3 benchmarks/gpu.py --molecules "$molecule" --max-memory 32000 \
+run_for 150 python3 benchmarks/gpu.py --molecules "$molecule" --max-memory 32000 \
     --name "gpu-check-$molecule" > "$out/gpu.log" 2>&1
 echo "rc $?"
 cp "benchmarks/results/gpu-check-$molecule".{json,md} "$out/" 2>/dev/null && \
@@ -57,9 +68,10 @@ xyz=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from run import 
 molecule_dirs; print(find_xyz('$molecule', molecule_dirs()))")
 counts=$(printf '%s\n' "$cores" 8 4 2 | awk -v c="$cores" '$1 <= c && !seen[$1]++')
 for threads in $counts; do  # all cores first: its run converges the SCF for the others
-    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
-        timeout 600 python3 -m dfmp2 run "$xyz" --device cpu --chkfile "$scratch/scf.chk" \
-        --json "$out/host-$threads.json" -q > "$out/host-$threads.log" 2>&1 \
+    run_for 120 env OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" \
+        MKL_NUM_THREADS="$threads" python3 -m dfmp2 run "$xyz" --device cpu \
+        --chkfile "$scratch/scf.chk" --json "$out/host-$threads.json" -q \
+        > "$out/host-$threads.log" 2>&1 \
         || echo "threads $threads: rc $? ($(tail -1 "$out/host-$threads.log"))"
 done
 python3 - "$out" "$cores" <<'EOF'

@@ -230,17 +230,18 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
         return None
     if not dist.is_available():
         raise BackendUnavailableError("this torch build has no torch.distributed")
+    local_rank, ranks_here = _node_ranks(environ)
     if backend == "auto":
-        backend = _auto_backend(environ)
+        backend = _auto_backend(ranks_here)
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise BackendUnavailableError("--dist-backend nccl needs CUDA; use gloo")
-        local_rank, gpus = _local_rank(environ), torch.cuda.device_count()
-        if local_rank >= gpus:
+        gpus = torch.cuda.device_count()
+        if gpus < ranks_here:  # every rank of the node stops here, with the same line
             raise BackendUnavailableError(
-                f"--dist-backend nccl needs a CUDA device per rank of a node: local rank "
-                f"{local_rank}, {gpus} device(s) visible; use gloo, or as many ranks per node "
-                f"as devices")
+                f"--dist-backend nccl needs a CUDA device per rank of a node: {ranks_here} "
+                f"ranks, {gpus} device(s) visible; use gloo, or as many ranks per node as "
+                f"devices")
         torch.cuda.set_device(local_rank)
     init = "env://"
     if backend == "xla":  # not verified here: no Neuron device (torch-xla's backend)
@@ -254,26 +255,32 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), backend, timeout_s, owned=True)
 
 
-def _local_rank(environ) -> int:
-    """torchrun's ``LOCAL_RANK`` (0 when absent or not an integer)."""
+def _node_ranks(environ) -> tuple[int, int]:
+    """(this rank's LOCAL_RANK, the ranks on its node) from torchrun's variables. Without a
+    valid ``LOCAL_WORLD_SIZE`` (another launcher) every rank is counted as on one node
+    (``WORLD_SIZE``), so that all ranks make the same choice of backend."""
+    from .errors import InputError
+
     try:
-        return int(environ.get("LOCAL_RANK", 0))
+        local_rank = int(environ.get("LOCAL_RANK", 0))
     except ValueError:
-        return 0
+        raise InputError(f"LOCAL_RANK={environ['LOCAL_RANK']!r} is not an integer") from None
+    try:
+        ranks_here = int(environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        ranks_here = 0
+    if ranks_here < 1:
+        ranks_here = int(environ["WORLD_SIZE"])
+    return local_rank, max(ranks_here, local_rank + 1)
 
 
-def _auto_backend(environ) -> str:
-    """nccl when every rank of this node has a CUDA device of its own (torchrun's
-    ``LOCAL_WORLD_SIZE``; NCCL refuses two ranks on one device), xla with torch-xla and a
-    Neuron device, else gloo."""
+def _auto_backend(ranks_here: int) -> str:
+    """nccl when each of the ``ranks_here`` ranks of this node has a CUDA device of its own
+    (NCCL refuses two ranks on one device), xla with torch-xla and a Neuron device, else
+    gloo."""
     import glob
     import importlib.util
 
-    try:
-        local_world = int(environ.get("LOCAL_WORLD_SIZE", 0))
-    except ValueError:
-        local_world = 0
-    ranks_here = max(local_world, _local_rank(environ) + 1)
     if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here:
         return "nccl"
     if glob.glob("/dev/neuron*") and importlib.util.find_spec("torch_xla") is not None:

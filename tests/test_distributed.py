@@ -133,24 +133,37 @@ def test_a_group_that_cannot_be_joined_is_one_line():
 
 
 def test_nccl_only_where_each_rank_of_the_node_has_a_device(monkeypatch):
-    """Two ranks on a one-GPU machine: auto takes gloo (NCCL refuses two ranks on one device),
-    and nccl asked for is one line naming the local rank and the devices, before any CUDA call
-    (torch's queries patched: this runs without a GPU)."""
-    from dfmp2.errors import BackendUnavailableError
+    """Two ranks on a one-GPU machine: auto takes gloo on every rank (NCCL refuses two ranks on
+    one device), and nccl asked for stops every rank with the same line before any CUDA call;
+    without LOCAL_WORLD_SIZE (another launcher) all ranks count as one node, so they still
+    agree. torch's queries are patched: this runs without a GPU."""
+    from dfmp2.errors import BackendUnavailableError, InputError
 
     torch = __import__("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda _i: pytest.fail("set_device called"))
-    two = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
-    one_per_node = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    assert distributed._auto_backend(two) == "gloo"
-    assert distributed._auto_backend({**two, "LOCAL_RANK": "0"}) == "gloo"  # rank 1 needs one
-    assert distributed._auto_backend(one_per_node) == "nccl"
-    with pytest.raises(BackendUnavailableError,
-                       match=r"^--dist-backend nccl needs a CUDA device per rank of a node: "
-                             r"local rank 1, 1 device\(s\) visible; use gloo"):
-        distributed.init_from_environment(two, "nccl")
+
+    def choice(rank, local_rank, local_world=None, world=2):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank)}
+        if local_world is not None:
+            env["LOCAL_WORLD_SIZE"] = local_world
+        return distributed._auto_backend(distributed._node_ranks(env)[1])
+
+    assert choice(0, 0, "2") == choice(1, 1, "2") == "gloo"
+    assert choice(0, 0, "1") == choice(1, 0, "1") == "nccl"  # one rank per node
+    for local_world in (None, "", "abc", "0"):  # all ranks counted as one node: all agree
+        assert choice(0, 0, local_world) == choice(1, 1, local_world) == "gloo"
+    for rank in (0, 1):
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2"}
+        with pytest.raises(BackendUnavailableError,
+                           match=r"^--dist-backend nccl needs a CUDA device per rank of a node: "
+                                 r"2 ranks, 1 device\(s\) visible; use gloo"):
+            distributed.init_from_environment(env, "nccl")
+    with pytest.raises(InputError, match="LOCAL_RANK='one' is not an integer"):
+        distributed.init_from_environment({"RANK": "1", "WORLD_SIZE": "2",
+                                           "LOCAL_RANK": "one"}, "nccl")
 
 
 # -- torchrun ----------------------------------------------------------------------------------
