@@ -368,9 +368,6 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
                         else plan.resident_bytes + plan.b_bytes, torch.finfo(b_dtype).bits // 8,
                         int(np.diff(auxmol.ao_loc_nr()).max()), device.host_bytes,
                         resident=not plan.forced)
-    j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
-    factor = timer.run("metric", factor_metric, j2c, la)
-    del j2c
     where = f"{dev.type} " + {"fp64": "fp64", "mixed": "fp32 products, fp64 sums",
                               "fp32": "fp32"}[precision]
     stages = (StagePrecision("metric", "host fp64", "LAPACK's positive-definiteness decision"),
@@ -389,6 +386,9 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
                                                precision, progress, timer, scratch_dir,
                                                pair_table, device=None, _streamed=(dev, eps))
         return replace(energies, stages=stages, device_plan=dplan.as_dict()), factor
+    j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
+    factor = timer.run("metric", factor_metric, j2c, la)  # the streamed path factors its own
+    del j2c
     stores = timer.run("transform", lambda: [
         DeviceStore(spaces[k].nocc, spaces[k].nvir, naux, factor.naux_fit, b_dtype, dev)
         for k in used])
