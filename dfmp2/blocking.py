@@ -150,12 +150,17 @@ def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block:
     larger of the build's work arrays (as in :func:`plan_jk`) and K's (one block's product ``Y
     = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``) within the usable
     budget. ``square_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK`, which its callers pass."""
-    npair = nao * (nao + 1) // 2
     square = _F64 * naux * nao * nao
     metric = 3 * naux * naux * _F64
-    build = _F64 * npair * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
     products = _F64 * 2 * nao * square_block * nao
-    return metric + square + max(build, products) <= usable_bytes(max_memory_mb)
+    return metric + square + max(_jk_build_bytes(nao, naux), products) \
+        <= usable_bytes(max_memory_mb)
+
+
+def _jk_build_bytes(nao: int, naux: int) -> int:
+    """The DF-SCF tensor build's work arrays: the int3c2e block (dfmp2.jk.JK_AUX_BLOCK rows of
+    AO pairs) and torch's trmm work array (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)."""
+    return _F64 * (nao * (nao + 1) // 2) * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
 
 
 def _jk_work_bytes(nao: int, unpack_block: int) -> int:
@@ -232,10 +237,7 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
     tensor = _F64 * naux * npair
     metric = 3 * naux * naux * _F64
     work = _jk_work_bytes(nao, unpack_block)
-    # while the tensor is built: the int3c2e block (dfmp2.jk.JK_AUX_BLOCK rows of pairs) and
-    # torch's trmm work array (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)
-    build = _F64 * npair * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
-    if not force_outcore and metric + tensor + max(work, build) <= budget:
+    if not force_outcore and metric + tensor + max(work, _jk_build_bytes(nao, naux)) <= budget:
         return JKPlan(False, npair, naux, tensor, metric + tensor)
     free = budget - metric
     per_pair, per_row = 2 * _F64 * naux, _F64 * npair
