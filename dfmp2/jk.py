@@ -67,8 +67,9 @@ __all__ = [
 ]
 
 
-#: Where an in-memory DF-SCF tensor is kept (:class:`DFJK`): 'auto' holds it unpacked only when
-#: K is float64 and that fits, else packed; 'packed' always holds PySCF's packed layout.
+#: Where an in-memory DF-SCF tensor is kept (:class:`DFJK`): 'auto' holds it unpacked only (in
+#: float64; float32 K casts its blocks) when that fits, else packed; 'packed' always holds
+#: PySCF's packed layout.
 JK_LAYOUTS = ("auto", "packed")
 #: Precisions of K's products: float64, or float32 for the early iterations of an SCF (only
 #: :func:`dfmp2.scf.run_scf` installs the convergence test that keeps float32 cycles from
@@ -209,9 +210,9 @@ def _eigen_factors(dm: np.ndarray) -> list[tuple[np.ndarray, float]]:
     return factors
 
 
-def _k_factors(dm, dms: np.ndarray, dtype) -> tuple[np.ndarray, list[list[tuple[slice, float]]]]:
+def _k_factors(dm, dms: np.ndarray) -> tuple[np.ndarray, list[list[tuple[slice, float]]]]:
     """``(coeff, parts)``: the factors of every density of ``dms`` (nset, nao, nao) as columns
-    of one (nao, R) matrix in ``dtype``, so that one product ``Y = coeff^T B^Q`` per block of
+    of one (nao, R) float64 matrix, so that one product ``Y = coeff^T B^Q`` per block of
     the tensor serves all of them (a UHF's two spins read the tensor once, in one product with
     twice the rows), and per density ``[(columns, sign), ...]`` with
     ``dms[k] = sum sign coeff[:, columns] coeff[:, columns]^T``.
@@ -250,7 +251,7 @@ def _k_factors(dm, dms: np.ndarray, dtype) -> tuple[np.ndarray, list[list[tuple[
                 parts.append([add(c[:, occupied] * np.sqrt(n[occupied]), 1.0)])
     nao = dms.shape[-1]
     coeff = np.concatenate(blocks, axis=1) if blocks else np.zeros((nao, 0))
-    return np.ascontiguousarray(coeff, dtype=dtype), parts
+    return np.ascontiguousarray(coeff, dtype=np.float64), parts
 
 
 def _shared_columns(mo_coeff: np.ndarray, mo_occ: np.ndarray) -> np.ndarray | None:
@@ -323,7 +324,8 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     Every product is ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric; one
     product for all densities, :func:`_k_factors`) and per density ``K += Y^T Y`` of its rows,
     per block of auxiliary functions, accumulated in float64; with
-    ``k_precision`` 'fp32' the products run in float32 (for the early iterations of an SCF).
+    ``k_precision`` 'fp32' K's products run in float32 (for the early iterations of an SCF),
+    and J's too when the tensor is ``square`` only (:func:`_jk_from_square`).
     ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
     allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
     block by block. ``cderi`` None: ``square`` (float64) is the only tensor
@@ -346,17 +348,19 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     coeff = parts = None
     k_la = la if k_la is None else k_la
     if with_k:
-        dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
-        coeff, parts = _k_factors(dm, dms, dtype)
+        coeff, parts = _k_factors(dm, dms)
         # Y = C^T B^Q for all densities at once (2 R n^2 per Q), then per density the symmetric
         # Y^T Y of its rows (r n^2: its upper triangle is the lower one; numpy's matmul runs
         # A^T A as a syrk): the flops K needs, whichever BLAS
         rank = sum(part.stop - part.start for density in parts for part, _ in density)
         flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
+    dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
     if cderi is None:
-        vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j)
+        vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j, dtype)
         vj = vj.reshape(shape) if with_j else None
     else:
+        if coeff is not None:
+            coeff = coeff.astype(dtype, copy=False)
         vj_tril, vk = _jk_from_packed(cderi, dms, coeff, parts, la, k_la, with_j, square,
                                       read_block)
         vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
@@ -410,46 +414,47 @@ def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, 
 
 
 def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
-                    with_j: bool):
+                    with_j: bool, dtype=np.float64):
     """(vj (nset, n*n) or None, vk (nset, n, n) or None) from the float64 square tensor alone
-    (naux, n, n), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions.
+    (naux, n, n), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
+    K's float64 factors ``coeff`` (None: no K).
 
-    Per block: K's product ``Y = C^T B^Q`` (when ``coeff`` is given, cast to its precision);
-    J's fitted density ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu}
-    C_{mu i}`` summed with each part's sign, read from Y instead of a product of its own, when
-    Y is float64 and the factors reproduce the densities (``D = sum sign C C^T``: PySCF's tags
-    name the orbitals K is built from, which J must not assume; else one product with the
-    densities); then ``vj += rho^T B`` and ``K += Y^T Y`` per density."""
+    Per block: K's product ``Y = C^T B^Q``; J's fitted density ``rho_Q = sum_{mu nu} B^Q_{mu
+    nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed with each part's sign, read
+    from Y instead of a product of its own, when the factors reproduce the densities (``D = sum
+    sign C C^T``: PySCF's tags name the orbitals K is built from, which J must not assume; else
+    one product with the densities); then ``vj += rho^T B`` and ``K += Y^T Y`` per density.
+    ``dtype`` float32 (the early cycles of a mixed-precision SCF): each block is cast into one
+    reused float32 array by torch's threads and J's and K's products all run in float32 on it
+    (J then has K's float32 rounding, which those cycles tolerate; a J-only call stays
+    float64); sums over blocks are float64."""
     naux, nao = square.shape[:2]
     nset = dms.shape[0]
     vj = np.zeros((nset, nao * nao)) if with_j else None
     vk = None if coeff is None else np.zeros((nset, nao, nao))
     products = coeff is not None and coeff.shape[1] > 0  # no occupied orbitals: K is zero
-    fused = (with_j and products and coeff.dtype == np.float64
-             and _factors_reproduce(coeff, parts, dms))
+    fused = with_j and products and _factors_reproduce(coeff, parts, dms)
+    dtype = np.dtype(dtype) if products else np.dtype(np.float64)
     if with_j and not fused:
-        dm_flat = torch.from_numpy(np.ascontiguousarray(dms.reshape(nset, nao * nao)))
+        dm_flat = torch.from_numpy(np.ascontiguousarray(dms.reshape(nset, nao * nao), dtype))
     if products:
-        coeff_rows = np.ascontiguousarray(coeff.T)[:, :, None]  # (R, n, 1) for rho
-        coeff = torch.from_numpy(coeff)
-        cast = (None if coeff.dtype == torch.float64 else
-                np.empty((min(K_SQUARE_BLOCK, naux) * nao, nao), coeff.numpy().dtype))
+        coeff_rows = np.ascontiguousarray(coeff.T, dtype)[:, :, None]  # (R, n, 1) for rho
+        coeff = torch.from_numpy(np.ascontiguousarray(coeff, dtype))
     # Y (R, q*n) within what the planner counts for two densities' columns (R <= 2n)
-    step = K_SQUARE_BLOCK if coeff is None else max(
+    step = K_SQUARE_BLOCK if not products else max(
         1, min(K_SQUARE_BLOCK, 2 * nao * K_SQUARE_BLOCK // max(1, coeff.shape[1])))
+    cast = (None if dtype == np.float64 else
+            torch.empty((min(step, naux), nao, nao), dtype=torch.float32))
     for q0 in range(0, naux, step):
-        block = square[q0:q0 + step]
-        q = block.shape[0]
-        flat = torch.from_numpy(block.reshape(q, nao * nao))
+        rows = torch.from_numpy(square[q0:q0 + step])
+        q = rows.shape[0]
+        block = rows if cast is None else cast[:q].copy_(rows)
+        flat = block.reshape(q, nao * nao)
         if products:
-            cols = block.reshape(q * nao, nao)
-            if cast is not None:
-                cols = cast[: q * nao]
-                np.copyto(cols, block.reshape(q * nao, nao), casting="same_kind")
-            y = k_la.gemm(coeff, torch.from_numpy(cols), trans_a=True, trans_b=True)
+            y = k_la.gemm(coeff, block.reshape(q * nao, nao), trans_a=True, trans_b=True)
             if fused:
                 per_column = np.matmul(y.numpy().reshape(-1, q, nao), coeff_rows)[:, :, 0]
-                rho = np.zeros((nset, q))
+                rho = np.zeros((nset, q), dtype)
                 for k, density in enumerate(parts):
                     for columns, sign in density:
                         rho[k] += sign * per_column[columns].sum(axis=0)
@@ -491,13 +496,13 @@ class DFJK(pyscf_df.DF):
     the host (the SCF's last iterations need float64) and float32 K on NKI's gemm, recorded per
     op.
 
-    ``k_precision`` is the precision of K's products for the next calls: 'fp32' for the early
-    iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
+    ``k_precision`` is the precision of K's products for the next calls (and of J's, when the
+    tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
     does so once the orbital gradient is small, and accepts convergence only on float64 K).
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
-    memory, with ``layout`` 'auto' and float64 K, the tensor is kept unpacked only
+    memory, with ``layout`` 'auto', the tensor is kept unpacked only
     (``square``, (naux, n, n) float64, built in place: :func:`fitted_cderi`) when that fits
     (:func:`dfmp2.blocking.jk_square_only_fits`), and ``_cderi`` stays None (:meth:`loop`
     packs its blocks for PySCF's code); otherwise, and always with ``layout`` 'packed', it is
@@ -565,7 +570,7 @@ class DFJK(pyscf_df.DF):
         if self.plan.outcore:
             self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
                                           self.scratch_dir)
-        elif (self.layout == "auto" and self.k_precision == "fp64"
+        elif (self.layout == "auto"
               and jk_square_only_fits(nao, naux, self.max_memory, K_SQUARE_BLOCK)):
             self.square = fitted_cderi(self.mol, self.auxmol, self._ops(), square=True)
         else:

@@ -116,7 +116,8 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     except _Stalled as stall:
         _second_order(mf, stall, options, progress)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
-        mf.jk += (f"; K in float32 for the first {jk.k_calls['fp32']} of "
+        products = "J and K" if jk.square_only else "K"
+        mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of "
                   f"{sum(jk.k_calls.values())} builds, then float64")
     if not mf.converged:
         raise ConvergenceError(
