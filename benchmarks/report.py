@@ -305,12 +305,20 @@ def gemm_table(gemm_by_core: dict) -> list[str]:
     return _table(header, lines)
 
 
-def e2e_summary(row: dict) -> dict:
-    """Medians of one end-to-end row (dfmp2 and PySCF runs of one molecule and coretype): wall,
-    SCF and post-SCF seconds per side, their ratios (PySCF / dfmp2), the SCF cycles, and the
-    largest total-energy difference between any two runs."""
-    sides = {side: [r for r in row[side] if "error" not in r] for side in ("dfmp2", "pyscf")}
-    out = {"errors": [r["error"] for side in ("dfmp2", "pyscf") for r in row[side]
+def e2e_keys(row: dict) -> list[str]:
+    """The keys of an end-to-end row's dfmp2 runs: 'dfmp2' (the default fp64 SCF) and 'dfmp2
+    <precision>' per other ``--scf-precision`` the harness ran (``run.e2e_key``)."""
+    return [key for key in row if key == "dfmp2" or key.startswith("dfmp2 ")]
+
+
+def e2e_summary(row: dict, ours: str = "dfmp2") -> dict:
+    """Medians of one end-to-end row (dfmp2 runs ``row[ours]`` and PySCF's runs of one molecule
+    and coretype): wall, SCF and post-SCF seconds per side (keys 'dfmp2_*' whichever ``ours``),
+    their ratios (PySCF / dfmp2), the SCF cycles, and the largest total-energy difference
+    between any two of those runs."""
+    sides = {side: [r for r in row[key] if "error" not in r]
+             for side, key in (("dfmp2", ours), ("pyscf", "pyscf"))}
+    out = {"errors": [r["error"] for key in (ours, "pyscf") for r in row[key]
                       if "error" in r], "runs": min(len(v) for v in sides.values())}
     if not out["runs"]:
         return out
@@ -337,16 +345,16 @@ def best_dgemm(gemm_by_core: dict, core) -> float | None:
 
 
 def e2e_table(e2e: list[dict], gemm_by_core: dict | None = None) -> list[str]:
-    header = ["molecule", "basis", "PySCF's BLAS", "runs", "dfmp2 wall s", "PySCF wall s",
+    header = ["molecule", "basis", "PySCF's BLAS", "dfmp2 SCF precision", "runs",
+              "dfmp2 wall s", "PySCF wall s",
               "ratio", "dfmp2 SCF s (cycles)", "PySCF SCF s (cycles)", "ratio",
               "dfmp2 post-SCF s", "PySCF post-SCF s", "ratio", "max |ΔE(MP2)| Eh",
               "dfmp2 J/K s per build, GFLOP/s (% DGEMM)"]
     lines = []
-    for row in e2e:
-        if "dfmp2" not in row:  # the former dfmp2-only rows (git history)
-            continue
-        m = e2e_summary(row)
-        label = [row["name"], row["basis"], coretype_label(row["coretype"]), str(m["runs"])]
+    for row, ours in ((row, key) for row in e2e if "pyscf" in row for key in e2e_keys(row)):
+        m = e2e_summary(row, ours)
+        label = [row["name"], row["basis"], coretype_label(row["coretype"]),
+                 ours.partition(" ")[2] or "fp64", str(m["runs"])]
         if not m["runs"]:
             lines.append(label + ["error: " + "; ".join(m["errors"])[:80]] + [""] * 10)
             continue

@@ -88,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--conv-tol", type=float, default=1e-10, help="SCF energy tolerance")
     p.add_argument("--e2e", help="molecules for the end-to-end run (default: per ladder)")
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
+    p.add_argument("--e2e-scf-precisions", default="fp64", metavar="LIST",
+                   help="comma-separated --scf-precision values of the end-to-end dfmp2 runs "
+                        "(each against the same PySCF runs; default fp64, dfmp2's default)")
     p.add_argument("--no-ladder", action="store_true",
                    help="skip the post-SCF ladder (GEMM rates and end-to-end runs only)")
     p.add_argument("--budget-min", type=float,
@@ -102,6 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.ladder and not args.molecules and not (args.no_ladder and args.e2e):
         p.error("give --ladder or --molecules (or --no-ladder with --e2e)")
+    from dfmp2.options import SCF_PRECISIONS
+
+    unknown = set(args.e2e_scf_precisions.split(",")) - set(SCF_PRECISIONS)
+    if unknown:
+        p.error(f"--e2e-scf-precisions: {', '.join(sorted(unknown))}; choose from "
+                f"{', '.join(SCF_PRECISIONS)}")
     if args.spin is not None and (args.spin < 0 or (args.spin and args.reference == "rhf")):
         p.error(f"--spin {args.spin}: 2S must be >= 0, and 0 for --reference rhf")
     if args.append:
@@ -221,13 +230,16 @@ def _run_script(script: str, spec: dict, coretype: str, timeout: int) -> tuple[f
             return wall, json.load(handle)
 
 
-def run_e2e(entry: dict, coretype: str, timeout: int) -> dict:
+def run_e2e(entry: dict, coretype: str, timeout: int, scf_precision: str = "fp64") -> dict:
     """``python3 -m dfmp2 run`` on one molecule in a fresh process: wall time, and the SCF and
-    DF-MP2 stage times it reports (SCF includes building the molecule), its SCF cycles."""
+    DF-MP2 stage times it reports (SCF includes building the molecule), its SCF cycles.
+    ``scf_precision`` other than the default is passed as ``--scf-precision``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "dfmp2", "run", entry["path"], "--basis", entry["basis"],
                "--auxbasis", entry["auxbasis"], "--backend", "pytorch", "--json", out, "-q"]
+        if scf_precision != "fp64":
+            cmd += ["--scf-precision", scf_precision]
         if "reference" in entry:
             cmd += ["--charge", str(entry["charge"]), "--spin", str(entry["spin"]),
                     "--reference", entry["reference"]]
@@ -356,11 +368,18 @@ def measure_gemm(cores: list[str]) -> dict:
     return gemm
 
 
+def e2e_key(scf_precision: str) -> str:
+    """The key of an end-to-end row's dfmp2 runs with ``--scf-precision scf_precision``."""
+    return "dfmp2" if scf_precision == "fp64" else f"dfmp2 {scf_precision}"
+
+
 def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
                 skipped: list) -> list[dict]:
     """End-to-end runs of ``names`` for every coretype while the budget lasts: ``dfmp2 run``
-    and PySCF's DF-SCF + DF-MP2 (:func:`run_pyscf_e2e`) alternately, ``args.repeat`` times
-    each, every run a fresh process."""
+    (once per ``--e2e-scf-precisions`` value: key 'dfmp2' for fp64, 'dfmp2 <precision>' for
+    the others) and PySCF's DF-SCF + DF-MP2 (:func:`run_pyscf_e2e`) alternately,
+    ``args.repeat`` times each, every run a fresh process."""
+    precisions = args.e2e_scf_precisions.split(",")
     out = []
     dirs = molecule_dirs(args.molecule_dir)
     for entry in (entries(names, args.basis, args.auxbasis, dirs, args.reference, args.spin)
@@ -369,15 +388,17 @@ def measure_e2e(names: list[str], args, cores: list[str], budget: Budget,
             label = f"end to end {entry['name']}/{entry['basis']} [{core}]"
             row = {"name": entry["name"], "basis": entry["basis"], "nbasis": entry["nbasis"],
                    "coretype": None if core == "unset" else core,
-                   "reference": entry.get("reference", "rhf"), "dfmp2": [], "pyscf": []}
+                   "reference": entry.get("reference", "rhf"), "pyscf": [],
+                   **{e2e_key(prec): [] for prec in precisions}}
             for k in range(args.repeat):
                 if not budget.ok():
                     skipped.append(f"{label} repetition {k + 1}: budget")
                     break
                 log(f"{label} {k + 1}/{args.repeat}")
-                row["dfmp2"].append(run_e2e(entry, core, args.timeout))
+                for prec in precisions:
+                    row[e2e_key(prec)].append(run_e2e(entry, core, args.timeout, prec))
                 row["pyscf"].append(run_pyscf_e2e(entry, core, args.timeout))
-            if row["dfmp2"]:
+            if row["pyscf"]:
                 out.append(row)
     return out
 

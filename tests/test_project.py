@@ -85,4 +85,13 @@ def test_end_to_end_report_takes_medians_and_ratios():
     assert summary["ratio_scf_s"] == 30.5 / 21 and summary["ratio_mp2_s"] == 13 / 9
     assert abs(summary["energy_spread"] - 3e-10) < 1e-15
     table = "\n".join(report.e2e_table([row]))
-    assert "| water16 | cc-pvdz | pyscf-Haswell | 2 | 32.00 | 46.00 | 1.44 |" in table
+    assert "| water16 | cc-pvdz | pyscf-Haswell | fp64 | 2 | 32.00 | 46.00 | 1.44 |" in table
+    # a second dfmp2 SCF precision: its own line against the same PySCF runs
+    row["dfmp2 mixed"] = [run(28, 18, 8, -1.0 - 6e-10), run(29, 18, 9, -1.0 - 6e-10)]
+    mixed = report.e2e_summary(row, "dfmp2 mixed")
+    assert mixed["runs"] == 2 and mixed["dfmp2_scf_s"] == 18 and mixed["pyscf_scf_s"] == 30.5
+    assert abs(mixed["energy_spread"] - 9e-10) < 1e-15
+    assert report.e2e_summary(row)["dfmp2_wall_s"] == 32  # the fp64 line is unchanged
+    lines = "\n".join(report.e2e_table([row])).splitlines()
+    assert [line.split(" | ")[3] for line in lines[2:]] == ["fp64", "mixed"]
+    assert "| mixed | 2 | 28.50 | 46.00 | 1.61 |" in lines[3]
