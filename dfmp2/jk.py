@@ -321,9 +321,9 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
     tensor ``cderi`` (naux, nao(nao+1)/2) float64, an array or a :class:`MatrixFile` read
     ``read_block`` auxiliary functions at a time; either result is None when not asked for.
-    Every product is ``la.gemm``. J is float64. K uses ``Y = C^T B^Q`` (B^Q symmetric; one
-    product for all densities, :func:`_k_factors`) and per density ``K += Y^T Y`` of its rows,
-    per block of auxiliary functions, accumulated in float64; with
+    Every product is ``la.gemm``. J is float64 (but see ``k_precision``). K uses ``Y = C^T
+    B^Q`` (B^Q symmetric; one product for all densities, :func:`_k_factors`) and per density
+    ``K += Y^T Y`` of its rows, per block of auxiliary functions, accumulated in float64; with
     ``k_precision`` 'fp32' K's products run in float32 (for the early iterations of an SCF),
     and J's too when the tensor is ``square`` only (:func:`_jk_from_square`).
     ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
@@ -497,8 +497,9 @@ class DFJK(pyscf_df.DF):
     op.
 
     ``k_precision`` is the precision of K's products for the next calls (and of J's, when the
-    tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf`
-    does so once the orbital gradient is small, and accepts convergence only on float64 K).
+    tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver
+    calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf` does so once the orbital gradient is
+    small, and accepts convergence only on float64 K).
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
