@@ -107,10 +107,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give --ladder or --molecules (or --no-ladder with --e2e)")
     from dfmp2.options import SCF_PRECISIONS
 
-    unknown = set(args.e2e_scf_precisions.split(",")) - set(SCF_PRECISIONS)
-    if unknown:
-        p.error(f"--e2e-scf-precisions: {', '.join(sorted(unknown))}; choose from "
-                f"{', '.join(SCF_PRECISIONS)}")
+    listed = args.e2e_scf_precisions.split(",")
+    unknown = set(listed) - set(SCF_PRECISIONS)
+    if unknown or len(set(listed)) != len(listed):
+        p.error(f"--e2e-scf-precisions {args.e2e_scf_precisions}: give each of "
+                f"{', '.join(SCF_PRECISIONS)} at most once")
     if args.spin is not None and (args.spin < 0 or (args.spin and args.reference == "rhf")):
         p.error(f"--spin {args.spin}: 2S must be >= 0, and 0 for --reference rhf")
     if args.append:

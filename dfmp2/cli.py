@@ -88,9 +88,10 @@ _D = Options.default
               help="JK-fit basis of a DF-SCF [default: JK-fit partner of --basis].")
 @click.option("--scf-precision", type=click.Choice(SCF_PRECISIONS),
               default=_D("scf_precision"), show_default=True,
-              help="K (and J) of a DF-SCF in float64 throughout, or (mixed) in float32 until the "
-                   "orbital gradient is below 1e-4, then float64: the same SCF energy, orbitals "
-                   "that differ within the convergence tolerance.")
+              help="K of a DF-SCF (and J, where its tensor is held unpacked) in float64 "
+                   "throughout, or (mixed) in float32 until the orbital gradient is below "
+                   "1e-4, then float64: the same SCF energy, orbitals that differ within the "
+                   "convergence tolerance.")
 @click.option("--charge", type=int, default=_D("charge"), show_default=True)
 @click.option("--spin", type=int, default=_D("spin"), show_default=True,
               help="2S (number of unpaired electrons), PySCF convention.")

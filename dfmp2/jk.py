@@ -424,10 +424,11 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     from Y instead of a product of its own, when the factors reproduce the densities (``D = sum
     sign C C^T``: PySCF's tags name the orbitals K is built from, which J must not assume; else
     one product with the densities); then ``vj += rho^T B`` and ``K += Y^T Y`` per density.
-    ``dtype`` float32 (the early cycles of a mixed-precision SCF): each block is cast into one
-    reused float32 array by torch's threads and J's and K's products all run in float32 on it
-    (J then has K's float32 rounding, which those cycles tolerate; a J-only call stays
-    float64); sums over blocks are float64."""
+    ``dtype`` float32 (the early cycles of a mixed-precision SCF, with K's factors): each
+    block is cast by torch's threads into a float32 array (one per call, reused block after
+    block) and J's and K's products all run in float32 on it with K's ops ``k_la`` (J then has
+    K's float32 rounding, which those cycles tolerate; a call without K's factors, J alone or
+    no occupied orbitals, stays float64 on ``la``); sums over blocks are float64."""
     naux, nao = square.shape[:2]
     nset = dms.shape[0]
     vj = np.zeros((nset, nao * nao)) if with_j else None
@@ -435,6 +436,7 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     products = coeff is not None and coeff.shape[1] > 0  # no occupied orbitals: K is zero
     fused = with_j and products and _factors_reproduce(coeff, parts, dms)
     dtype = np.dtype(dtype) if products else np.dtype(np.float64)
+    j_la = la if dtype == np.float64 else k_la  # float32 J runs where float32 K runs
     if with_j and not fused:
         dm_flat = torch.from_numpy(np.ascontiguousarray(dms.reshape(nset, nao * nao), dtype))
     if products:
@@ -458,11 +460,11 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
                 for k, density in enumerate(parts):
                     for columns, sign in density:
                         rho[k] += sign * per_column[columns].sum(axis=0)
-                vj += la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
+                vj += j_la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
             _add_k(vk, y, parts, nao, k_la)
         if with_j and not fused:
-            rho = la.gemm(dm_flat, flat, trans_b=True)  # (nset, q)
-            vj += la.gemm(rho, flat).numpy()  # (nset, n*n)
+            rho = j_la.gemm(dm_flat, flat, trans_b=True)  # (nset, q)
+            vj += j_la.gemm(rho, flat).numpy()  # (nset, n*n)
     return vj, vk
 
 

@@ -19,7 +19,7 @@ from dfmp2.options import Options
 from dfmp2.scf import release_integrals, run_scf
 
 from conftest import INPUTS
-from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
+from tolerances import TOL_FP32_FLOOR, TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
 
 WATER = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
 NH2 = "N; H 1 1.008; H 1 1.008 2 105.0"
@@ -121,7 +121,10 @@ def test_the_unpacked_only_tensor_serves_pyscfs_code_and_float32_k():
     vj, vk = square.get_jk(dm, hermi=1)
     for ours, theirs in ((vj, vj_ref), (vk, vk_ref)):  # both from the float32 blocks
         error = np.abs(ours - theirs).max() / np.abs(theirs).max()
-        assert 0 < error < TOL_FP32_REL and ours.dtype == np.float64
+        assert TOL_FP32_FLOOR < error < TOL_FP32_REL and ours.dtype == np.float64
+    la32 = _la()  # J's density fused from K's float32 product: per block 1 + 2 + 1 products
+    get_jk(None, dm, la32, k_precision="fp32", square=square.square)
+    assert la32.records["gemm"].calls == nblocks * (1 + 2 + 1)
     vj_only = square.get_jk(dm, hermi=1, with_k=False)[0]  # no K: J stays float64
     assert np.abs(vj_only - vj_ref).max() < TOL_MATRIX_ABS
     with pytest.raises(ValueError, match="float64 square"):

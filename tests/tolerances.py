@@ -30,6 +30,9 @@ TOL_MATRIX_ABS = 1e-10
 TOL_EIGH_ORTHO = 1e-8
 #: fp32 results relative to float64 ones (fp32 epsilon 6e-8, times accumulation length).
 TOL_FP32_REL = 1e-5
+#: ... and at least this far from them: below it the products did not run in float32 (float64
+#: results differ from PySCF's by ~1e-15 relative; float32 ones by ~1e-7).
+TOL_FP32_FLOOR = 1e-9
 #: Two estimates of the same condition number (LAPACK's 1-norm estimate, rerun).
 TOL_CONDITION_REL = 1e-6
 #: dfmp2 against the NumPy open-shell oracle (tests/open_shell_oracle.py): the same SCF, integrals

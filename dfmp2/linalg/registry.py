@@ -427,6 +427,10 @@ class HostOps(_NamedOps):
         return "pytorch"
 
     def call(self, op: str, *args):
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and arg.dtype != torch.float64:
+                raise ValueError(f"{op} on the host ({self.reason}) takes float64 operands, "
+                                 f"got {arg.dtype}")
         return self.parent.run_on_host(op, args, self.reason)
 
 
