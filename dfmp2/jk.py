@@ -498,8 +498,8 @@ class DFJK(pyscf_df.DF):
     the host (the SCF's last iterations need float64) and float32 K on NKI's gemm, recorded per
     op.
 
-    ``k_precision`` is the precision of K's products for the next calls (and of J's, when the
-    tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver
+    ``k_precision`` is the precision of K's products for the next calls (and of J's in calls
+    that build K too, when the tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver
     calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf` does so once the orbital gradient is
     small, and accepts convergence only on float64 K).
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
