@@ -279,14 +279,14 @@ def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype, unpack: PairU
             yield torch.from_numpy(square[q0:q0 + K_SQUARE_BLOCK].reshape(-1, nao))
         return
     unpacked = np.empty((UNPACK_BLOCK, nao, nao))
-    cast = np.empty((UNPACK_BLOCK, nao, nao), dtype) if dtype != np.float64 else None
+    cast = (None if dtype == np.float64 else  # float32 (K_PRECISIONS), cast by torch's threads
+            torch.empty((UNPACK_BLOCK, nao, nao), dtype=torch.float32))
     for q0 in range(0, naux, UNPACK_BLOCK):
         q1 = min(q0 + UNPACK_BLOCK, naux)
-        block = unpack(cderi[q0:q1], unpacked)
+        block = torch.from_numpy(unpack(cderi[q0:q1], unpacked))
         if cast is not None:
-            block = cast[: q1 - q0]
-            block[...] = unpacked[: q1 - q0]
-        yield torch.from_numpy(block.reshape(-1, nao))
+            block = cast[: q1 - q0].copy_(block)
+        yield block.reshape(-1, nao)
 
 
 def _nao_of_pairs(npair: int) -> int:
