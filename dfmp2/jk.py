@@ -499,9 +499,9 @@ class DFJK(pyscf_df.DF):
     op.
 
     ``k_precision`` is the precision of K's products for the next calls (and of J's in calls
-    that build K too, when the tensor is held unpacked only): 'fp32' for the early iterations of an SCF, until its driver
-    calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf` does so once the orbital gradient is
-    small, and accepts convergence only on float64 K).
+    that build K too, when the tensor is held unpacked only): 'fp32' for the early iterations
+    of an SCF, until its driver calls :meth:`use_fp64` (:func:`dfmp2.scf.run_scf` does so
+    once the orbital gradient is small, and accepts convergence only on float64 K).
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In

@@ -149,6 +149,10 @@ def test_host_view_runs_on_the_host_and_records_why(monkeypatch):
     assert la.records["gemm"].as_dict() == {
         "backend": "mixed", "mode": "emulator+host", "calls": 2, "fallback": None,
         "host_calls": 1, "host_reason": "precision: cond 1e9 > 1e7"}
+    # the host view is float64 work: another dtype is refused, not run and recorded as float64
+    with pytest.raises(ValueError, match="takes float64 operands, got torch.float32"):
+        la.on_host("precision").gemm(a.float(), a.float())
+    assert la.records["gemm"].calls == 2
 
 
 def test_pytorch_with_require_nki_is_contradictory():
