@@ -90,7 +90,7 @@ _D = Options.default
               default=_D("scf_precision"), show_default=True,
               help="K of a DF-SCF (and J, where its tensor is held unpacked) in float64 "
                    "throughout, or (mixed) in float32 until the orbital gradient is below "
-                   "1e-4, then float64: the same SCF energy, orbitals that differ within the "
+                   "1e-3, then float64: the same SCF energy, orbitals that differ within the "
                    "convergence tolerance.")
 @click.option("--charge", type=int, default=_D("charge"), show_default=True)
 @click.option("--spin", type=int, default=_D("spin"), show_default=True,

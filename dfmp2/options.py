@@ -65,7 +65,7 @@ class Options:
     sos : the spin-opposite-scaled variant: same-spin scale 0 (SOS-MP2: opposite-spin 1.3).
     scf_precision : 'fp64' (default: float64 K in every cycle of a DF-SCF on dfmp2's J/K, the
         iterations of PySCF's own DF-SCF) or 'mixed' (K in float32 until the orbital gradient is
-        below 1e-4, then float64; only a float64 cycle can converge, so the SCF energy is the
+        below 1e-3, then float64; only a float64 cycle can converge, so the SCF energy is the
         float64 one, and the orbitals differ from it within the convergence tolerance).
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error; conv_tol_grad None: 1e-7 for HF, 1e-6 for a KS

@@ -137,9 +137,12 @@ def _converge(mf, options: Options, progress, dm0) -> None:
 
 #: A mixed-precision SCF (``--scf-precision mixed``) builds K in float64 from the cycle after
 #: PySCF's orbital gradient falls below this. Float32 K leaves a gradient noise of about 1e-5 on
-#: (H2O)16 cc-pVDZ (the gradient stalls there); from 1e-4 the float64 cycles to 1e-7 were as
-#: many as in a float64 SCF.
-FP64_SWITCH_GRAD = 1e-4
+#: (H2O)16 cc-pVDZ (the gradient stalls there). Measured on the Intel Xeon (family 6, model
+#: 167), cc-pVDZ, float32 J and K from the unpacked tensor, cycles (float32 + float64 builds)
+#: and J/K seconds at 1e-3 against 1e-4: (H2O)16 14 (8 + 8) and 11.7 s against 15 (9 + 8) and
+#: 12.6 s; (H2O)16+ UHF 24 (10 + 16) and 35.8 s against 26 (15 + 13) and 36.6 s; C20H42 12
+#: cycles either way, 27.7 s and 27.6 s. Switching later (3e-5) took 20 cycles on (H2O)16.
+FP64_SWITCH_GRAD = 1e-3
 #: ... or after this many float32 cycles without a new lowest gradient (a stall above the
 #: threshold) ...
 FP32_STALL_CYCLES = 3

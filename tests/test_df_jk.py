@@ -247,8 +247,9 @@ def test_fp32_k_is_fp64_k_to_fp32_precision(square):
 
 @pytest.mark.parametrize("kind", ["rhf", "uhf", "rohf"])
 def test_mixed_precision_scf_equals_fp64_scf(kind):
-    """--scf-precision mixed (float32 K until the gradient is below 1e-4): the energy of the
-    float64 SCF to 1e-10 Eh, most K builds in float32, the last ones in float64, recorded."""
+    """--scf-precision mixed (float32 K until the gradient is below FP64_SWITCH_GRAD): the
+    energy of the float64 SCF to 1e-10 Eh, the first K builds in float32, the last ones in
+    float64, recorded."""
     atom, spin, _ = REFERENCES[kind]
     mol = gto.M(atom=str(INPUTS / "water4.xyz") if kind == "rhf" else atom, basis="cc-pvdz",
                 spin=spin, verbose=0)
