@@ -693,3 +693,19 @@ def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
     assert jk_square_only_fits(nao, naux, least, K_SQUARE_BLOCK)
     assert not jk_square_only_fits(nao, naux, least - 1, K_SQUARE_BLOCK)
     assert not jk_square_fits(nao, naux, 8, least, 16)  # packed + unpacked need more
+
+
+def test_the_switch_gradient_is_the_one_readme_and_help_state():
+    """README, ``dfmp2 run --help`` and Options' docstring give the mixed SCF's switch to
+    float64 as a number: the constant's, so that changing one without the others fails."""
+    from click.testing import CliRunner
+
+    from dfmp2.cli import main
+    from dfmp2.scf import FP64_SWITCH_GRAD
+
+    stated = "below " + f"{FP64_SWITCH_GRAD:.0e}".replace("e-0", "e-")  # 1e-03 as 1e-3
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert stated + " (on `--backend nki`" in readme
+    help_text = " ".join(CliRunner().invoke(main, ["run", "--help"]).output.split())
+    assert stated + ", then float64" in help_text
+    assert stated + ", then float64" in " ".join(Options.__doc__.split())
