@@ -8,9 +8,10 @@ mixed). The transformed integrals ``(ia|P)`` are always float64.
   either is formed, the metric or the identity, ``3 * 8 X^2``
 * resident in memory (in-core only): ``(ia|P)``, overwritten in place by B in fp64,
   ``8 o v X``, plus a separate B of ``w o v X`` when B is stored in fp32
-* one auxiliary block of ``p`` functions during the transform: the packed int3c2e block and the
-  half- and full-transformed copies, ``8 p (n(n+1)/2 + n o + o v)``, plus ``u`` square
-  matrices unpacked at a time, ``8 u n^2`` (``u`` up to :data:`_UNPACK_BYTES`)
+* one auxiliary block of ``p`` functions during the transform: the packed int3c2e block,
+  ``8 p n(n+1)/2``, and ``u`` of its functions transformed at a time (``u`` up to
+  :data:`_UNPACK_BYTES`): their square matrices and half- and full-transformed copies,
+  ``8 u (n^2 + n o + o v)``
 * the fit of ``f`` occupied orbitals: the slab of ``(ia|P)`` rows and the product's column
   block, ``2 * 8 f v X``; out of core ``3 * 8 f v X`` (h5py's read of the strided slab, its
   transpose, and the write)
@@ -42,11 +43,13 @@ _F64 = 8
 #: at 64 and at 192, 4.1 s at 96 and 128. Larger blocks fall out of cache and page-fault more
 #: fresh memory per run; smaller ones multiply int3c2e's per-call cost.
 _AUX_BLOCK_FUNCTIONS = 128
-#: Bytes of square ``(mu nu|P)`` matrices the transform unpacks at a time. Measured on (H2O)20
-#: cc-pVDZ (nao 480), unpacking and both transforms of a 126-function block: 0.080-0.086 s with
-#: 2-8 matrices at a time (4 at this size), 0.095-0.099 s with 16 (29 MB, out of the 2 MB L2),
-#: 0.088-0.110 s for one (P*mu, nu) x (nu, i) product per group and a transposed copy.
-_UNPACK_BYTES = 8 * MB
+#: Bytes of the transform's buffers for the functions it unpacks and transforms at a time (their
+#: square ``(mu nu|P)`` matrices, half- and full-transformed copies; one product per step for
+#: all of them, :func:`dfmp2.pipeline.transform`). Measured on the Intel Xeon (family 6, model
+#: 167), the whole transform: C20H42 cc-pVDZ (nao 490) 2.79-2.84 s with 16 or 32 functions at
+#: a time against 3.1-3.25 s with 4; (H2O)16 (nao 384) 1.54-1.56 s with 16 or 32, 1.60-1.65 s
+#: with 64 and 1.81-1.84 s with 4.
+_UNPACK_BYTES = 32 * MB
 #: Fraction of ``max_memory`` the block formulas may not use. Measured on (H2O)16 cc-pVDZ with
 #: B out of core under 150 MB: the working set exceeded the formulas' total by 17 MB (11%).
 RESERVE = 0.15
@@ -99,20 +102,21 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     budget = usable_bytes(max_memory_mb)
     ovx = sum(o * v for o, v in spaces) * naux
     b_bytes = ovx * b_itemsize
-    per_aux = sum(transform_bytes_per_aux(nao, o, v) for o, v in spaces) \
-        - (len(spaces) - 1) * (nao * (nao + 1) // 2) * _F64  # one packed block for all spaces
-    square = nao * nao * _F64  # one unpacked (mu nu|P)
+    per_aux = (nao * (nao + 1) // 2) * _F64  # the packed block (all spaces read it)
+    per_unpacked = sum(transform_bytes_per_aux(nao, o, v) for o, v in spaces) \
+        - (len(spaces) - 1) * nao * nao * _F64  # one square matrix for all spaces
     vmax = max(v for _, v in spaces)
     per_fit_occ = 2 * vmax * naux * _F64
     pair_ovov = 4 * vmax * vmax * _F64  # b = 1: the (ia|jb) block and three row buffers
     metric = 3 * naux * naux * _F64
     resident = metric + ovx * _F64 + (b_bytes if b_itemsize != _F64 else 0)
-    smallest = max(per_aux + square, per_fit_occ, pair_ovov)
+    smallest = max(per_aux + per_unpacked, per_fit_occ, pair_ovov)
     outcore = force_outcore or budget - resident < smallest
     if outcore:
         resident = metric
         per_fit_occ = 3 * vmax * naux * _F64
-        smallest = max(per_aux + square, per_fit_occ, pair_ovov + 2 * vmax * naux * b_itemsize)
+        smallest = max(per_aux + per_unpacked, per_fit_occ,
+                       pair_ovov + 2 * vmax * naux * b_itemsize)
     free = budget - resident
     if free < smallest:
         need = (resident + smallest) / MB
@@ -122,8 +126,8 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
             f"on disk the metric factors and the smallest blocks still need {need:.1f} MB; "
             f"give at least {least_max_memory(need)} MB"
         )
-    unpack_block = int(max(1, min(_UNPACK_BYTES, free // 4) // square))
-    aux_block = int(max(1, min(naux, (free - unpack_block * square) // per_aux,
+    unpack_block = int(max(1, min(_UNPACK_BYTES, free // 4) // per_unpacked))
+    aux_block = int(max(1, min(naux, (free - unpack_block * per_unpacked) // per_aux,
                                _AUX_BLOCK_FUNCTIONS)))
     unpack_block = min(unpack_block, aux_block)
     omax = max(o for o, _ in spaces)
@@ -171,9 +175,9 @@ def _jk_work_bytes(nao: int, unpack_block: int) -> int:
 
 
 def transform_bytes_per_aux(nao: int, nocc: int, nvir: int) -> int:
-    """Transform buffers per auxiliary function of a block: the packed integrals, the half
-    transformed (i, nu) and the fully transformed (i, a) matrices."""
-    return (nao * (nao + 1) // 2 + nao * nocc + nocc * nvir) * _F64
+    """Transform buffers per auxiliary function transformed at a time, for one orbital space:
+    its square (mu nu|P), half-transformed (i, nu) and fully transformed (i, a) matrices."""
+    return (nao * nao + nao * nocc + nocc * nvir) * _F64
 
 
 def usable_bytes(max_memory_mb: float) -> float:

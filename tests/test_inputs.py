@@ -82,8 +82,8 @@ def test_planner_respects_the_budget_and_refuses_too_little():
     usable = usable_bytes(4000)
     assert usable < 4000 * MB
     assert pair_block_bytes(plan.occ_block, 380, 1680, 0) <= usable - plan.resident_bytes
-    transform = (plan.aux_block * (480 * 481 / 2 + 480 * 100 + 100 * 380)
-                 + plan.unpack_block * 480**2) * 8
+    transform = (plan.aux_block * 480 * 481 / 2
+                 + plan.unpack_block * (480**2 + 480 * 100 + 100 * 380)) * 8
     assert transform <= usable - plan.resident_bytes
     assert 1 <= plan.unpack_block <= plan.aux_block
     small = plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=400)

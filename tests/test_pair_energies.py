@@ -21,7 +21,7 @@ from dfmp2.pipeline import TensorB, pair_energies
 from dfmp2.plot import pair_matrix, plot_pair_energies
 
 from conftest import INPUTS, pyscf_dfmp2
-from tolerances import TOL_COMPONENT_SUM, TOL_FP64, TOL_OUTCORE
+from tolerances import TOL_COMPONENT_SUM, TOL_FP64, TOL_MATRIX_REL, TOL_OUTCORE
 
 WATER = str(INPUTS / "water.xyz")
 NH2 = "N\nH 1 1.008\nH 1 1.008 2 105.0"
@@ -161,3 +161,33 @@ def test_counterpoise_plot_and_components(tmp_path):
     assert path.read_bytes()[:4] == b"%PDF"
     with pytest.raises(InputError, match="no pair energies"):
         plot_pair_energies(dfmp2.run("He 0 0 0"), str(tmp_path / "no.png"))
+
+
+@pytest.mark.parametrize("aux_block, unpack_block", [(1, 1), (7, 3), (40, 16), (10_000, 10_000)])
+def test_the_transform_equals_one_contraction_over_any_blocks(aux_block, unpack_block):
+    """``transform``'s (ia|P) for two orbital spaces (an open shell's alpha and beta, of
+    different sizes) equals one einsum over the whole int3c2e tensor, whatever the blocks: one
+    function at a time, groups that split a block unevenly (7 and 40 functions in groups of 3
+    and 16 leave remainders), one block for everything."""
+    from pyscf import df
+
+    from dfmp2.integrals import make_auxmol
+    from dfmp2.pipeline import transform
+    from dfmp2.reference import OrbitalSpace
+    from dfmp2.storage import IncoreStore
+
+    mol = build_mole(NH2, basis="cc-pvdz", spin=1)
+    auxmol = make_auxmol(mol, "cc-pvdz-ri")
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    orbitals = np.linalg.qr(np.random.default_rng(7).standard_normal((nao, nao)))[0]
+    spaces = [OrbitalSpace(np.ascontiguousarray(orbitals[:, :o]),
+                           np.ascontiguousarray(orbitals[:, o:]), np.zeros(o),
+                           np.zeros(nao - o), 0, 0) for o in (5, 4)]
+    stores = [IncoreStore(sp.nocc, sp.nvir, naux, naux, dtype=torch.float64) for sp in spaces]
+    la = Dispatcher(DispatchPolicy("pytorch"))
+    transform(mol, auxmol, spaces, la, aux_block, unpack_block, stores)
+    eri3 = df.incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1").reshape(nao, nao, naux)
+    for sp, store in zip(spaces, stores):
+        ref = np.einsum("mnP,mi,na->iaP", eri3, sp.occ_coeff, sp.vir_coeff)
+        ours = store.read_ia_slab(0, sp.nocc).numpy().reshape(ref.shape)
+        assert np.abs(ours - ref).max() <= TOL_MATRIX_REL * np.abs(ref).max()
