@@ -9,9 +9,14 @@ mixed). The transformed integrals ``(ia|P)`` are always float64.
 * resident in memory (in-core only): ``(ia|P)``, overwritten in place by B in fp64,
   ``8 o v X``, plus a separate B of ``w o v X`` when B is stored in fp32
 * one auxiliary block of ``p`` functions during the transform: the packed int3c2e block,
-  ``8 p n(n+1)/2``, and ``u`` of its functions transformed at a time (``u`` up to
-  :data:`_UNPACK_BYTES`): their square matrices and half- and full-transformed copies,
-  ``8 u (n^2 + n o + o v)``
+  ``8 p n(n+1)/2`` (a block holds whole shells, so it may run past ``p`` by the largest
+  auxiliary shell less one function: left to the reserve), and ``u`` of its functions
+  transformed at a time, one product per step for all of them (``u`` up to
+  :data:`_UNPACK_BYTES`): their square matrices, ``8 u n^2`` once for every space, and per
+  space their half- and full-transformed copies, ``8 u (n o + o v)``, plus out of core the
+  copy the HDF5 write makes, ``8 u o v``. On the nki backend each product also makes float32
+  copies of its operands and a float64 result, up to about twice the group's buffers, which
+  :data:`_UNPACK_BYTES` keeps small next to the reserve
 * the fit of ``f`` occupied orbitals: the slab of ``(ia|P)`` rows and the product's column
   block, ``2 * 8 f v X``; out of core ``3 * 8 f v X`` (h5py's read of the strided slab, its
   transpose, and the write)
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from .errors import ResourceError
 
 __all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_only_fits", "plan_blocks",
-           "plan_jk", "pair_block_bytes", "transform_bytes_per_aux", "usable_bytes", "MB",
+           "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
            "RESERVE"]
 
 MB = 1024 * 1024
@@ -64,7 +69,7 @@ _MAX_OCC_BLOCK = 64
 @dataclass(frozen=True)
 class BlockPlan:
     """aux_block : auxiliary functions per int3c2e block; unpack_block : square (mu nu|P) matrices
-    unpacked at a time within it; fit_occ : occupied orbitals per fit
+    unpacked and transformed at a time within it (one product per step for the group); fit_occ : occupied orbitals per fit
     call; occ_block : occupied orbitals per pair-energy block; b_bytes : size of the stored B;
     outcore : B lives in an HDF5 file; resident_bytes : what stays in memory throughout;
     forced : out of core because the run asked for it (``force_outcore``), which a device run
@@ -93,8 +98,8 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
 
     spaces : (nocc, nvir) of each orbital space, one for a closed shell, alpha and beta for an
     open shell. Every formula of the module header holds per space and adds over the spaces
-    (``o v X`` becomes ``sum_s o_s v_s X``); the transform holds one block of every space at
-    once; a pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
+    (``o v X`` becomes ``sum_s o_s v_s X``), but for the transform's packed block and square
+    matrices, which the spaces share; the transform holds one group of every space at once; a pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
     alpha-beta block). Raises :class:`ResourceError` before any work when even the smallest
     blocks do not fit.
     """
@@ -103,7 +108,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     ovx = sum(o * v for o, v in spaces) * naux
     b_bytes = ovx * b_itemsize
     per_aux = (nao * (nao + 1) // 2) * _F64  # the packed block (all spaces read it)
-    per_unpacked = sum(transform_bytes_per_aux(nao, o, v) for o, v in spaces) \
+    per_unpacked = sum(transform_bytes_per_unpacked(nao, o, v) for o, v in spaces) \
         - (len(spaces) - 1) * nao * nao * _F64  # one square matrix for all spaces
     vmax = max(v for _, v in spaces)
     per_fit_occ = 2 * vmax * naux * _F64
@@ -114,6 +119,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     outcore = force_outcore or budget - resident < smallest
     if outcore:
         resident = metric
+        per_unpacked += sum(o * v for o, v in spaces) * _F64  # H5Store's copy of a group
         per_fit_occ = 3 * vmax * naux * _F64
         smallest = max(per_aux + per_unpacked, per_fit_occ,
                        pair_ovov + 2 * vmax * naux * b_itemsize)
@@ -174,9 +180,10 @@ def _jk_work_bytes(nao: int, unpack_block: int) -> int:
     return 3 * unpack_block * nao * nao * _F64
 
 
-def transform_bytes_per_aux(nao: int, nocc: int, nvir: int) -> int:
-    """Transform buffers per auxiliary function transformed at a time, for one orbital space:
-    its square (mu nu|P), half-transformed (i, nu) and fully transformed (i, a) matrices."""
+def transform_bytes_per_unpacked(nao: int, nocc: int, nvir: int) -> int:
+    """Transform buffers per auxiliary function of a group transformed at a time, for one
+    orbital space: its square (mu nu|P), half-transformed (i, nu) and fully transformed (i, a)
+    matrices (several spaces share the square one)."""
     return (nao * nao + nao * nocc + nocc * nvir) * _F64
 
 

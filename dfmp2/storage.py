@@ -57,8 +57,8 @@ class IncoreStore(_InMemory):
         self._dtype = dtype
 
     def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
-        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir). A numpy copy: see
-        :func:`dfmp2.pipeline.transform` for why no torch op runs between the GEMMs."""
+        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir), any strides. A numpy copy: see
+        :mod:`dfmp2.linalg.cpu_blas` for why no torch op runs between the GEMMs."""
         np.copyto(self._ovP.numpy()[:, :, p0:p1], pia.numpy().transpose(1, 2, 0))
 
     def write_pia_part(self, i0: int, i1: int, p0: int, p1: int, ovp: np.ndarray) -> None:
@@ -159,7 +159,10 @@ class H5Store:
             raise
 
     def write_pia(self, p0: int, p1: int, pia: torch.Tensor) -> None:
-        self._pia[p0:p1] = pia.reshape(p1 - p0, self.nocc * self.nvir).numpy()
+        """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir), any strides (the transform's view
+        is permuted: one numpy copy, counted by the planner)."""
+        rows = np.ascontiguousarray(pia.numpy()).reshape(p1 - p0, self.nocc * self.nvir)
+        self._pia[p0:p1] = rows
 
     def write_pia_part(self, i0: int, i1: int, p0: int, p1: int, ovp: np.ndarray) -> None:
         rows = np.ascontiguousarray(ovp.reshape((i1 - i0) * self.nvir, p1 - p0).T)

@@ -163,31 +163,72 @@ def test_counterpoise_plot_and_components(tmp_path):
         plot_pair_energies(dfmp2.run("He 0 0 0"), str(tmp_path / "no.png"))
 
 
+def _two_spaces(mol):
+    """Random orthonormal orbitals of ``mol`` split twice (5 and 4 occupied): two orbital
+    spaces of different sizes, as an open shell's alpha and beta."""
+    from dfmp2.reference import OrbitalSpace
+
+    nao = mol.nao_nr()
+    orbitals = np.linalg.qr(np.random.default_rng(7).standard_normal((nao, nao)))[0]
+    return [OrbitalSpace(np.ascontiguousarray(orbitals[:, :o]),
+                         np.ascontiguousarray(orbitals[:, o:]), np.zeros(o),
+                         np.zeros(nao - o), 0, 0) for o in (5, 4)]
+
+
+def _direct_pia(mol, auxmol, space) -> np.ndarray:
+    """(ia|P) of ``space`` (nocc, nvir, naux) by one einsum over PySCF's whole int3c2e."""
+    from pyscf import df
+
+    nao, naux = mol.nao_nr(), auxmol.nao_nr()
+    eri3 = df.incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1").reshape(nao, nao, naux)
+    return np.einsum("mnP,mi,na->iaP", eri3, space.occ_coeff, space.vir_coeff)
+
+
+@pytest.mark.parametrize("cpu_blas", ["torch", "numpy"])
 @pytest.mark.parametrize("aux_block, unpack_block", [(1, 1), (7, 3), (40, 16), (10_000, 10_000)])
-def test_the_transform_equals_one_contraction_over_any_blocks(aux_block, unpack_block):
+def test_the_transform_equals_one_contraction_over_any_blocks(aux_block, unpack_block, cpu_blas):
     """``transform``'s (ia|P) for two orbital spaces (an open shell's alpha and beta, of
     different sizes) equals one einsum over the whole int3c2e tensor, whatever the blocks: one
     function at a time, groups that split a block unevenly (7 and 40 functions in groups of 3
-    and 16 leave remainders), one block for everything."""
-    from pyscf import df
-
+    and 16 leave remainders), one block for everything; with either CPU BLAS."""
     from dfmp2.integrals import make_auxmol
     from dfmp2.pipeline import transform
-    from dfmp2.reference import OrbitalSpace
     from dfmp2.storage import IncoreStore
 
     mol = build_mole(NH2, basis="cc-pvdz", spin=1)
     auxmol = make_auxmol(mol, "cc-pvdz-ri")
-    nao, naux = mol.nao_nr(), auxmol.nao_nr()
-    orbitals = np.linalg.qr(np.random.default_rng(7).standard_normal((nao, nao)))[0]
-    spaces = [OrbitalSpace(np.ascontiguousarray(orbitals[:, :o]),
-                           np.ascontiguousarray(orbitals[:, o:]), np.zeros(o),
-                           np.zeros(nao - o), 0, 0) for o in (5, 4)]
+    naux = auxmol.nao_nr()
+    spaces = _two_spaces(mol)
     stores = [IncoreStore(sp.nocc, sp.nvir, naux, naux, dtype=torch.float64) for sp in spaces]
-    la = Dispatcher(DispatchPolicy("pytorch"))
+    la = Dispatcher(DispatchPolicy("pytorch", cpu_blas=cpu_blas))
     transform(mol, auxmol, spaces, la, aux_block, unpack_block, stores)
-    eri3 = df.incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1").reshape(nao, nao, naux)
     for sp, store in zip(spaces, stores):
-        ref = np.einsum("mnP,mi,na->iaP", eri3, sp.occ_coeff, sp.vir_coeff)
+        ref = _direct_pia(mol, auxmol, sp)
         ours = store.read_ia_slab(0, sp.nocc).numpy().reshape(ref.shape)
         assert np.abs(ours - ref).max() <= TOL_MATRIX_REL * np.abs(ref).max()
+
+
+def test_the_transform_of_a_ranks_shells_into_hdf5_stores(tmp_path):
+    """A distributed rank's share (``shells``: the auxiliary shells from the fourth on, stored
+    from 0) transformed into out-of-core stores (H5Store copies the transform's permuted
+    view) equals those functions of the direct (ia|P)."""
+    from dfmp2.integrals import make_auxmol
+    from dfmp2.pipeline import transform
+    from dfmp2.storage import H5Store
+
+    mol = build_mole(NH2, basis="cc-pvdz", spin=1)
+    auxmol = make_auxmol(mol, "cc-pvdz-ri")
+    base = int(auxmol.ao_loc_nr()[3])
+    naux = auxmol.nao_nr() - base
+    spaces = _two_spaces(mol)
+    stores = [H5Store(sp.nocc, sp.nvir, naux, naux, directory=str(tmp_path)) for sp in spaces]
+    try:
+        transform(mol, auxmol, spaces, Dispatcher(DispatchPolicy("pytorch")), 9, 4, stores,
+                  shells=(3, auxmol.nbas))
+        for sp, store in zip(spaces, stores):
+            ref = _direct_pia(mol, auxmol, sp)[:, :, base:]
+            ours = store.read_ia_slab(0, sp.nocc).numpy().reshape(ref.shape)
+            assert np.abs(ours - ref).max() <= TOL_MATRIX_REL * np.abs(ref).max()
+    finally:
+        for store in stores:
+            store.close()
