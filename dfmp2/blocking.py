@@ -93,23 +93,29 @@ class BlockPlan:
 
 
 def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memory_mb: float,
-                b_itemsize: int = _F64, force_outcore: bool = False) -> BlockPlan:
+                b_itemsize: int = _F64, force_outcore: bool = False,
+                transform_spaces: Sequence[tuple[int, int]] | None = None) -> BlockPlan:
     """Block sizes that keep the MP2 working set under ``max_memory_mb``.
 
     spaces : (nocc, nvir) of each orbital space, one for a closed shell, alpha and beta for an
     open shell. Every formula of the module header holds per space and adds over the spaces
     (``o v X`` becomes ``sum_s o_s v_s X``), but for the transform's packed block and square
     matrices, which the spaces share; the transform holds one group of every space at once; a pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
-    alpha-beta block). Raises :class:`ResourceError` before any work when even the smallest
+    alpha-beta block). ``transform_spaces``: the (nocc, nvir) whose groups the transform
+    holds, when they are not ``spaces`` (a distributed rank plans its occupied slices but
+    transforms every occupied orbital of its auxiliary functions).
+    Raises :class:`ResourceError` before any work when even the smallest
     blocks do not fit.
     """
     spaces = [(o, v) for o, v in spaces if o and v] or [(0, 0)]
+    transformed = [(o, v) for o, v in (spaces if transform_spaces is None else transform_spaces)
+                   if o and v] or [(0, 0)]
     budget = usable_bytes(max_memory_mb)
     ovx = sum(o * v for o, v in spaces) * naux
     b_bytes = ovx * b_itemsize
     per_aux = (nao * (nao + 1) // 2) * _F64  # the packed block (all spaces read it)
-    per_unpacked = sum(transform_bytes_per_unpacked(nao, o, v) for o, v in spaces) \
-        - (len(spaces) - 1) * nao * nao * _F64  # one square matrix for all spaces
+    per_unpacked = sum(transform_bytes_per_unpacked(nao, o, v) for o, v in transformed) \
+        - (len(transformed) - 1) * nao * nao * _F64  # one square matrix for all spaces
     vmax = max(v for _, v in spaces)
     per_fit_occ = 2 * vmax * naux * _F64
     pair_ovov = 4 * vmax * vmax * _F64  # b = 1: the (ia|jb) block and three row buffers
@@ -119,7 +125,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     outcore = force_outcore or budget - resident < smallest
     if outcore:
         resident = metric
-        per_unpacked += sum(o * v for o, v in spaces) * _F64  # H5Store's copy of a group
+        per_unpacked += sum(o * v for o, v in transformed) * _F64  # H5Store's copy of a group
         per_fit_occ = 3 * vmax * naux * _F64
         smallest = max(per_aux + per_unpacked, per_fit_occ,
                        pair_ovov + 2 * vmax * naux * b_itemsize)

@@ -389,15 +389,17 @@ def plan_rank(nao: int, dims, naux: int, world_size: int, max_memory_mb: float,
     """The block plan of one rank: :func:`dfmp2.blocking.plan_blocks` for twice the rank's
     largest occupied slice of every space (while the redistribution runs, the rank holds its
     share of ``(ia|P)`` by auxiliary functions and its slice of it by occupied orbitals, each
-    about ``o v X / world_size``), with the occupied blocks capped at the slice. ``b_bytes``:
-    the rank's B. Raises :class:`ResourceError` as the planner does (on every rank alike)."""
+    about ``o v X / world_size``), with the occupied blocks capped at the slice; the
+    transform's groups hold every occupied orbital of each space. ``b_bytes``: the rank's B.
+    Raises :class:`ResourceError` as the planner does (on every rank alike)."""
     from dataclasses import replace
 
     from .blocking import plan_blocks
 
     slices = [(math.ceil(o / world_size), v) for o, v in dims]
     plan = plan_blocks(nao, [(2 * o, v) for o, v in slices], naux, max_memory_mb,
-                       b_itemsize=b_itemsize, force_outcore=force_outcore)
+                       b_itemsize=b_itemsize, force_outcore=force_outcore,
+                       transform_spaces=dims)
     omax = max([o for o, _ in slices] + [1])
     plan = replace(plan, occ_block=max(1, min(plan.occ_block, omax)),
                    fit_occ=max(1, min(plan.fit_occ, omax)),

@@ -113,6 +113,21 @@ def test_a_rank_plans_for_its_slice():
     assert four.b_bytes == one.b_bytes // 4 and four.occ_block <= 10
 
 
+@pytest.mark.parametrize("world_size, max_memory", [(4, 800), (8, 1500), (8, 2000)])
+def test_a_ranks_transform_groups_fit_with_every_occupied_orbital(world_size, max_memory):
+    """A rank plans B by its occupied slice but transforms all 200 occupied orbitals of its
+    auxiliary functions: the transform's block and groups, counted with all of them (and,
+    out of core, the HDF5 write's copy of a group), fit what the plan leaves (the first two
+    budgets are ones where a plan made by the slices alone did not leave enough)."""
+    from dfmp2.blocking import usable_bytes
+
+    nao, nocc, nvir = 1000, 200, 800
+    plan = distributed.plan_rank(nao, [(nocc, nvir)], 3000, world_size, max_memory, 8)
+    group = nao * nao + nao * nocc + nocc * nvir + (nocc * nvir if plan.outcore else 0)
+    transform = (plan.aux_block * nao * (nao + 1) // 2 + plan.unpack_block * group) * 8
+    assert transform <= usable_bytes(max_memory) - plan.resident_bytes
+
+
 def test_no_torchrun_no_group():
     assert distributed.init_from_environment({}) is None
     assert distributed.init_from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
