@@ -9,8 +9,8 @@ mixed). The transformed integrals ``(ia|P)`` are always float64.
 * resident in memory (in-core only): ``(ia|P)``, overwritten in place by B in fp64,
   ``8 o v X``, plus a separate B of ``w o v X`` when B is stored in fp32
 * one auxiliary block of ``p`` functions during the transform: the packed int3c2e block,
-  ``8 p n(n+1)/2`` (a block holds whole shells, so it may run past ``p`` by the largest
-  auxiliary shell less one function: left to the reserve), and ``u`` of its functions
+  ``8 p n(n+1)/2`` (a block holds whole shells: one shell larger than ``p`` makes a block of
+  its own, left to the reserve), and ``u`` of its functions
   transformed at a time, one product per step for all of them (``u`` up to
   :data:`_UNPACK_BYTES`): their square matrices, ``8 u n^2`` once for every space, and per
   space their half- and full-transformed copies, ``8 u (n o + o v)``, plus out of core the
