@@ -69,11 +69,11 @@ _MAX_OCC_BLOCK = 64
 @dataclass(frozen=True)
 class BlockPlan:
     """aux_block : auxiliary functions per int3c2e block; unpack_block : square (mu nu|P) matrices
-    unpacked and transformed at a time within it (one product per step for the group); fit_occ : occupied orbitals per fit
-    call; occ_block : occupied orbitals per pair-energy block; b_bytes : size of the stored B;
-    outcore : B lives in an HDF5 file; resident_bytes : what stays in memory throughout;
-    forced : out of core because the run asked for it (``force_outcore``), which a device run
-    honours too (:func:`dfmp2.device.plan_device`)."""
+    unpacked and transformed at a time within it (one product per step for the group);
+    fit_occ : occupied orbitals per fit call; occ_block : occupied orbitals per pair-energy
+    block; b_bytes : size of the stored B; outcore : B lives in an HDF5 file; resident_bytes :
+    what stays in memory throughout; forced : out of core because the run asked for it
+    (``force_outcore``), which a device run honours too (:func:`dfmp2.device.plan_device`)."""
 
     aux_block: int
     unpack_block: int
@@ -100,7 +100,8 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     spaces : (nocc, nvir) of each orbital space, one for a closed shell, alpha and beta for an
     open shell. Every formula of the module header holds per space and adds over the spaces
     (``o v X`` becomes ``sum_s o_s v_s X``), but for the transform's packed block and square
-    matrices, which the spaces share; the transform holds one group of every space at once; a pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
+    matrices, which the spaces share; the transform holds one group of every space at once; a
+    pair block is the largest over the spin blocks (``v`` becomes ``v_s v_t`` for the
     alpha-beta block). ``transform_spaces``: the (nocc, nvir) whose groups the transform
     holds, when they are not ``spaces`` (a distributed rank plans its occupied slices but
     transforms every occupied orbital of its auxiliary functions).

@@ -161,9 +161,8 @@ def transform(mol, auxmol, spaces: Sequence[OrbitalSpace], la: Dispatcher, aux_b
     transpose is needed), one more ``(i*q, nu) x (nu, a)`` the fully transformed ``(i, q, a)``,
     which the store writes as (q, i, a); all products through ``la.gemm``. Every intermediate
     lives in one buffer reused by all blocks (fresh arrays of this size cost page faults
-    comparable to the GEMMs on the benchmark machine). Measured on the Intel Xeon (family 6,
-    model 167): C20H42 cc-pVDZ 2.8 s against 3.1-3.3 s with one half-transform product per
-    matrix, (H2O)16 1.54-1.56 s against 1.78-1.86 s.
+    comparable to the GEMMs on the benchmark machine). The group size and what it was measured
+    against (one half-transform product per matrix): :data:`dfmp2.blocking._UNPACK_BYTES`.
 
     shells : ``(shell0, shell1)``, only these auxiliary shells (a rank's share of a distributed
     run); the stores then hold their functions, from 0.
