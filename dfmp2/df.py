@@ -29,6 +29,7 @@ __all__ = [
     "MAX_UNPACK_THREADS",
     "METRIC_ON_HOST",
     "MetricFactor",
+    "PairColumns",
     "PairUnpacker",
     "aux_shell_blocks",
     "cholesky_condition",
@@ -39,6 +40,7 @@ __all__ = [
     "iter_int3c2e_pairs",
     "metric",
     "shell_row_pairs",
+    "take_columns",
     "unpack_pairs",
 ]
 
@@ -151,6 +153,96 @@ def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
         return lib.unpack_tril(packed, out=out)
 
 
+def take_columns(rows: np.ndarray, columns: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[:n] = rows[:, columns]`` for ``rows`` (n, m) float64 C-contiguous, ``columns``
+    int32 and ``out`` C-contiguous with rows of ``len(columns)`` (PySCF's compiled gather). Runs
+    in the calling thread only, as :func:`unpack_pairs` does."""
+    count = rows.shape[0]
+    with lib.with_omp_threads(1):
+        return lib.take_2d(rows, np.arange(count, dtype=np.int32), columns, out=out[:count])
+
+
+class PairColumns:
+    """The AO pairs a pair-screened tensor keeps as its columns: the tensor is (naux, ncol),
+    column c < ``len(kept)`` holds the packed pair ``kept[c]`` (``mu(mu+1)/2 + nu``, mu >= nu,
+    increasing), and the last column is zero.
+
+    A pair whose integrals ``(mu nu|P)`` are exactly zero for every auxiliary function is not
+    kept: libcint skips a shell pair whose primitive products are all below its cutoff
+    (:data:`INT3C_EXPCUTOFF`), so 45.6% of C20H42 cc-pVDZ's pairs are zero and 25.7% of
+    (H2O)16's. The fit acts on each pair's column alone, so a zero column stays zero and the
+    fitted tensor of the kept pairs is the whole fitted tensor. Every pair not kept reads the
+    zero column when a matrix is unpacked (``square_index``) or a packed row is rebuilt
+    (``column``), so that neither needs a second pass to write zeros.
+
+    nao : basis functions; npair : nao(nao+1)/2; ncol : ``len(kept) + 1``; column : (npair,)
+    int32, the tensor column of each packed pair (the zero column for a pair not kept);
+    square_index : (nao*nao,) int32, the tensor column of each (mu, nu)."""
+
+    def __init__(self, nao: int, kept: np.ndarray):
+        self.nao = int(nao)
+        self.npair = self.nao * (self.nao + 1) // 2
+        self.kept = np.asarray(kept, dtype=np.int32)
+        if self.kept.ndim != 1 or np.any(np.diff(self.kept) <= 0) or (
+                self.kept.size and not 0 <= self.kept[0] <= self.kept[-1] < self.npair):
+            raise ValueError("PairColumns: kept must be increasing packed pair indices")
+        self.ncol = self.kept.size + 1
+        self.column = np.full(self.npair, self.kept.size, dtype=np.int32)
+        self.column[self.kept] = np.arange(self.kept.size, dtype=np.int32)
+        mu = np.arange(self.nao)
+        big, small = np.maximum.outer(mu, mu), np.minimum.outer(mu, mu)
+        self.square_index = self.column[big * (big + 1) // 2 + small].ravel()
+        # compress()'s gather: the kept pairs, then a pair the caller has checked is zero
+        # (any: its value is overwritten) for the zero column
+        self._source = np.append(self.kept, 0).astype(np.int32)
+
+    @classmethod
+    def every(cls, nao: int) -> PairColumns:
+        """Every pair kept (no screening)."""
+        return cls(nao, np.arange(nao * (nao + 1) // 2))
+
+    @classmethod
+    def nonzero_in(cls, nao: int, packed_rows: np.ndarray) -> PairColumns:
+        """The pairs not zero in every row of ``packed_rows`` (n, npair)."""
+        return cls(nao, np.flatnonzero(_nonzero_columns(packed_rows)))
+
+    @property
+    def screened(self) -> int:
+        """Pairs not kept."""
+        return self.npair - self.kept.size
+
+    def misses(self, packed_rows: np.ndarray) -> bool:
+        """Whether ``packed_rows`` (n, npair) are nonzero at a pair that is not kept (their
+        compressed copy would lose it)."""
+        if not self.screened:
+            return False
+        return bool(np.any(_nonzero_columns(packed_rows)[self.column == self.kept.size]))
+
+    def compress(self, packed_rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out`` (n, ncol), C-contiguous: the kept columns of ``packed_rows`` (n, npair), then
+        the zero column (the caller has checked :meth:`misses`)."""
+        take_columns(packed_rows, self._source, out)
+        out[:, -1] = 0.0
+        return out
+
+    def expand(self, rows: np.ndarray) -> np.ndarray:
+        """PySCF's packed rows (n, npair) from the tensor's ``rows`` (n, ncol)."""
+        return take_columns(np.ascontiguousarray(rows), self.column,
+                            np.empty((rows.shape[0], self.npair)))
+
+    def of_pairs(self, packed: np.ndarray) -> np.ndarray:
+        """(m, ncol) from packed vectors (m, npair): their kept entries and a zero (a density
+        against which the tensor's columns are summed)."""
+        out = np.zeros((packed.shape[0], self.ncol), dtype=packed.dtype)
+        out[:, :-1] = packed[:, self.kept]
+        return out
+
+
+def _nonzero_columns(rows: np.ndarray) -> np.ndarray:
+    """(m,) bool: the columns of ``rows`` (n, m) with a nonzero (or NaN) entry."""
+    return np.any(rows != 0, axis=0)
+
+
 #: At most this many threads unpack one block of pair rows (:class:`PairUnpacker`).
 MAX_UNPACK_THREADS = 8
 
@@ -173,20 +265,31 @@ class PairUnpacker:
         self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         self._closed = False
 
-    def __call__(self, packed: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """``out[:n]`` (n, nao, nao) unpacked from ``packed`` (n, nao*(nao+1)/2). Returns once
-        every thread has finished writing, also when one of them raised."""
+    def __call__(self, packed: np.ndarray, out: np.ndarray,
+                 pairs: PairColumns | None = None) -> np.ndarray:
+        """``out[:n]`` (n, nao, nao) unpacked from ``packed`` (n, nao*(nao+1)/2), or with
+        ``pairs`` from a pair-screened tensor's rows (n, pairs.ncol) (gathered by
+        ``pairs.square_index``). Returns once every thread has finished writing, also when one
+        of them raised."""
         if self._closed:
             raise RuntimeError("PairUnpacker used after close(); make a new one")
         rows = packed.shape[0]
+        if pairs is None:
+            work = unpack_pairs
+        else:
+            nao = pairs.nao
+
+            def work(part, dest):
+                take_columns(part, pairs.square_index, dest.reshape(-1, nao * nao))
         parts = min(self.threads, rows)
         if parts < 2:
-            return unpack_pairs(packed, out[:rows])
+            work(packed, out[:rows])
+            return out[:rows]
         bounds = np.linspace(0, rows, parts + 1).astype(int)
-        futures = [self._pool.submit(unpack_pairs, packed[r0:r1], out[r0:r1])
+        futures = [self._pool.submit(work, packed[r0:r1], out[r0:r1])
                    for r0, r1 in zip(bounds[1:-1], bounds[2:])]
         try:
-            unpack_pairs(packed[: bounds[1]], out[: bounds[1]])
+            work(packed[: bounds[1]], out[: bounds[1]])
         finally:
             wait(futures)  # no thread still writes into ``out`` when this returns or raises
         for future in futures:

@@ -23,6 +23,7 @@ Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import tempfile
@@ -37,6 +38,7 @@ from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, plan_jk
 from .buffers import zeros
 from .df import (
     MetricFactor,
+    PairColumns,
     PairUnpacker,
     factor_metric,
     fit_matrix,
@@ -62,6 +64,7 @@ __all__ = [
     "fitted_cderi",
     "fitted_cderi_file",
     "get_jk",
+    "screened_cderi",
     "square_copy",
     "unpack_in_place",
 ]
@@ -93,21 +96,18 @@ UNPACK_BLOCK = 16
 _DM_EIG_CUTOFF = 1e-14
 
 
-def fitted_cderi(mol, auxmol, la: Dispatcher, square: bool = False) -> np.ndarray:
+def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
     PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
-    fits); with ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
-    (:func:`unpack_in_place`), so that no packed copy outlives the build. The metric is factored
-    as in the MP2 step: after a Cholesky factorisation one trmm on the whole tensor; with
-    ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory."""
+    fits). The metric is factored as in the MP2 step: after a Cholesky factorisation one trmm
+    on the whole tensor; with ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one
+    tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
     naux = factor.naux_fit
-    # pages touched up front, in order, by threads: see dfmp2.buffers (the unpacking's
-    # scattered writes into untouched pages took 2-5 times as long on the benchmark machine)
-    flat = zeros((naux * (nao * nao if square else npair),))
-    packed = flat[: naux * npair].reshape(naux, npair)
+    # pages touched up front, in order, by threads: see dfmp2.buffers
+    packed = zeros((naux, npair))
     if factor.lower is None:
         for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, max(1, npair // 16)):
             packed[:, p0:p1] = block
@@ -116,31 +116,106 @@ def fitted_cderi(mol, auxmol, la: Dispatcher, square: bool = False) -> np.ndarra
             packed[p0:p1] = block
         # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
         la.trmm(fit_matrix(factor, la), torch.from_numpy(packed).T)
-    return unpack_in_place(flat, naux, nao) if square else packed
+    return packed
 
 
-def unpack_in_place(flat: np.ndarray, naux: int, nao: int,
-                    threads: int | None = None) -> np.ndarray:
-    """The square tensor (naux, nao, nao) from the packed rows (naux, nao(nao+1)/2) at the start
-    of ``flat`` (at least naux*nao*nao float64 elements), in the same memory.
+def screened_cderi(mol, auxmol, la: Dispatcher,
+                   square: bool = False) -> tuple[np.ndarray, PairColumns]:
+    """``(B, pairs)``: the fitted tensor of :func:`fitted_cderi` on the AO pairs that are not
+    zero (:class:`dfmp2.df.PairColumns`), (naux_fit, pairs.ncol) float64 in memory; with
+    ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
+    (:func:`unpack_in_place`), so that no other copy outlives the build.
+
+    The kept pairs are those not zero in the first block of auxiliary shells; every later block
+    is checked to be zero at the others before it is stored compressed, and the integrals are
+    computed again with every pair kept when one is not (a later auxiliary function that does
+    not vanish by symmetry where the first ones did: linear molecules). The fit of the kept
+    pairs is the one trmm of :func:`fitted_cderi` on fewer columns. With ``J^{-1/2}`` (the
+    metric refused by Cholesky) the tensor is fitted by AO pair blocks and every pair is kept."""
+    nao = mol.nao_nr()
+    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    naux = factor.naux_fit
+    if factor.lower is None:
+        pairs = PairColumns.every(nao)
+        flat = _tensor_memory(naux, nao, pairs, square)
+        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
+        for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la,
+                                                 max(1, pairs.npair // 16)):
+            columns[:, p0:p1] = block  # kept = every pair: a pair's column is its index
+    else:
+        blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
+        p0, p1, first = next(blocks)
+        pairs = PairColumns.nonzero_in(nao, first)
+        flat = _screened_integrals(itertools.chain([(p0, p1, first)], blocks), pairs, naux,
+                                   square)
+        if flat is None:
+            log.info("DF-SCF integrals: a later auxiliary block is not zero where the first "
+                     "was; every AO pair kept")
+            pairs = PairColumns.every(nao)
+            flat = _screened_integrals(iter_int3c2e(mol, auxmol, JK_AUX_BLOCK), pairs, naux,
+                                       square)
+        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
+        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (kept pairs, naux) view, in place (the
+        # zero column stays zero)
+        la.trmm(fit_matrix(factor, la), torch.from_numpy(columns).T)
+    log.info("DF-SCF integrals: %d of %d AO pairs kept (the others are zero)",
+             pairs.kept.size, pairs.npair)
+    if not square:
+        return columns, pairs
+    if pairs.ncol > nao * nao:  # one basis function: its pair and the zero column
+        unpacked = zeros((naux, nao, nao))
+        with PairUnpacker() as unpack:
+            unpack(columns, unpacked, pairs)
+        return unpacked, pairs
+    return unpack_in_place(flat, naux, nao, pairs=pairs), pairs
+
+
+def _tensor_memory(naux: int, nao: int, pairs: PairColumns, square: bool) -> np.ndarray:
+    """The flat float64 memory of a pair-screened tensor (naux, pairs.ncol), or of its square
+    form when ``square`` (at least as large), pages touched up front, in order, by threads (the
+    unpacking's scattered writes into untouched pages took 2-5 times as long on the benchmark
+    machine: :mod:`dfmp2.buffers`)."""
+    return zeros((naux * max(pairs.ncol, nao * nao if square else 0),))
+
+
+def _screened_integrals(blocks, pairs: PairColumns, naux: int, square: bool):
+    """The flat memory of :func:`_tensor_memory` with the int3c2e ``blocks`` (``(p0, p1,
+    packed rows)`` of :func:`dfmp2.df.iter_int3c2e`) compressed into its (naux, pairs.ncol)
+    start; None as soon as a block is not zero at a pair ``pairs`` does not keep."""
+    flat = _tensor_memory(naux, pairs.nao, pairs, square)
+    columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
+    for p0, p1, block in blocks:
+        if pairs.misses(block):
+            return None
+        pairs.compress(block, columns[p0:p1])
+    return flat
+
+
+def unpack_in_place(flat: np.ndarray, naux: int, nao: int, threads: int | None = None,
+                    pairs: PairColumns | None = None) -> np.ndarray:
+    """The square tensor (naux, nao, nao) from the packed rows (naux, nao(nao+1)/2), or with
+    ``pairs`` the pair-screened rows (naux, pairs.ncol, no wider than nao*nao), at the start of
+    ``flat`` (at least naux*nao*nao float64 elements), in the same memory.
 
     Blocks of :data:`UNPACK_BLOCK` rows are unpacked last to first: a block's square rows start
     at or beyond the end of every earlier block's packed rows, and the packed rows of later
     blocks they may cover have been unpacked already. A block whose square rows overlap its own
     packed rows (the first few) is copied aside first. ``threads``: the
     :class:`PairUnpacker`'s (its default when None)."""
-    npair = nao * (nao + 1) // 2
-    packed = flat[: naux * npair].reshape(naux, npair)
+    width = nao * (nao + 1) // 2 if pairs is None else pairs.ncol
+    if width > nao * nao:
+        raise ValueError(f"unpack_in_place: rows of {width} do not fit in place of {nao}x{nao}")
+    packed = flat[: naux * width].reshape(naux, width)
     square = flat[: naux * nao * nao].reshape(naux, nao, nao)
-    aside = np.empty((min(UNPACK_BLOCK, naux), npair))
+    aside = np.empty((min(UNPACK_BLOCK, naux), width))
     with PairUnpacker(threads) as unpack:
         for q0 in reversed(range(0, naux, UNPACK_BLOCK)):
             q1 = min(q0 + UNPACK_BLOCK, naux)
             rows = packed[q0:q1]
-            if q0 * nao * nao < q1 * npair:
+            if q0 * nao * nao < q1 * width:
                 np.copyto(aside[: q1 - q0], rows)
                 rows = aside[: q1 - q0]
-            unpack(rows, square[q0:q1])
+            unpack(rows, square[q0:q1], pairs)
     return square
 
 
@@ -266,14 +341,15 @@ def _shared_columns(mo_coeff: np.ndarray, mo_occ: np.ndarray) -> np.ndarray | No
     return np.concatenate([np.flatnonzero(beta), np.flatnonzero(alpha & ~beta)])
 
 
-def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype, unpack: PairUnpacker):
+def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype, unpack: PairUnpacker,
+              pairs: PairColumns | None = None):
     """Yield ``(q*nao, nao)`` row blocks of the unpacked tensor for K in ``dtype``: slices of
     ``square`` ((naux, nao, nao), kept by :class:`DFJK` when memory allows) when it has that
-    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi`` by
-    ``unpack`` (and cast) into reused arrays. A block is valid until the next one is
-    requested."""
-    naux, npair = cderi.shape
-    nao = _nao_of_pairs(npair)
+    dtype, else blocks of :data:`UNPACK_BLOCK` auxiliary functions unpacked from ``cderi``
+    (packed rows, or with ``pairs`` pair-screened ones) by ``unpack`` (and cast) into reused
+    arrays. A block is valid until the next one is requested."""
+    naux = cderi.shape[0]
+    nao = _nao_of_pairs(cderi.shape[1]) if pairs is None else pairs.nao
     if square is not None and square.dtype == dtype:
         for q0 in range(0, naux, K_SQUARE_BLOCK):
             yield torch.from_numpy(square[q0:q0 + K_SQUARE_BLOCK].reshape(-1, nao))
@@ -283,7 +359,7 @@ def _k_blocks(cderi: np.ndarray, square: np.ndarray | None, dtype, unpack: PairU
             torch.empty((UNPACK_BLOCK, nao, nao), dtype=torch.float32))
     for q0 in range(0, naux, UNPACK_BLOCK):
         q1 = min(q0 + UNPACK_BLOCK, naux)
-        block = torch.from_numpy(unpack(cderi[q0:q1], unpacked))
+        block = torch.from_numpy(unpack(cderi[q0:q1], unpacked, pairs))
         if cast is not None:
             block = cast[: q1 - q0].copy_(block)
         yield block.reshape(-1, nao)
@@ -294,33 +370,37 @@ def _nao_of_pairs(npair: int) -> int:
     return int(round((np.sqrt(8 * npair + 1) - 1) / 2))
 
 
-def square_copy(cderi: np.ndarray, dtype) -> np.ndarray:
-    """``cderi`` (naux, nao(nao+1)/2) unpacked into a new (naux, nao, nao) array of ``dtype``,
+def square_copy(cderi: np.ndarray, dtype, pairs: PairColumns | None = None) -> np.ndarray:
+    """``cderi`` (naux, nao(nao+1)/2), or with ``pairs`` the pair-screened (naux, pairs.ncol),
+    unpacked into a new (naux, nao, nao) array of ``dtype``,
     zeroed by threads first (its pages touched in order, :mod:`dfmp2.buffers`: the unpacking's
     scattered first writes took 2.1-2.5 s for (H2O)16 cc-pVDZ's 2 GB on the Intel Xeon (family
     6, model 167), against 0.4-0.6 s for zeroing it and 0.3 s for the unpacking then); in
     float64 the unpacking threads write into it, in float32 blocks are cast into it. The
-    DF-SCF's tensor itself is held unpacked only where that fits (:func:`fitted_cderi`)."""
-    naux, npair = cderi.shape
-    nao = _nao_of_pairs(npair)
+    DF-SCF's tensor itself is held unpacked only where that fits (:func:`screened_cderi`)."""
+    naux = cderi.shape[0]
+    nao = _nao_of_pairs(cderi.shape[1]) if pairs is None else pairs.nao
     square = zeros((naux, nao, nao), dtype)
     with PairUnpacker() as unpack:
         if square.dtype == np.float64:  # the unpacking threads write into it
             for q0 in range(0, naux, UNPACK_BLOCK):
-                unpack(cderi[q0:q0 + UNPACK_BLOCK], square[q0:q0 + UNPACK_BLOCK])
+                unpack(cderi[q0:q0 + UNPACK_BLOCK], square[q0:q0 + UNPACK_BLOCK], pairs)
         else:  # unpacked, then cast, block by block
             for q0, cols in zip(range(0, naux, UNPACK_BLOCK),
-                                _k_blocks(cderi, None, square.dtype, unpack)):
+                                _k_blocks(cderi, None, square.dtype, unpack, pairs)):
                 square[q0:q0 + UNPACK_BLOCK] = cols.numpy().reshape(-1, nao, nao)
     return square
 
 
 def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
            k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
-           counts: dict | None = None, read_block: int = JK_AUX_BLOCK):
+           counts: dict | None = None, read_block: int = JK_AUX_BLOCK,
+           pairs: PairColumns | None = None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
-    tensor ``cderi`` (naux, nao(nao+1)/2) float64, an array or a :class:`MatrixFile` read
-    ``read_block`` auxiliary functions at a time; either result is None when not asked for.
+    tensor ``cderi`` float64, an array or a :class:`MatrixFile` read ``read_block`` auxiliary
+    functions at a time: PySCF's packed layout (naux, nao(nao+1)/2), or with ``pairs`` the
+    pair-screened one (naux, pairs.ncol) of :func:`screened_cderi`; either result is None when
+    not asked for.
     Every product is ``la.gemm``. J is float64 (but see ``k_precision``). K uses ``Y = C^T
     B^Q`` (B^Q symmetric; one product for all densities, :func:`_k_factors`) and per density
     ``K += Y^T Y`` of its rows, per block of auxiliary functions, accumulated in float64; with
@@ -331,8 +411,8 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     block by block. ``cderi`` None: ``square`` (float64) is the only tensor
     (:func:`_jk_from_square`). ``k_la``: the ops of K's products when they differ from
     ``la``'s (an NKI run's float32 K). ``counts``, when given, gets the floating-point
-    operations the products need added to its ``'flops'``: ``4 naux n(n+1)/2`` per density for
-    J and ``(2 R + sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix,
+    operations the products need added to its ``'flops'``: ``4 naux c`` per density for J,
+    with c the tensor's columns (n(n+1)/2 packed, the kept pairs when screened), and ``(2 R + sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix,
     r_k of them density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two
     densities share columns, so R < sum_k r_k there)."""
     dms = np.asarray(dm)
@@ -343,8 +423,10 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     if cderi is None and (square is None or square.dtype != np.float64):
         raise ValueError("get_jk needs the packed tensor or a float64 square one")
     naux = (square if cderi is None else cderi).shape[0]
-    npair = nao * (nao + 1) // 2
-    flops = 4 * naux * npair * nset if with_j else 0
+    if pairs is not None and pairs.nao != nao:
+        raise ValueError(f"get_jk: pair columns of {pairs.nao} functions for {nao}")
+    width = nao * (nao + 1) // 2 if pairs is None else pairs.kept.size
+    flops = 4 * naux * width * nset if with_j else 0
     coeff = parts = None
     k_la = la if k_la is None else k_la
     if with_k:
@@ -362,7 +444,7 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
         if coeff is not None:
             coeff = coeff.astype(dtype, copy=False)
         vj_tril, vk = _jk_from_packed(cderi, dms, coeff, parts, la, k_la, with_j, square,
-                                      read_block)
+                                      read_block, pairs)
         vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
     vk = vk.reshape(shape) if with_k else None
     if counts is not None:
@@ -381,18 +463,20 @@ def _add_k(vk: np.ndarray, y: torch.Tensor, parts, nao: int, k_la) -> None:
 
 
 def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, with_j: bool,
-                    square, read_block: int):
-    """(vj packed (nset, n(n+1)/2) or None, vk (nset, n, n) or None) from the packed tensor
-    (:func:`get_jk`): per block of rows, J's two products on the packed rows and K's from the
-    square copy or the rows unpacked."""
+                    square, read_block: int, pairs: PairColumns | None):
+    """(vj packed (nset, n(n+1)/2) or None, vk (nset, n, n) or None) from the packed or
+    pair-screened tensor (:func:`get_jk`): per block of rows, J's two products on the rows and
+    K's from the square copy or the rows unpacked."""
     nset, nao = dms.shape[0], dms.shape[-1]
-    naux, npair = cderi.shape
+    naux, width = cderi.shape
     if with_j:
         dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
         idx = np.arange(nao)
         dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
+        if pairs is not None:
+            dm_tril = pairs.of_pairs(dm_tril)
         dm_tril = torch.from_numpy(dm_tril)
-        vj_tril = np.zeros((nset, npair))
+        vj_tril = np.zeros((nset, width))
     vk = None
     if coeff is not None:
         dtype = coeff.dtype
@@ -407,9 +491,11 @@ def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, 
             if coeff is None or coeff.shape[1] == 0:  # no K, or no occupied orbitals: K is zero
                 continue
             for cols in _k_blocks(rows, None if square is None else square[q0:q1], dtype,
-                                  unpack):
+                                  unpack, pairs):
                 # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T cols^T is Y (i, q*mu)
                 _add_k(vk, k_la.gemm(coeff, cols, trans_a=True, trans_b=True), parts, nao, k_la)
+    if with_j and pairs is not None:  # a pair not kept reads the zero column: its J is zero
+        vj_tril = np.ascontiguousarray(vj_tril[:, pairs.column])
     return (vj_tril if with_j else None), vk
 
 
@@ -505,18 +591,20 @@ class DFJK(pyscf_df.DF):
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
-    memory, with ``layout`` 'auto', the tensor is kept unpacked only
-    (``square``, (naux, n, n) float64, built in place: :func:`fitted_cderi`) when that fits
-    (:func:`dfmp2.blocking.jk_square_only_fits`), and ``_cderi`` stays None (:meth:`loop`
-    packs its blocks for PySCF's code); otherwise, and always with ``layout`` 'packed', it is
-    PySCF's packed ``_cderi``, and ``square`` the tensor unpacked in K's precision, kept while
-    it fits in ``max_memory`` next to the packed one (:func:`dfmp2.blocking.jk_square_fits`;
-    K otherwise unpacks it every iteration). ``k_calls`` counts K builds per precision;
-    ``stats`` the J/K calls, their seconds and their products' flops.
+    memory, with ``layout`` 'auto', the tensor is kept unpacked only (``square``, (naux, n, n)
+    float64, built in place: :func:`screened_cderi`) when that fits
+    (:func:`dfmp2.blocking.jk_square_only_fits`), else on the AO pairs that are not zero
+    (``columns``, (naux, pairs.ncol), with ``pairs`` the :class:`dfmp2.df.PairColumns`); with
+    ``layout`` 'packed' it is PySCF's packed ``_cderi``. ``_cderi`` is None in the other
+    layouts (:meth:`loop` gives PySCF's code packed blocks of any). Next to ``columns`` or
+    ``_cderi``, ``square`` is the tensor unpacked in K's precision, kept while it fits in
+    ``max_memory`` (:func:`dfmp2.blocking.jk_square_fits`; K otherwise unpacks it every
+    iteration). ``k_calls`` counts K builds per precision; ``stats`` the J/K calls, their
+    seconds and their products' flops.
     """
 
     _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
-             "force_outcore", "layout"}
+             "force_outcore", "layout", "columns", "pairs"}
 
     def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64",
                  scratch_dir: str | None = None, force_outcore: bool = False,
@@ -530,6 +618,8 @@ class DFJK(pyscf_df.DF):
         self.layout = layout
         self.la = la
         self.square = None
+        self.columns = None
+        self.pairs = None
         self.k_precision = k_precision
         self.k_calls = {"fp32": 0, "fp64": 0}
         self.stats = {"calls": 0, "seconds": 0.0, "flops": 0}
@@ -550,20 +640,21 @@ class DFJK(pyscf_df.DF):
         """``square`` in K's precision when it fits next to the packed tensor in memory, else
         None."""
         self.square = None  # released before its successor is made
-        if self._cderi is None:
+        tensor = self.tensor
+        if not isinstance(tensor, np.ndarray):
             return
         dtype = np.dtype({"fp32": np.float32, "fp64": np.float64}[self.k_precision])
-        if jk_square_fits(self.mol.nao_nr(), self._cderi.shape[0], dtype.itemsize,
+        if jk_square_fits(self.mol.nao_nr(), tensor.shape[0], dtype.itemsize,
                           self.max_memory, UNPACK_BLOCK):
-            self.square = square_copy(self._cderi, dtype)
+            self.square = square_copy(tensor, dtype, self.pairs)
 
     @property
     def square_only(self) -> bool:
-        """Whether the tensor is held unpacked only (``square``, float64; ``_cderi`` None)."""
-        return self._cderi is None and self.file is None and self.square is not None
+        """Whether the tensor is held unpacked only (``square``, float64; no other)."""
+        return self.tensor is None and self.square is not None
 
     def build(self):
-        if self._cderi is not None or self.file is not None or self.square_only:
+        if self.tensor is not None or self.square_only:
             return self
         self.auxmol = make_auxmol(self.mol, self.auxbasis)
         nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
@@ -573,11 +664,14 @@ class DFJK(pyscf_df.DF):
         if self.plan.outcore:
             self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
                                           self.scratch_dir)
-        elif (self.layout == "auto"
-              and jk_square_only_fits(nao, naux, self.max_memory, K_SQUARE_BLOCK)):
-            self.square = fitted_cderi(self.mol, self.auxmol, self._ops(), square=True)
-        else:
+        elif self.layout == "packed":
             self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops())
+            self._keep_square()
+        elif jk_square_only_fits(nao, naux, self.max_memory, K_SQUARE_BLOCK):
+            self.square, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops(),
+                                                     square=True)
+        else:
+            self.columns, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops())
             self._keep_square()
         log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %s", naux,
                  self.get_naoaux(), nao * (nao + 1) // 2, self.describe())
@@ -589,23 +683,31 @@ class DFJK(pyscf_df.DF):
             return f"{self.plan.tensor_bytes / 2**20:.0f} MB packed on disk"
         if self.square_only:
             return f"{self.square.nbytes / 2**20:.0f} MB unpacked (float64) in memory"
+        if self.columns is not None:
+            return (f"{self.columns.nbytes / 2**20:.0f} MB in memory, {self.pairs.kept.size} "
+                    f"of {self.pairs.npair} AO pairs (the others are zero)"
+                    + ("" if self.square is None else
+                       f" + {self.square.nbytes / 2**20:.0f} MB unpacked ({self.square.dtype})"))
         return (f"{self._cderi.nbytes / 2**20:.0f} MB packed in memory"
                 + ("" if self.square is None else
                    f" + {self.square.nbytes / 2**20:.0f} MB unpacked ({self.square.dtype})"))
 
     @property
     def tensor(self):
-        """The packed fitted tensor: the in-memory array, or the :class:`MatrixFile` (None
-        before :meth:`build`, and when the tensor is held unpacked only)."""
-        return self.file if self.file is not None else self._cderi
+        """The fitted tensor that is not unpacked: the :class:`MatrixFile`, the pair-screened
+        ``columns`` or PySCF's packed ``_cderi`` (None before :meth:`build`, and when the
+        tensor is held unpacked only)."""
+        if self.file is not None:
+            return self.file
+        return self.columns if self.columns is not None else self._cderi
 
     def get_naoaux(self):
         if self.tensor is None and not self.square_only:
             self.build()
-        if self.file is not None:
-            return self.file.shape[0]
         if self.square_only:
             return self.square.shape[0]
+        if self.tensor is not None:
+            return self.tensor.shape[0]
         return super().get_naoaux()
 
     def loop(self, blksize=None):
@@ -617,6 +719,11 @@ class DFJK(pyscf_df.DF):
             step = blksize or JK_AUX_BLOCK
             for q0 in range(0, self.square.shape[0], step):
                 yield lib.pack_tril(self.square[q0:q0 + step])
+            return
+        if self.columns is not None:
+            step = blksize or JK_AUX_BLOCK
+            for q0 in range(0, self.columns.shape[0], step):
+                yield self.pairs.expand(self.columns[q0:q0 + step])
             return
         if self.file is None:
             yield from super().loop(blksize)
@@ -634,7 +741,7 @@ class DFJK(pyscf_df.DF):
     def reset(self, mol=None):
         """Release the tensors: the square copy, the array, the file, and those of the copies
         PySCF made for range-separated integrals (its own reset only forgets them)."""
-        self.square = None
+        self.square = self.columns = self.pairs = None
         if self.file is not None:
             self.file.close()
             self.file = None
@@ -647,6 +754,7 @@ class DFJK(pyscf_df.DF):
         for range-separated integrals and resets the copy, which would release this one's)."""
         new = super().copy()
         new._cderi, new.file, new.square, new.plan = None, None, None, None
+        new.columns, new.pairs = None, None
         # PySCF reads a range-separated copy through loop(): its packed layout, as before;
         # and the copy's reset must not reach this object's range-separated copies
         new.layout, new._rsh_df = "packed", {}
@@ -658,15 +766,16 @@ class DFJK(pyscf_df.DF):
             return super().get_jk(dm, hermi, with_j, with_k, omega=omega)
         if self.tensor is None and not self.square_only:
             self.build()
-        if hermi != 1 and self.square_only and not np.iscomplexobj(dm):
+        if hermi != 1 and self._cderi is None and not np.iscomplexobj(dm):
             # PySCF's general code: K from loop(); its J without K would not read the tensor
             # (with _cderi None it recomputes the integrals), and J needs only the symmetric
             # part of the density (B^Q is symmetric)
             vj = vk = None
             if with_j:
                 dms = np.asarray(dm)
-                vj = get_jk(None, (dms + dms.swapaxes(-1, -2)) / 2, self._ops(), with_k=False,
-                            square=self.square)[0]
+                vj = get_jk(self.tensor, (dms + dms.swapaxes(-1, -2)) / 2, self._ops(),
+                            with_k=False, square=self.square, read_block=self.plan.read_block,
+                            pairs=self.pairs)[0]
             if with_k:
                 vk = super().get_jk(dm, hermi, False, True)[1]
             return vj, vk
@@ -677,7 +786,7 @@ class DFJK(pyscf_df.DF):
         start = time.perf_counter()
         result = get_jk(self.tensor, dm, self._ops(), with_j, with_k, self.k_precision,
                         self.square, k_la=self._ops(self.k_precision), counts=self.stats,
-                        read_block=self.plan.read_block)
+                        read_block=self.plan.read_block, pairs=self.pairs)
         self.stats["calls"] += 1
         self.stats["seconds"] += time.perf_counter() - start
         return result

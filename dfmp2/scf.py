@@ -220,7 +220,12 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
             if wanted and jk_square_fits(jk.mol.nao_nr(), naux, itemsize, jk.max_memory,
                                          UNPACK_BLOCK)]
     copies = f"; square copies for K: {' then '.join(kept)}" if kept else ""
-    return f" (fitted tensor in memory, packed, naux {naux}{copies})"
+    if jk.pairs is not None:
+        layout = (f"packed on {jk.pairs.kept.size} of {jk.pairs.npair} AO pairs (the others "
+                  "are zero)")
+    else:
+        layout = "packed"
+    return f" (fitted tensor in memory, {layout}, naux {naux}{copies})"
 
 
 def _cycle_reporter(progress, max_cycle: int, watch=None, offset: int = 0, key: str = "cycle"):

@@ -505,9 +505,9 @@ def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
     from dfmp2 import jk as dfmp2_df
 
     calls = []
-    real = dfmp2_df.fitted_cderi
-    monkeypatch.setattr(dfmp2_df, "fitted_cderi",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("fitted_cderi", "screened_cderi"):
+        monkeypatch.setattr(dfmp2_df, name, lambda *a, real=getattr(dfmp2_df, name), **k:
+                            calls.append(1) or real(*a, **k))
     seen = {}
     real_compute = dfmp2.api.compute
 

@@ -1,0 +1,191 @@
+"""The DF-SCF's tensor on the AO pairs that are not zero (dfmp2.df.PairColumns,
+dfmp2.jk.screened_cderi): the same fitted numbers as PySCF's packed tensor on the kept pairs,
+exact zeros on the others, and the same J, K and SCF energies on every route that reads it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyscf import gto, lib, scf
+
+from dfmp2 import jk as jkmod
+from dfmp2.df import PairColumns, PairUnpacker, iter_int3c2e
+from dfmp2.integrals import make_auxmol
+from dfmp2.jk import DFJK, fitted_cderi, get_jk, screened_cderi, unpack_in_place
+from dfmp2.linalg import Dispatcher, DispatchPolicy
+
+from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
+
+#: Two water molecules 6 Angstrom apart: 238 of their 1176 AO pairs (cc-pVDZ) are zero for
+#: every auxiliary function (libcint's primitive screening).
+DIMER = ("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; "
+         "O 6 0 0; H 6 0.76 0.59; H 6 -0.76 0.59")
+CO = "C 0 0 0; O 0 0 1.13"
+JKFIT = "cc-pvdz-jkfit"
+
+
+def _la():
+    return Dispatcher(DispatchPolicy("pytorch"))
+
+
+def _random_pairs(nao: int, keep: float, seed: int) -> PairColumns:
+    npair = nao * (nao + 1) // 2
+    rng = np.random.default_rng(seed)
+    return PairColumns(nao, np.flatnonzero(rng.random(npair) < keep))
+
+
+@pytest.mark.parametrize("nao, keep", [(1, 1.0), (2, 0.5), (7, 0.0), (7, 0.6), (24, 0.75),
+                                       (24, 1.0)])
+def test_pair_columns_compress_expand_and_unpack_like_pyscf(nao, keep):
+    """Packed rows zero at the pairs not kept: compressed they hold the kept pairs and a zero
+    last column; expanded they are the packed rows again; unpacked (threads over rows) they
+    are PySCF's unpacking. A nonzero at a pair not kept is reported, never compressed away."""
+    pairs = _random_pairs(nao, keep, nao)
+    npair, naux = nao * (nao + 1) // 2, 19
+    packed = np.random.default_rng(1).standard_normal((naux, npair))
+    packed[:, pairs.column == pairs.kept.size] = 0.0
+    assert pairs.ncol == pairs.kept.size + 1 and pairs.screened == npair - pairs.kept.size
+    assert not pairs.misses(packed)
+    columns = pairs.compress(packed, np.full((naux, pairs.ncol), np.nan))
+    assert np.array_equal(columns[:, :-1], packed[:, pairs.kept])
+    assert np.array_equal(columns[:, -1], np.zeros(naux))
+    assert np.array_equal(pairs.expand(columns), packed)
+    for threads in (1, 3):
+        with PairUnpacker(threads) as unpack:
+            square = unpack(columns, np.full((naux, nao, nao), np.nan), pairs)
+        assert np.array_equal(square, lib.unpack_tril(packed))
+    vectors = np.random.default_rng(2).standard_normal((2, npair))
+    assert np.array_equal(pairs.of_pairs(vectors)[:, :-1], vectors[:, pairs.kept])
+    assert np.array_equal(pairs.of_pairs(vectors)[:, -1], [0.0, 0.0])
+    if pairs.screened:
+        packed[3, np.flatnonzero(pairs.column == pairs.kept.size)[-1]] = 1e-300
+        assert pairs.misses(packed)
+    assert PairColumns.nonzero_in(nao, packed).kept.size >= pairs.kept.size
+
+
+def test_pair_columns_refuse_what_is_not_a_set_of_pairs():
+    for kept in ([2, 1], [0, 0], [-1], [3], [[0]]):
+        with pytest.raises(ValueError, match="increasing packed pair indices"):
+            PairColumns(2, np.array(kept))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nao, naux", [(2, 1), (5, 17), (24, 40)])
+def test_unpacking_screened_rows_in_place_equals_pyscfs_unpacking(nao, naux, threads):
+    pairs = _random_pairs(nao, 0.7, naux)
+    npair = nao * (nao + 1) // 2
+    packed = np.random.default_rng(naux).standard_normal((naux, npair))
+    packed[:, pairs.column == pairs.kept.size] = 0.0
+    flat = np.full(naux * nao * nao, np.nan)
+    pairs.compress(packed, flat[: naux * pairs.ncol].reshape(naux, pairs.ncol))
+    square = unpack_in_place(flat, naux, nao, threads=threads, pairs=pairs)
+    assert np.shares_memory(square, flat)
+    assert np.array_equal(square, lib.unpack_tril(packed))
+    with pytest.raises(ValueError, match="do not fit in place"):
+        unpack_in_place(np.zeros(4), 2, 1, pairs=PairColumns.every(1))
+
+
+def test_the_screened_tensor_is_the_packed_one_on_its_kept_pairs():
+    """A distant water dimer: libcint leaves some pairs zero for every auxiliary function; the
+    screened tensor keeps every other pair, its fitted columns are the packed tensor's and the
+    packed tensor is exactly zero elsewhere; unpacked in place it is the packed one unpacked."""
+    mol = gto.M(atom=DIMER, basis="cc-pvdz", verbose=0)
+    auxmol = make_auxmol(mol, JKFIT)
+    packed = fitted_cderi(mol, auxmol, _la())
+    columns, pairs = screened_cderi(mol, auxmol, _la())
+    assert 0 < pairs.screened < pairs.npair // 2  # the test needs pairs to screen
+    assert np.array_equal(pairs.kept, np.flatnonzero(np.any(packed != 0, axis=0)))
+    assert np.abs(columns[:, :-1] - packed[:, pairs.kept]).max() < TOL_MATRIX_ABS
+    assert not np.any(columns[:, -1])
+    square, square_pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    assert np.array_equal(square_pairs.kept, pairs.kept)
+    assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
+
+
+def test_a_later_block_nonzero_where_the_first_was_zero_keeps_every_pair(caplog):
+    """CO cc-pVTZ: four pairs vanish by symmetry for the first block of auxiliary functions
+    but not for later ones, so the integrals are computed again with every pair kept; J and K
+    are PySCF's."""
+    mol = gto.M(atom=CO, basis="cc-pvtz", verbose=0)
+    auxmol = make_auxmol(mol, "cc-pvtz-jkfit")
+    blocks = iter_int3c2e(mol, auxmol, jkmod.JK_AUX_BLOCK)
+    first = PairColumns.nonzero_in(mol.nao_nr(), next(blocks)[2])
+    assert any(first.misses(block) for *_, block in blocks)  # the case under test
+    with caplog.at_level("INFO", logger="dfmp2.jk"):
+        columns, pairs = screened_cderi(mol, auxmol, _la())
+    assert "every AO pair kept" in caplog.text and pairs.screened == 0
+    packed = fitted_cderi(mol, auxmol, _la())
+    assert np.abs(columns[:, :-1] - packed).max() < TOL_MATRIX_ABS
+
+
+def _screened_jk(monkeypatch, mol, copy: bool, **kwargs) -> DFJK:
+    """A DFJK on the screened tensor in memory (the unpacked-only layout refused), with or
+    without K's square copy."""
+    monkeypatch.setattr(jkmod, "jk_square_only_fits", lambda *a, **k: False)
+    monkeypatch.setattr(jkmod, "jk_square_fits", lambda *a, **k: copy)
+    ours = DFJK(mol, JKFIT, _la(), **kwargs).build()
+    assert ours.columns is not None and ours._cderi is None and ours.tensor is ours.columns
+    assert (ours.square is not None) is copy and not ours.square_only
+    return ours
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["unpacking", "square-copy"])
+def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, copy):
+    """Tagged UHF and ROHF densities, untagged indefinite ones, a non-symmetric one (PySCF's
+    general code for K, J from the screened tensor: PySCF's would recompute the integrals),
+    PySCF's tools (loop, get_naoaux), float32 K: all against PySCF's DF object."""
+    from pyscf.df import df_jk
+
+    mol = gto.M(atom=DIMER, basis="cc-pvdz", charge=1, spin=1, verbose=0)
+    ref = scf.UHF(mol).density_fit(auxbasis=JKFIT).run(conv_tol=1e-8)
+    ours = _screened_jk(monkeypatch, mol, copy)
+    assert ours.pairs.screened and "AO pairs (the others are zero)" in ours.describe()
+    assert ours.get_naoaux() == ref.with_df.get_naoaux()
+    rows = np.concatenate(list(ours.loop(blksize=50)))
+    assert np.abs(rows - np.concatenate(list(ref.with_df.loop()))).max() < TOL_MATRIX_ABS
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((mol.nao_nr(), mol.nao_nr()))
+    for dm in (ref.make_rdm1(), np.stack([x + x.T, 0.1 * (x @ x.T)])):
+        vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=1)
+        for with_j, with_k in ((True, True), (True, False), (False, True)):
+            vj, vk = ours.get_jk(dm, hermi=1, with_j=with_j, with_k=with_k)
+            assert (vj is None) is not with_j and (vk is None) is not with_k
+            if with_j:
+                assert np.abs(vj - vj_ref).max() < TOL_MATRIX_ABS
+            if with_k:
+                assert np.abs(vk - vk_ref).max() < TOL_MATRIX_ABS
+    monkeypatch.setattr(df_jk, "get_j", lambda *a, **k: pytest.fail("integrals recomputed"))
+    vj_ref, vk_ref = ref.with_df.get_jk(x, hermi=0)
+    for ours_jk, ref_jk in zip(ours.get_jk(x, hermi=0), (vj_ref, vk_ref)):
+        assert np.abs(ours_jk - ref_jk).max() < TOL_MATRIX_ABS
+    assert np.abs(ours.get_jk(x, hermi=0, with_k=False)[0] - vj_ref).max() < TOL_MATRIX_ABS
+    dm = ref.make_rdm1()
+    vk_ref = ref.with_df.get_jk(dm, hermi=1)[1]
+    vk32 = get_jk(ours.columns, dm, _la(), k_precision="fp32", pairs=ours.pairs)[1]
+    assert 0 < np.abs(vk32 - vk_ref).max() / np.abs(vk_ref).max() < TOL_FP32_REL
+    with pytest.raises(ValueError, match="pair columns of"):
+        get_jk(ours.columns, dm[:, :-1, :-1], _la(), pairs=ours.pairs)
+
+
+@pytest.mark.parametrize("kind", ["rhf", "uhf"])
+def test_an_scf_on_the_screened_tensor_equals_pyscfs_df_scf(monkeypatch, kind):
+    """The energy of PySCF's DF-SCF, in the cycles of dfmp2's packed layout (the cation
+    converges in one cycle fewer than PySCF's on any of dfmp2's layouts: summation order at
+    the convergence threshold)."""
+    mol = gto.M(atom=DIMER, basis="cc-pvdz", charge=kind == "uhf", spin=kind == "uhf",
+                verbose=0)
+    runs = {}
+    for layout in ("pyscf", "packed", "screened"):
+        mf = (scf.RHF if kind == "rhf" else scf.UHF)(mol).density_fit(auxbasis=JKFIT)
+        mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
+        if layout == "packed":
+            mf.with_df = DFJK(mol, JKFIT, _la(), layout="packed")
+        elif layout == "screened":
+            mf.with_df = _screened_jk(monkeypatch, mol, copy=False)
+        mf.kernel()
+        assert mf.converged
+        runs[layout] = mf
+    for layout in ("packed", "screened"):
+        assert runs[layout].e_tot == pytest.approx(runs["pyscf"].e_tot, abs=TOL_OUTCORE)
+    assert runs["screened"].cycles == runs["packed"].cycles
+    assert abs(runs["screened"].cycles - runs["pyscf"].cycles) <= (kind == "uhf")
