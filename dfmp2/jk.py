@@ -220,11 +220,14 @@ def unpack_in_place(flat: np.ndarray, naux: int, nao: int, threads: int | None =
 
 
 def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
-                      directory: str | None = None) -> MatrixFile:
-    """The fitted tensor of :func:`fitted_cderi` in a temporary file (:class:`MatrixFile`, rows
-    the fitted auxiliary functions), for a tensor that does not fit in memory: fitted by blocks
-    of ``plan.fit_pairs`` AO pairs (:func:`_fitted_pair_blocks`), written as columns. The file
-    is closed when building fails (it is unlinked from the start: see :class:`MatrixFile`)."""
+                      directory: str | None = None) -> tuple[MatrixFile, PairColumns]:
+    """``(file, pairs)``: the fitted tensor of :func:`screened_cderi` in a temporary file
+    (:class:`MatrixFile`, rows the fitted auxiliary functions, ``pairs.ncol`` columns), for a
+    tensor that does not fit in memory: fitted by blocks of ``plan.fit_pairs`` AO pairs
+    (:func:`_fitted_pair_blocks`), each holding every auxiliary function, so a block's zero
+    pairs are known exactly; its other columns are written after the previous block's, and the
+    zero column last. The file is closed when building fails (it is unlinked from the start:
+    see :class:`MatrixFile`)."""
     directory = directory or tempfile.gettempdir()
     free = shutil.disk_usage(directory).free
     if plan.tensor_bytes > free:
@@ -234,14 +237,23 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
             "--scratch-dir or raise --max-memory")
     factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
     nao = mol.nao_nr()
-    store = MatrixFile(factor.naux_fit, nao * (nao + 1) // 2, directory)
+    npair = nao * (nao + 1) // 2
+    store = MatrixFile(factor.naux_fit, npair + 1, directory)  # narrowed once written
     try:
+        kept = []
         for p0, _p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, plan.fit_pairs):
-            store.write_columns(p0, block)
+            nonzero = np.flatnonzero(np.any(block != 0, axis=0))
+            store.write_columns(sum(k.size for k in kept), block, nonzero)
+            kept.append(p0 + nonzero)
+        pairs = PairColumns(nao, np.concatenate(kept) if kept else np.zeros(0, int))
+        store.write_columns(pairs.ncol - 1, np.zeros((factor.naux_fit, 1)))
+        store.narrow(pairs.ncol)
     except BaseException:
         store.close()
         raise
-    return store
+    log.info("DF-SCF integrals: %d of %d AO pairs kept (the others are zero)",
+             pairs.kept.size, npair)
+    return store, pairs
 
 
 def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_pairs: int):
@@ -266,8 +278,8 @@ def _row_blocks(cderi, read_block: int):
     if isinstance(cderi, np.ndarray):
         yield 0, cderi.shape[0], cderi
         return
-    naux, npair = cderi.shape
-    rows = np.empty((min(read_block, naux), npair))
+    naux, width = cderi.shape
+    rows = np.empty((min(read_block, naux), width))
     for q0 in range(0, naux, read_block):
         q1 = min(q0 + read_block, naux)
         yield q0, q1, cderi.read_rows(q0, q1, rows)
@@ -662,8 +674,8 @@ class DFJK(pyscf_df.DF):
                             max(p1 - p0 for *_, p0, p1 in shell_row_pairs(self.mol)),
                             UNPACK_BLOCK, self.force_outcore)
         if self.plan.outcore:
-            self.file = fitted_cderi_file(self.mol, self.auxmol, self._ops(), self.plan,
-                                          self.scratch_dir)
+            self.file, self.pairs = fitted_cderi_file(self.mol, self.auxmol, self._ops(),
+                                                      self.plan, self.scratch_dir)
         elif self.layout == "packed":
             self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops())
             self._keep_square()
@@ -680,7 +692,9 @@ class DFJK(pyscf_df.DF):
     def describe(self) -> str:
         """Where the built tensor is, in words (the log and the run's record)."""
         if self.file is not None:
-            return f"{self.plan.tensor_bytes / 2**20:.0f} MB packed on disk"
+            return (f"{self.file.shape[0] * self.file.shape[1] * 8 / 2**20:.0f} MB on disk, "
+                    f"{self.pairs.kept.size} of {self.pairs.npair} AO pairs (the others are "
+                    "zero)")
         if self.square_only:
             return f"{self.square.nbytes / 2**20:.0f} MB unpacked (float64) in memory"
         if self.columns is not None:
@@ -729,7 +743,7 @@ class DFJK(pyscf_df.DF):
             yield from super().loop(blksize)
             return
         for _, _, rows in _row_blocks(self.file, blksize or self.plan.read_block):
-            yield rows
+            yield self.pairs.expand(rows)
 
     def use_fp64(self) -> None:
         """K in float64 from now on (with a float64 square copy when it fits)."""

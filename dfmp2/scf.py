@@ -213,9 +213,10 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
     if jk.square_only:
         return f" (fitted tensor in memory, unpacked, float64, naux {naux})"
     if plan.outcore:
-        return (f" (fitted tensor on disk: {plan.tensor_bytes / 2**20:.0f} MB, more than "
-                f"--max-memory {jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary "
-                f"functions at a time; naux {naux})")
+        return (f" (fitted tensor on disk: {jk.describe()}; packed it would take "
+                f"{plan.tensor_bytes / 2**20:.0f} MB, more than --max-memory "
+                f"{jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary functions at "
+                f"a time; naux {naux})")
     kept = [name for name, itemsize, wanted in (("float32", 4, mixed), ("float64", 8, True))
             if wanted and jk_square_fits(jk.mol.nao_nr(), naux, itemsize, jk.max_memory,
                                          UNPACK_BLOCK)]

@@ -201,10 +201,16 @@ class MatrixFile:
     The file is unlinked as soon as it is open, so nothing is left in ``directory`` whatever
     ends the process (an exception, a signal, SIGKILL); its space is freed when the descriptor
     is closed (:meth:`close`, or when the object is collected). Where the OS refuses to unlink an
-    open file, :meth:`close` removes it."""
+    open file, :meth:`close` removes it.
+
+    A matrix whose final width is known only once it is written (the DF-SCF's tensor on the AO
+    pairs that are not zero) is made with its widest ``ncol`` and :meth:`narrow`-ed: ``shape``
+    is then the narrower matrix, read row by row from rows ``stride`` columns apart (the
+    columns never written are holes in the file, on disk and in the OS cache alike)."""
 
     def __init__(self, nrow: int, ncol: int, directory: str | None = None):
         self.shape = (nrow, ncol)
+        self.stride = ncol
         name = f"dfmp2-scf-{os.getpid()}-{secrets.token_hex(6)}.bin"
         self.path = os.path.join(directory or tempfile.gettempdir(), name)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -220,15 +226,29 @@ class MatrixFile:
             self.close()
             raise
 
-    def write_columns(self, c0: int, block: np.ndarray) -> None:
-        """Columns c0:c0 + nc of every row from ``block`` (nrow, nc), float64."""
+    def write_columns(self, c0: int, block: np.ndarray, columns: np.ndarray | None = None
+                      ) -> None:
+        """Columns c0:c0 + nc of every row from ``block`` (nrow, nc), float64; with
+        ``columns`` (nc,) from those columns of ``block`` (nrow, any), gathered row by row."""
         nrow, ncol = self.shape
-        if block.ndim != 2 or block.shape[0] != nrow or not 0 <= c0 <= c0 + block.shape[1] <= ncol:
-            raise ValueError(f"write_columns: a block of shape {block.shape} at column {c0} does "
-                             f"not fit a ({nrow}, {ncol}) matrix")
-        rows = np.ascontiguousarray(block, dtype=np.float64)
+        width = block.shape[1] if columns is None else len(columns)
+        if block.ndim != 2 or block.shape[0] != nrow or not 0 <= c0 <= c0 + width <= ncol:
+            raise ValueError(f"write_columns: {width} columns of a block of shape {block.shape} "
+                             f"at column {c0} do not fit a ({nrow}, {ncol}) matrix")
+        if columns is None:
+            rows = np.ascontiguousarray(block, dtype=np.float64)
+        else:
+            row = np.empty(width)
         for r in range(nrow):
-            _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * ncol + c0) * 8)
+            data = rows[r] if columns is None else np.take(block[r], columns, out=row)
+            _write_all(self._fd, memoryview(data).cast("B"), (r * self.stride + c0) * 8)
+
+    def narrow(self, ncol: int) -> None:
+        """The matrix is its first ``ncol`` columns from now on (at most the current width)."""
+        if not 0 <= ncol <= self.shape[1]:
+            raise ValueError(f"narrow: {ncol} columns of a ({self.shape[0]}, {self.shape[1]}) "
+                             "matrix")
+        self.shape = (self.shape[0], ncol)
 
     def read_rows(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """Rows r0:r1 into ``out[: r1 - r0]`` (C-contiguous float64, ncol columns); returns it."""
@@ -239,14 +259,21 @@ class MatrixFile:
                              f"an array of shape {out.shape}, {out.dtype}, "
                              f"{'C' if out.flags.c_contiguous else 'not C'}-contiguous")
         target = out[: r1 - r0]
-        view = memoryview(target.reshape(-1)).cast("B")
-        offset, done = r0 * ncol * 8, 0
+        if ncol == self.stride:  # the rows are contiguous in the file: one read
+            self._read_all(target.reshape(-1), r0 * ncol * 8)
+        else:
+            for r in range(r0, r1):
+                self._read_all(target[r - r0], r * self.stride * 8)
+        return target
+
+    def _read_all(self, out: np.ndarray, offset: int) -> None:
+        view = memoryview(out).cast("B")
+        done = 0
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:
                 raise OSError(f"short read of {self.path}")
             done += got
-        return target
 
     def close(self) -> None:
         self._finalizer()

@@ -360,23 +360,36 @@ def test_a_tensor_beyond_max_memory_goes_to_a_file_and_is_removed(tmp_path):
     assert _open_scratch_files() == [] and small.with_df.file is None
 
 
-def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch):
-    """The out-of-core build (int3c2e and the fit by ranges of AO shell rows, written as columns)
-    and the blockwise J/K (rows read a few auxiliary functions at a time) give the in-core J
-    and K, for ROHF's tagged densities and an untagged indefinite one."""
+#: Two water molecules 6 Angstrom apart, a cation: 238 of their 1176 AO pairs (cc-pVDZ) are
+#: zero for every auxiliary function.
+DIMER_CATION = ("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; "
+                "O 6 0 0; H 6 0.76 0.59; H 6 -0.76 0.59")
+
+
+@pytest.mark.parametrize("atom, screened", [(NH2, False), (DIMER_CATION, True)],
+                         ids=["NH2", "distant-dimer"])
+def test_out_of_core_j_and_k_equal_in_core_over_fit_and_read_blocks(monkeypatch, atom,
+                                                                     screened):
+    """The out-of-core build (int3c2e and the fit by ranges of AO shell rows, each range's
+    nonzero pairs written as columns after the previous range's, read back row by row when
+    pairs are zero) and the blockwise J/K (rows read a few auxiliary functions at a time) give
+    the in-core J and K, for ROHF's tagged densities and an untagged indefinite one."""
     from dfmp2 import jk as dfmod
     from dfmp2.blocking import JKPlan
 
-    mol = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    mol = gto.M(atom=atom, basis="cc-pvdz", spin=1, charge=int(screened), verbose=0)
     ref = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()
     incore = DFJK(mol, JKFIT, _la(), layout="packed").build()
     npair = mol.nao_nr() * (mol.nao_nr() + 1) // 2
     monkeypatch.setattr(dfmod, "plan_jk", lambda *a, **k: JKPlan(True, 40, 7, 0, 0))
     ours = DFJK(mol, JKFIT, _la()).build()
     assert ours.file is not None and ours._cderi is None and ours.square is None
+    assert bool(ours.pairs.screened) is screened
+    assert (ours.file.stride > ours.file.shape[1]) is screened
     rows = np.empty(ours.file.shape)
-    assert np.abs(ours.file.read_rows(0, rows.shape[0], rows) - incore._cderi).max() \
-        < TOL_MATRIX_ABS
+    assert np.array_equal(ours.pairs.kept, np.flatnonzero(np.any(incore._cderi != 0, axis=0)))
+    assert np.abs(ours.pairs.expand(ours.file.read_rows(0, rows.shape[0], rows))
+                  - incore._cderi).max() < TOL_MATRIX_ABS
     assert npair > 40  # the fit really ran in several column ranges
     x = np.random.default_rng(1).standard_normal((mol.nao_nr(), mol.nao_nr()))
     for dm in (ref.make_rdm1(), np.stack([x + x.T, x @ x.T])):
@@ -623,10 +636,14 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
     from dfmp2.storage import MatrixFile
 
     store = MatrixFile(3, 5, str(tmp_path))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="do not fit"):
         store.write_columns(3, np.ones((3, 3)))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="do not fit"):
         store.write_columns(0, np.ones((2, 2)))
+    with pytest.raises(ValueError, match="3 columns of a block of shape"):
+        store.write_columns(3, np.ones((3, 3)), columns=np.arange(3))
+    with pytest.raises(ValueError, match="narrow: 6 columns"):
+        store.narrow(6)
     with pytest.raises(ValueError, match="not C-contiguous"):
         store.read_rows(0, 3, np.empty((3, 5), order="F"))
     with pytest.raises(ValueError, match="do not fit"):
