@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -45,7 +46,9 @@ from .df import (
     iter_int3c2e,
     iter_int3c2e_pairs,
     metric,
+    nonzero_columns,
     shell_row_pairs,
+    take_columns,
 )
 from .errors import InputError, ResourceError
 from .integrals import make_auxmol
@@ -109,7 +112,8 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     # pages touched up front, in order, by threads: see dfmp2.buffers
     packed = zeros((naux, npair))
     if factor.lower is None:
-        for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, max(1, npair // 16)):
+        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
+                                                    max(1, npair // 16)):
             packed[:, p0:p1] = block
     else:
         for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
@@ -139,8 +143,8 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
         pairs = PairColumns.every(nao)
         flat = _tensor_memory(naux, nao, pairs, square)
         columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        for p0, p1, block in _fitted_pair_blocks(mol, auxmol, factor, la,
-                                                 max(1, pairs.npair // 16)):
+        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
+                                                    max(1, pairs.npair // 16)):
             columns[:, p0:p1] = block  # kept = every pair: a pair's column is its index
     else:
         blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
@@ -241,9 +245,9 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     store = MatrixFile(factor.naux_fit, npair + 1, directory)  # narrowed once written
     try:
         kept = []
-        for p0, _p1, block in _fitted_pair_blocks(mol, auxmol, factor, la, plan.fit_pairs):
-            nonzero = np.flatnonzero(np.any(block != 0, axis=0))
-            store.write_columns(sum(k.size for k in kept), block, nonzero)
+        for p0, _p1, nonzero, block in _fitted_pair_blocks(mol, auxmol, factor, la,
+                                                           plan.fit_pairs, screen=True):
+            store.write_columns(sum(k.size for k in kept), block)
             kept.append(p0 + nonzero)
         pairs = PairColumns(nao, np.concatenate(kept) if kept else np.zeros(0, int))
         store.write_columns(pairs.ncol - 1, np.zeros((factor.naux_fit, 1)))
@@ -256,19 +260,37 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     return store, pairs
 
 
-def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_pairs: int):
-    """Yield ``(p0, p1, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0), for
-    ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
+def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_pairs: int,
+                        screen: bool = False):
+    """Yield ``(p0, p1, kept, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0),
+    for ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
     auxiliary function of those pairs, then ``L^{-T}`` by one in-place trmm on the (pairs,
-    naux) view, or ``J^{-1/2}`` by one gemm. A block is valid until the next one."""
+    naux) view, or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``, the pairs whose
+    integrals are zero for every auxiliary function are dropped before the fit: ``kept`` gives
+    the offsets within p0:p1 of the block's columns. Two arrays of a range's size: the
+    integrals and their copy without the zero pairs, fitted in place (by the trmm, or by the
+    gemm into the integrals' array). A block is valid until the next one is requested."""
     upper = fit_matrix(factor, la) if factor.lower is not None else None
-    for p0, p1, block in iter_int3c2e_pairs(mol, auxmol, max_pairs):
+    spare = None
+    for p0, p1, ints in iter_int3c2e_pairs(mol, auxmol, max_pairs):
+        kept, block = None, ints
+        if screen:
+            kept = np.flatnonzero(nonzero_columns(ints)).astype(np.int32)
+            if spare is None or spare.size < ints.size:
+                spare = zeros((ints.size,))  # touched by threads: see dfmp2.buffers
+            block = take_columns(ints, kept, spare[: ints.shape[0] * kept.size].reshape(
+                ints.shape[0], kept.size), threads=len(os.sched_getaffinity(0)))
         if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
-            yield p0, p1, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
-                                  trans_a=True).numpy()
+            out = None
+            if screen:  # into the integrals' array, free once they are copied
+                nfit = factor.inv_sqrt.shape[1]
+                out = torch.from_numpy(ints.reshape(-1)[: nfit * kept.size].reshape(
+                    nfit, kept.size))
+            yield p0, p1, kept, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
+                                        trans_a=True, out=out).numpy()
         else:
             la.trmm(upper, torch.from_numpy(block).T)
-            yield p0, p1, block
+            yield p0, p1, kept, block
 
 
 def _row_blocks(cderi, read_block: int):
