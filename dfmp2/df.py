@@ -199,6 +199,7 @@ class PairColumns:
         # compress()'s gather: the kept pairs, then a pair the caller has checked is zero
         # (any: its value is overwritten) for the zero column
         self._source = np.append(self.kept, 0).astype(np.int32)
+        self._screened = self.column == self.kept.size  # (npair,) bool: the pairs not kept
 
     @classmethod
     def every(cls, nao: int) -> PairColumns:
@@ -220,7 +221,7 @@ class PairColumns:
         compressed copy would lose it)."""
         if not self.screened:
             return False
-        return bool(np.any(nonzero_columns(packed_rows)[self.column == self.kept.size]))
+        return bool(np.any(nonzero_columns(packed_rows)[self._screened]))
 
     def compress(self, packed_rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out`` (n, ncol), C-contiguous: the kept columns of ``packed_rows`` (n, npair), then

@@ -3,21 +3,25 @@
 PySCF keeps its drivers (DIIS, guess, level shift, convergence checks); a density-fitted SCF
 object asks its ``with_df`` for J and K once per iteration. :class:`DFJK` is such a ``with_df``:
 a ``pyscf.df.DF`` whose three-index tensor is built once from :mod:`dfmp2.df`'s pieces
-(:func:`fitted_cderi`: the metric factored as in the MP2 step, int3c2e streamed, the fit through
-the registry's ``trmm``/``gemm``; :func:`fitted_cderi_file` when it does not fit in memory) and
-whose J and K are registry ``gemm`` calls:
+(:func:`screened_cderi`: the metric factored as in the MP2 step, int3c2e streamed, the fit
+through the registry's ``trmm``/``gemm``; :func:`fitted_cderi_file` when it does not fit in
+memory) and whose J and K are registry ``gemm`` calls:
 
     B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
     J_{mu nu}  = sum_Q B^Q_{mu nu} rho_Q,  rho_Q = sum_{lam sig} B^Q_{lam sig} D_{lam sig}
     K          = sum_Q (B^Q C)(B^Q C)^T  with D = C C^T (C = C_occ sqrt(n_occ), or from eigh
                                           of D with the negative part subtracted)
 
-In memory, when K is float64 and it fits, B is held unpacked only, (naux_fit, nao, nao), built
-over its own packed rows (:func:`unpack_in_place`): K reads it without unpacking and J takes its
-fitted density from K's products. Otherwise B is PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2),
-with an unpacked copy for K where that fits too. PySCF's own tools that read a DF object
-(``loop``, ``get_naoaux``) keep working: ``loop`` packs blocks of the unpacked tensor, or reads
-the file when the tensor is on disk.
+The AO pairs whose integrals are zero for every auxiliary function (libcint's screening of
+distant pairs) are left out of the fit, of J's products and of the tensor in memory or on disk
+(:class:`dfmp2.df.PairColumns`). In memory, when K is float64 and it fits, B is held unpacked
+only, (naux_fit, nao, nao), built over its own screened rows (:func:`unpack_in_place`): K reads
+it without unpacking and J takes its fitted density from K's products. Otherwise B is kept on
+the pairs that are not zero, (naux_fit, pairs.ncol), and K unpacks it block by block, with an
+unpacked copy where that fits too; ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit,
+nao(nao+1)/2) instead (:func:`fitted_cderi`). PySCF's own tools that read a DF object
+(``loop``, ``get_naoaux``) keep working: ``loop`` gives PySCF's packed blocks of any layout,
+in memory or on disk.
 Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied orbitals.
 """
 
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -276,10 +279,10 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
         kept, block = None, ints
         if screen:
             kept = np.flatnonzero(nonzero_columns(ints)).astype(np.int32)
-            if spare is None or spare.size < ints.size:
-                spare = zeros((ints.size,))  # touched by threads: see dfmp2.buffers
+            if spare is None or spare.size < ints.size:  # no range is wider than max_pairs
+                spare = zeros((ints.shape[0] * max(max_pairs, ints.shape[1]),))
             block = take_columns(ints, kept, spare[: ints.shape[0] * kept.size].reshape(
-                ints.shape[0], kept.size), threads=len(os.sched_getaffinity(0)))
+                ints.shape[0], kept.size), threads=lib.num_threads())
         if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
             out = None
             if screen:  # into the integrals' array, free once they are copied
@@ -446,9 +449,10 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     (:func:`_jk_from_square`). ``k_la``: the ops of K's products when they differ from
     ``la``'s (an NKI run's float32 K). ``counts``, when given, gets the floating-point
     operations the products need added to its ``'flops'``: ``4 naux c`` per density for J,
-    with c the tensor's columns (n(n+1)/2 packed, the kept pairs when screened), and ``(2 R + sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix,
-    r_k of them density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two
-    densities share columns, so R < sum_k r_k there)."""
+    with c the tensor's columns (n(n+1)/2 packed, the kept pairs when screened), and ``(2 R +
+    sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix, r_k of them
+    density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two densities
+    share columns, so R < sum_k r_k there)."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
