@@ -167,7 +167,10 @@ def _median_seconds(fn, repeat: int):
 def screening(dfjk, mf, repeat: int) -> dict:
     from dfmp2.jk import square_copy
 
-    cderi = dfjk._cderi  # None when the tensor is held unpacked only (dfjk.square)
+    cderi = dfjk.tensor  # None when the tensor is held unpacked only (dfjk.square)
+    if cderi is not None and dfjk.pairs is not None:  # on the AO pairs that are not zero
+        cderi = np.concatenate([dfjk.pairs.expand(cderi[q0:q0 + 64])
+                                for q0 in range(0, cderi.shape[0], 64)])
     naux = dfjk.get_naoaux()
     mol = mf.mol
     c = np.ascontiguousarray(mf.mo_coeff[:, mf.mo_occ > 0] * np.sqrt(2.0))

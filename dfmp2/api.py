@@ -531,10 +531,12 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
     """The Fock matrix of ``mf``'s own density (per spin for UHF), for the orbital check.
 
     A plain density-fitted HF object (PySCF's own ``get_veff`` and ``get_fock``) whose fitted
-    tensor is in memory (PySCF's packed one, or a :class:`dfmp2.jk.DFJK`'s, packed or
-    unpacked) gets J and K from :func:`dfmp2.jk.get_jk` on that tensor with ``la``'s ops
-    (dfmp2's BLAS); anything else (exact integrals, Kohn-Sham, solvent or other added
-    potentials, a tensor on disk) asks the object's ``get_fock``."""
+    tensor is in memory as PySCF's packed one, or as a :class:`dfmp2.jk.DFJK`'s unpacked one
+    (held alone, or copied in float64 beside the packed or pair-screened one), gets J and K from
+    :func:`dfmp2.jk.get_jk` on that tensor with ``la``'s ops (dfmp2's BLAS); anything else
+    (exact integrals, Kohn-Sham, solvent or other added potentials, a DFJK's pair-screened
+    tensor without a float64 copy, a tensor on disk) asks the object's ``get_fock``, whose
+    DFJK builds J and K with the run's ops."""
     from pyscf import dft
 
     from .jk import DFJK, get_jk

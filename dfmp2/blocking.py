@@ -163,7 +163,7 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
 
 def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block: int) -> bool:
     """Whether a DF-SCF's in-memory tensor may be held unpacked only, (naux, n, n) float64,
-    built in place (:func:`dfmp2.jk.fitted_cderi`): the metric's factors, that tensor and the
+    built in place (:func:`dfmp2.jk.screened_cderi`): the metric's factors, that tensor and the
     larger of the build's work arrays (as in :func:`plan_jk`) and K's (one block's product ``Y
     = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``; a float32 cycle's Y and
     its float32 copy of the block take ``12 * square_block * n^2`` of that) within the usable

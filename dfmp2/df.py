@@ -157,11 +157,17 @@ def unpack_pairs(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
 def take_columns(rows: np.ndarray, columns: np.ndarray, out: np.ndarray,
                  threads: int = 1) -> np.ndarray:
     """``out[:n] = rows[:, columns]`` for ``rows`` (n, m) float64 C-contiguous, ``columns``
-    int32 and ``out`` C-contiguous with rows of ``len(columns)`` (PySCF's compiled gather). Runs
-    in the calling thread only, as :func:`unpack_pairs` does, unless given more ``threads``
-    (PySCF's OpenMP ones: for a gather between two long products, not between short ones,
-    whose BLAS workers are still spinning)."""
+    int32 and ``out`` float64 C-contiguous with rows of ``len(columns)`` (PySCF's compiled
+    gather, which checks no index: a column beyond m is refused here). Runs in the calling
+    thread only, as :func:`unpack_pairs` does, unless given more ``threads`` (PySCF's OpenMP
+    ones: for a gather between two long products, not between short ones, whose BLAS workers
+    are still spinning)."""
     count = rows.shape[0]
+    if (rows.ndim != 2 or rows.dtype != np.float64 or not rows.flags.c_contiguous
+            or out.dtype != np.float64 or not out.flags.c_contiguous
+            or (columns.size and not 0 <= columns.min() <= columns.max() < rows.shape[1])):
+        raise ValueError(f"take_columns: columns up to {columns.max(initial=-1)} of float64 "
+                         f"C-contiguous rows {rows.shape} {rows.dtype} into {out.dtype}")
     with lib.with_omp_threads(threads):
         return lib.take_2d(rows, np.arange(count, dtype=np.int32), columns, out=out[:count])
 
@@ -196,8 +202,8 @@ class PairColumns:
         mu = np.arange(self.nao)
         big, small = np.maximum.outer(mu, mu), np.minimum.outer(mu, mu)
         self.square_index = self.column[big * (big + 1) // 2 + small].ravel()
-        # compress()'s gather: the kept pairs, then a pair the caller has checked is zero
-        # (any: its value is overwritten) for the zero column
+        # compress()'s gather: the kept pairs, then any pair for the zero column (its value
+        # is overwritten)
         self._source = np.append(self.kept, 0).astype(np.int32)
         self._screened = self.column == self.kept.size  # (npair,) bool: the pairs not kept
 
@@ -207,18 +213,38 @@ class PairColumns:
         return cls(nao, np.arange(nao * (nao + 1) // 2))
 
     @classmethod
-    def nonzero_in(cls, nao: int, packed_rows: np.ndarray) -> PairColumns:
-        """The pairs not zero in every row of ``packed_rows`` (n, npair)."""
-        return cls(nao, np.flatnonzero(nonzero_columns(packed_rows)))
+    def nonzero_in(cls, nao: int, packed_rows: np.ndarray,
+                   ao_loc: np.ndarray | None = None) -> PairColumns:
+        """The pairs not zero in every row of ``packed_rows`` (n, npair); with ``ao_loc`` (the
+        basis's shell offsets, nbas + 1) every pair of a shell pair with one such pair. libcint
+        skips whole shell pairs, and a pair of a kept shell pair that is zero in these rows may
+        vanish by symmetry for these auxiliary functions only (a p function perpendicular to a
+        plane or an axis that holds every centre of the rows)."""
+        nonzero = nonzero_columns(packed_rows)
+        if ao_loc is not None:
+            shell = np.repeat(np.arange(len(ao_loc) - 1), np.diff(ao_loc))  # (nao,)
+            rows, cols = np.tril_indices(nao)  # packed order: mu(mu+1)/2 + nu, mu >= nu
+            shell_pair = shell[rows] * (len(ao_loc) - 1) + shell[cols]
+            kept_shell_pairs = np.zeros((len(ao_loc) - 1) ** 2, dtype=bool)
+            kept_shell_pairs[shell_pair[nonzero]] = True
+            nonzero = kept_shell_pairs[shell_pair]
+        return cls(nao, np.flatnonzero(nonzero))
 
     @property
     def screened(self) -> int:
         """Pairs not kept."""
         return self.npair - self.kept.size
 
+    def describe(self) -> str:
+        """The kept pairs, in words (a run's record)."""
+        if not self.screened:
+            return f"all {self.npair} AO pairs (none is zero)"
+        return f"{self.kept.size} of {self.npair} AO pairs (the others are zero)"
+
     def misses(self, packed_rows: np.ndarray) -> bool:
         """Whether ``packed_rows`` (n, npair) are nonzero at a pair that is not kept (their
         compressed copy would lose it)."""
+        self._check_width(packed_rows, self.npair)
         if not self.screened:
             return False
         return bool(np.any(nonzero_columns(packed_rows)[self._screened]))
@@ -226,21 +252,29 @@ class PairColumns:
     def compress(self, packed_rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out`` (n, ncol), C-contiguous: the kept columns of ``packed_rows`` (n, npair), then
         the zero column (the caller has checked :meth:`misses`)."""
+        self._check_width(packed_rows, self.npair)
         take_columns(packed_rows, self._source, out)
         out[:, -1] = 0.0
         return out
 
     def expand(self, rows: np.ndarray) -> np.ndarray:
         """PySCF's packed rows (n, npair) from the tensor's ``rows`` (n, ncol)."""
+        self._check_width(rows, self.ncol)
         return take_columns(np.ascontiguousarray(rows), self.column,
                             np.empty((rows.shape[0], self.npair)))
 
     def of_pairs(self, packed: np.ndarray) -> np.ndarray:
         """(m, ncol) from packed vectors (m, npair): their kept entries and a zero (a density
         against which the tensor's columns are summed)."""
+        self._check_width(packed, self.npair)
         out = np.zeros((packed.shape[0], self.ncol), dtype=packed.dtype)
         out[:, :-1] = packed[:, self.kept]
         return out
+
+    def _check_width(self, rows: np.ndarray, width: int) -> None:
+        if rows.ndim != 2 or rows.shape[1] != width:
+            raise ValueError(f"PairColumns of {self.nao} functions: rows {rows.shape}, not "
+                             f"(n, {width})")
 
 
 def nonzero_columns(rows: np.ndarray) -> np.ndarray:
@@ -288,6 +322,8 @@ class PairUnpacker:
             work = unpack_pairs
         else:
             nao = pairs.nao
+
+            pairs._check_width(packed, pairs.ncol)
 
             def work(part, dest):
                 take_columns(part, pairs.square_index, dest.reshape(-1, nao * nao))

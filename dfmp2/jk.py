@@ -133,10 +133,10 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
     (:func:`unpack_in_place`), so that no other copy outlives the build.
 
-    The kept pairs are those not zero in the first block of auxiliary shells; every later block
-    is checked to be zero at the others before it is stored compressed, and the integrals are
-    computed again with every pair kept when one is not (a later auxiliary function that does
-    not vanish by symmetry where the first ones did: linear molecules). The fit of the kept
+    The kept pairs are those of the AO shell pairs not zero in the first block of auxiliary
+    shells; every later block is checked to be zero at the others before it is stored
+    compressed, and the integrals are computed again with every pair kept when one is not (a
+    whole shell pair that vanishes by symmetry for the first auxiliary functions only). The fit of the kept
     pairs is the one trmm of :func:`fitted_cderi` on fewer columns. With ``J^{-1/2}`` (the
     metric refused by Cholesky) the tensor is fitted by AO pair blocks and every pair is kept."""
     nao = mol.nao_nr()
@@ -152,10 +152,12 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     else:
         blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
         p0, p1, first = next(blocks)
-        pairs = PairColumns.nonzero_in(nao, first)
+        pairs = PairColumns.nonzero_in(nao, first, mol.ao_loc_nr())
         flat = _screened_integrals(itertools.chain([(p0, p1, first)], blocks), pairs, naux,
                                    square)
+        del first
         if flat is None:
+            blocks.close()  # its int3c2e array goes before the next pass makes its own
             log.info("DF-SCF integrals: a later auxiliary block is not zero where the first "
                      "was; every AO pair kept")
             pairs = PairColumns.every(nao)
@@ -165,8 +167,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
         # B^T = (P|mu nu)^T L^{-T}: one trmm on the (kept pairs, naux) view, in place (the
         # zero column stays zero)
         la.trmm(fit_matrix(factor, la), torch.from_numpy(columns).T)
-    log.info("DF-SCF integrals: %d of %d AO pairs kept (the others are zero)",
-             pairs.kept.size, pairs.npair)
+    log.info("DF-SCF integrals: %s kept", pairs.describe())
     if not square:
         return columns, pairs
     if pairs.ncol > nao * nao:  # one basis function: its pair and the zero column
@@ -258,8 +259,7 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     except BaseException:
         store.close()
         raise
-    log.info("DF-SCF integrals: %d of %d AO pairs kept (the others are zero)",
-             pairs.kept.size, npair)
+    log.info("DF-SCF integrals: %s kept", pairs.describe())
     return store, pairs
 
 
@@ -461,8 +461,11 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     if cderi is None and (square is None or square.dtype != np.float64):
         raise ValueError("get_jk needs the packed tensor or a float64 square one")
     naux = (square if cderi is None else cderi).shape[0]
-    if pairs is not None and pairs.nao != nao:
-        raise ValueError(f"get_jk: pair columns of {pairs.nao} functions for {nao}")
+    if pairs is not None and (pairs.nao != nao or (cderi is not None
+                                                   and cderi.shape[1] != pairs.ncol)):
+        raise ValueError(f"get_jk: pair columns of {pairs.nao} functions ({pairs.ncol} "
+                         f"columns) for {nao} functions and a tensor of shape "
+                         f"{None if cderi is None else cderi.shape}")
     width = nao * (nao + 1) // 2 if pairs is None else pairs.kept.size
     flops = 4 * naux * width * nset if with_j else 0
     coeff = parts = None
@@ -719,13 +722,11 @@ class DFJK(pyscf_df.DF):
         """Where the built tensor is, in words (the log and the run's record)."""
         if self.file is not None:
             return (f"{self.file.shape[0] * self.file.shape[1] * 8 / 2**20:.0f} MB on disk, "
-                    f"{self.pairs.kept.size} of {self.pairs.npair} AO pairs (the others are "
-                    "zero)")
+                    f"{self.pairs.describe()}")
         if self.square_only:
             return f"{self.square.nbytes / 2**20:.0f} MB unpacked (float64) in memory"
         if self.columns is not None:
-            return (f"{self.columns.nbytes / 2**20:.0f} MB in memory, {self.pairs.kept.size} "
-                    f"of {self.pairs.npair} AO pairs (the others are zero)"
+            return (f"{self.columns.nbytes / 2**20:.0f} MB in memory, {self.pairs.describe()}"
                     + ("" if self.square is None else
                        f" + {self.square.nbytes / 2**20:.0f} MB unpacked ({self.square.dtype})"))
         return (f"{self._cderi.nbytes / 2**20:.0f} MB packed in memory"
@@ -751,8 +752,9 @@ class DFJK(pyscf_df.DF):
         return super().get_naoaux()
 
     def loop(self, blksize=None):
-        """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor, from the file
-        when it is on disk, packed from the square tensor when it is held unpacked only."""
+        """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor in PySCF's packed
+        layout: from the file when it is on disk, packed from the square tensor when it is held
+        unpacked only, expanded from the pair-screened rows otherwise."""
         if self.tensor is None and not self.square_only:
             self.build()
         if self.square_only:

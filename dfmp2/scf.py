@@ -222,8 +222,7 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
                                          UNPACK_BLOCK)]
     copies = f"; square copies for K: {' then '.join(kept)}" if kept else ""
     if jk.pairs is not None:
-        layout = (f"packed on {jk.pairs.kept.size} of {jk.pairs.npair} AO pairs (the others "
-                  "are zero)")
+        layout = f"packed on {jk.pairs.describe()}"
     else:
         layout = "packed"
     return f" (fitted tensor in memory, {layout}, naux {naux}{copies})"

@@ -226,22 +226,16 @@ class MatrixFile:
             self.close()
             raise
 
-    def write_columns(self, c0: int, block: np.ndarray, columns: np.ndarray | None = None
-                      ) -> None:
-        """Columns c0:c0 + nc of every row from ``block`` (nrow, nc), float64; with
-        ``columns`` (nc,) from those columns of ``block`` (nrow, any), gathered row by row."""
+    def write_columns(self, c0: int, block: np.ndarray) -> None:
+        """Columns c0:c0 + nc of every row from ``block`` (nrow, nc), float64."""
         nrow, ncol = self.shape
-        width = block.shape[1] if columns is None else len(columns)
-        if block.ndim != 2 or block.shape[0] != nrow or not 0 <= c0 <= c0 + width <= ncol:
-            raise ValueError(f"write_columns: {width} columns of a block of shape {block.shape} "
-                             f"at column {c0} do not fit a ({nrow}, {ncol}) matrix")
-        if columns is None:
-            rows = np.ascontiguousarray(block, dtype=np.float64)
-        else:
-            row = np.empty(width)
+        if (block.ndim != 2 or block.shape[0] != nrow
+                or not 0 <= c0 <= c0 + block.shape[1] <= ncol):
+            raise ValueError(f"write_columns: a block of shape {block.shape} at column {c0} "
+                             f"does not fit a ({nrow}, {ncol}) matrix")
+        rows = np.ascontiguousarray(block, dtype=np.float64)
         for r in range(nrow):
-            data = rows[r] if columns is None else np.take(block[r], columns, out=row)
-            _write_all(self._fd, memoryview(data).cast("B"), (r * self.stride + c0) * 8)
+            _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * self.stride + c0) * 8)
 
     def narrow(self, ncol: int) -> None:
         """The matrix is its first ``ncol`` columns from now on (at most the current width)."""

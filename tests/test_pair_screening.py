@@ -57,10 +57,13 @@ def test_pair_columns_compress_expand_and_unpack_like_pyscf(nao, keep):
     vectors = np.random.default_rng(2).standard_normal((2, npair))
     assert np.array_equal(pairs.of_pairs(vectors)[:, :-1], vectors[:, pairs.kept])
     assert np.array_equal(pairs.of_pairs(vectors)[:, -1], [0.0, 0.0])
+    assert np.array_equal(PairColumns.nonzero_in(nao, packed).kept, pairs.kept)
     if pairs.screened:
-        packed[3, np.flatnonzero(pairs.column == pairs.kept.size)[-1]] = 1e-300
+        extra = np.flatnonzero(pairs.column == pairs.kept.size)[-1]
+        packed[3, extra] = 1e-300
         assert pairs.misses(packed)
-    assert PairColumns.nonzero_in(nao, packed).kept.size >= pairs.kept.size
+        assert np.array_equal(PairColumns.nonzero_in(nao, packed).kept,
+                              np.union1d(pairs.kept, [extra]))
 
 
 def test_pair_columns_refuse_what_is_not_a_set_of_pairs():
@@ -102,20 +105,66 @@ def test_the_screened_tensor_is_the_packed_one_on_its_kept_pairs():
     assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
 
 
-def test_a_later_block_nonzero_where_the_first_was_zero_keeps_every_pair(caplog):
+def test_pairs_zero_by_symmetry_in_the_first_block_are_kept_with_their_shell_pair():
     """CO cc-pVTZ: four pairs vanish by symmetry for the first block of auxiliary functions
-    but not for later ones, so the integrals are computed again with every pair kept; J and K
-    are PySCF's."""
+    but not for later ones; the kept set takes whole shell pairs, so it holds them and the
+    screened tensor is the packed one (the same zero pairs)."""
     mol = gto.M(atom=CO, basis="cc-pvtz", verbose=0)
     auxmol = make_auxmol(mol, "cc-pvtz-jkfit")
-    blocks = iter_int3c2e(mol, auxmol, jkmod.JK_AUX_BLOCK)
-    first = PairColumns.nonzero_in(mol.nao_nr(), next(blocks)[2])
-    assert any(first.misses(block) for *_, block in blocks)  # the case under test
+    blocks = list(rows.copy() for *_, rows in iter_int3c2e(mol, auxmol, jkmod.JK_AUX_BLOCK))
+    by_pair = PairColumns.nonzero_in(mol.nao_nr(), blocks[0])
+    by_shell = PairColumns.nonzero_in(mol.nao_nr(), blocks[0], mol.ao_loc_nr())
+    assert any(by_pair.misses(rows) for rows in blocks[1:])  # the case under test
+    assert not any(by_shell.misses(rows) for rows in blocks[1:])
+    square, pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    packed = fitted_cderi(mol, auxmol, _la())
+    assert np.array_equal(pairs.kept, by_shell.kept)
+    assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
+
+
+@pytest.mark.parametrize("square", [False, True], ids=["screened", "unpacked"])
+def test_a_later_block_nonzero_where_the_first_was_zero_keeps_every_pair(monkeypatch, caplog,
+                                                                         square):
+    """When a later block is nonzero at a pair the first block's set left out (here the set is
+    made to leave one out), the integrals are computed again with every pair kept: the
+    tensor is the packed one."""
+    mol = gto.M(atom=DIMER, basis="cc-pvdz", verbose=0)
+    auxmol = make_auxmol(mol, JKFIT)
+    real = PairColumns.nonzero_in
+
+    def one_short(nao, rows, ao_loc=None):
+        kept = real(nao, rows, ao_loc).kept
+        return PairColumns(nao, kept[:-1])
+
+    monkeypatch.setattr(PairColumns, "nonzero_in", staticmethod(one_short))
     with caplog.at_level("INFO", logger="dfmp2.jk"):
-        columns, pairs = screened_cderi(mol, auxmol, _la())
+        tensor, pairs = screened_cderi(mol, auxmol, _la(), square=square)
     assert "every AO pair kept" in caplog.text and pairs.screened == 0
     packed = fitted_cderi(mol, auxmol, _la())
-    assert np.abs(columns[:, :-1] - packed).max() < TOL_MATRIX_ABS
+    expected = lib.unpack_tril(packed) if square else packed
+    assert np.abs((tensor if square else tensor[:, :-1]) - expected).max() < TOL_MATRIX_ABS
+    if not square:
+        assert not np.any(tensor[:, -1])
+
+
+def test_one_basis_function_and_mismatched_widths():
+    """An H atom in STO-3G (one basis function: a square row is narrower than a screened one)
+    is unpacked apart from its screened rows; rows of the wrong width are refused before
+    PySCF's gather, which checks no index."""
+    mol = gto.M(atom="H", basis="sto-3g", spin=1, verbose=0)
+    auxmol = make_auxmol(mol, "def2-universal-jkfit")
+    square, pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    assert np.abs(square - lib.unpack_tril(fitted_cderi(mol, auxmol, _la()))).max() \
+        < TOL_MATRIX_ABS
+    wide = _random_pairs(5, 0.5, 0)
+    rows = np.zeros((3, 15))  # packed width, not the screened one
+    with PairUnpacker(1) as unpack, pytest.raises(ValueError, match="not \\(n, "):
+        unpack(rows, np.zeros((3, 5, 5)), wide)
+    with pytest.raises(ValueError, match="pair columns of 5 functions"):
+        get_jk(rows, np.eye(5), _la(), pairs=wide)
+    with pytest.raises(ValueError, match="take_columns: columns up to 15"):
+        from dfmp2.df import take_columns
+        take_columns(rows, np.array([0, 15], dtype=np.int32), np.zeros((3, 2)))
 
 
 def _screened_jk(monkeypatch, mol, copy: bool, **kwargs) -> DFJK:
@@ -169,7 +218,7 @@ def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, co
 
 @pytest.mark.parametrize("kind", ["rhf", "uhf"])
 def test_an_scf_on_the_screened_tensor_equals_pyscfs_df_scf(monkeypatch, kind):
-    """The energy of PySCF's DF-SCF, in the cycles of dfmp2's packed layout (the cation
+    """The energy of PySCF's DF-SCF to 1e-10 Eh, in PySCF's cycles or one fewer (the cation
     converges in one cycle fewer than PySCF's on any of dfmp2's layouts: summation order at
     the convergence threshold)."""
     mol = gto.M(atom=DIMER, basis="cc-pvdz", charge=kind == "uhf", spin=kind == "uhf",
@@ -187,5 +236,27 @@ def test_an_scf_on_the_screened_tensor_equals_pyscfs_df_scf(monkeypatch, kind):
         runs[layout] = mf
     for layout in ("packed", "screened"):
         assert runs[layout].e_tot == pytest.approx(runs["pyscf"].e_tot, abs=TOL_OUTCORE)
-    assert runs["screened"].cycles == runs["packed"].cycles
-    assert abs(runs["screened"].cycles - runs["pyscf"].cycles) <= (kind == "uhf")
+        # the cycle count is reported, not fixed: rounding at the threshold may move it by one
+        assert abs(runs[layout].cycles - runs["pyscf"].cycles) <= 1
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["screened", "square-copy"])
+def test_the_orbital_check_and_copies_of_a_screened_tensor(monkeypatch, copy):
+    """DFMP2(mf)'s orbital check on a DFJK holding the screened tensor: the Fock of PySCF's own
+    DF object, from the float64 square copy with dfmp2's ops, or through the object's own
+    J/K; a copy of the DFJK shares no tensor, and reset releases them all."""
+    from dfmp2.api import fock_matrix
+
+    mol = gto.M(atom=DIMER, basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis=JKFIT)
+    mf.with_df = _screened_jk(monkeypatch, mol, copy)
+    mf.run(conv_tol=1e-9)
+    la = _la()
+    theirs = scf.RHF(mol).density_fit(auxbasis=JKFIT).get_fock(dm=mf.make_rdm1())
+    assert np.abs(fock_matrix(mf, la) - theirs).max() < TOL_MATRIX_ABS
+    assert ("gemm" in la.records) is copy  # else the object's own get_fock, on its own ops
+    other = mf.with_df.copy()
+    assert other.columns is None and other.pairs is None and other.square is None
+    mf.with_df.reset()
+    assert mf.with_df.columns is None and mf.with_df.pairs is None
+    assert mf.with_df.square is None and mf.with_df.tensor is None
