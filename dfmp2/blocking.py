@@ -58,8 +58,9 @@ _UNPACK_BYTES = 32 * MB
 #: Fraction of ``max_memory`` the block formulas may not use. Measured on (H2O)16 cc-pVDZ with
 #: B out of core under 150 MB: the working set exceeded the formulas' total by 17 MB (11%).
 RESERVE = 0.15
-#: Rows of AO pairs in the DF-SCF build's int3c2e block (dfmp2.jk.JK_AUX_BLOCK) and columns of
-#: torch's trmm work array (dfmp2.linalg.torch_ops.TRMM_COLUMN_BLOCK), for :func:`plan_jk`.
+#: Rows of AO pairs in the DF-SCF build's int3c2e block (dfmp2.scf_integrals.JK_AUX_BLOCK) and
+#: columns of torch's trmm work array (dfmp2.linalg.torch_ops.TRMM_COLUMN_BLOCK), for
+#: :func:`plan_jk`.
 _JK_INT3C_ROWS = 128
 _TRMM_COLUMNS = 256
 #: Largest occupied block: bigger ones stop paying off in GEMM efficiency.
@@ -155,7 +156,7 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
     """Whether K may keep a DF-SCF's in-memory tensor unpacked too, (naux, n, n) in
     ``itemsize``-byte floats: the packed tensor, that copy and K's work arrays within the usable
     budget (the metric's factors are gone once the tensor is built). ``unpack_block``: K's
-    (:data:`dfmp2.jk.UNPACK_BLOCK`, which its callers pass)."""
+    (:data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass)."""
     packed = _F64 * naux * (nao * (nao + 1) // 2)
     return (packed + itemsize * naux * nao * nao + _jk_work_bytes(nao, unpack_block)
             <= usable_bytes(max_memory_mb))
@@ -163,11 +164,12 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
 
 def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block: int) -> bool:
     """Whether a DF-SCF's in-memory tensor may be held unpacked only, (naux, n, n) float64,
-    built in place (:func:`dfmp2.jk.screened_cderi`): the metric's factors, that tensor and the
-    larger of the build's work arrays (as in :func:`plan_jk`) and K's (one block's product ``Y
-    = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``; a float32 cycle's Y and
-    its float32 copy of the block take ``12 * square_block * n^2`` of that) within the usable
-    budget. ``square_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK`, which its callers pass."""
+    built in place (:func:`dfmp2.scf_integrals.screened_cderi`): the metric's factors, that
+    tensor and the larger of the build's work arrays (as in :func:`plan_jk`) and K's (one
+    block's product ``Y = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``; a
+    float32 cycle's Y and its float32 copy of the block take ``12 * square_block * n^2`` of
+    that) within the usable budget. ``square_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK`, which
+    its callers pass."""
     square = _F64 * naux * nao * nao
     metric = 3 * naux * naux * _F64
     products = _F64 * 2 * nao * square_block * nao
@@ -176,8 +178,9 @@ def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block:
 
 
 def _jk_build_bytes(nao: int, naux: int) -> int:
-    """The DF-SCF tensor build's work arrays: the int3c2e block (dfmp2.jk.JK_AUX_BLOCK rows of
-    AO pairs) and torch's trmm work array (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)."""
+    """The DF-SCF tensor build's work arrays: the int3c2e block
+    (dfmp2.scf_integrals.JK_AUX_BLOCK rows of AO pairs) and torch's trmm work array
+    (torch_ops.TRMM_COLUMN_BLOCK columns of pairs)."""
     return _F64 * (nao * (nao + 1) // 2) * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
 
 

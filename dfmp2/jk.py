@@ -2,10 +2,10 @@
 
 PySCF keeps its drivers (DIIS, guess, level shift, convergence checks); a density-fitted SCF
 object asks its ``with_df`` for J and K once per iteration. :class:`DFJK` is such a ``with_df``:
-a ``pyscf.df.DF`` whose three-index tensor is built once from :mod:`dfmp2.df`'s pieces
-(:func:`screened_cderi`: the metric factored as in the MP2 step, int3c2e streamed, the fit
-through the registry's ``trmm``/``gemm``; :func:`fitted_cderi_file` when it does not fit in
-memory) and whose J and K are registry ``gemm`` calls:
+a ``pyscf.df.DF`` whose three-index tensor is built once by :mod:`dfmp2.scf_integrals` (the
+metric factored as in the MP2 step, int3c2e streamed, the fit through the registry's
+``trmm``/``gemm``; in a temporary file when it does not fit in memory) and whose J and K are
+registry ``gemm`` calls:
 
     B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
     J_{mu nu}  = sum_Q B^Q_{mu nu} rho_Q,  rho_Q = sum_{lam sig} B^Q_{lam sig} D_{lam sig}
@@ -15,22 +15,18 @@ memory) and whose J and K are registry ``gemm`` calls:
 The AO pairs whose integrals are zero for every auxiliary function (libcint's screening of
 distant pairs) are left out of the fit, of J's products and of the tensor in memory or on disk
 (:class:`dfmp2.df.PairColumns`). In memory, when K is float64 and it fits, B is held unpacked
-only, (naux_fit, nao, nao), built over its own screened rows (:func:`unpack_in_place`): K reads
-it without unpacking and J takes its fitted density from K's products. Otherwise B is kept on
-the pairs that are not zero, (naux_fit, pairs.ncol), and K unpacks it block by block, with an
-unpacked copy where that fits too; ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit,
-nao(nao+1)/2) instead (:func:`fitted_cderi`). PySCF's own tools that read a DF object
-(``loop``, ``get_naoaux``) keep working: ``loop`` gives PySCF's packed blocks of any layout,
-in memory or on disk.
+only, (naux_fit, nao, nao), built over its own screened rows: K reads it without unpacking and
+J takes its fitted density from K's products. Otherwise B is kept on the pairs that are not
+zero, (naux_fit, pairs.ncol), and K unpacks it block by block, with an unpacked copy where that
+fits too; ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2) instead.
+PySCF's own tools that read a DF object (``loop``, ``get_naoaux``) keep working: ``loop`` gives
+PySCF's packed blocks of any layout, in memory or on disk.
 Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied orbitals.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -38,25 +34,20 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, plan_jk
+from .blocking import jk_square_fits, jk_square_only_fits, plan_jk
 from .buffers import zeros
-from .df import (
-    MetricFactor,
-    PairColumns,
-    PairUnpacker,
-    factor_metric,
-    fit_matrix,
-    iter_int3c2e,
-    iter_int3c2e_pairs,
-    metric,
-    nonzero_columns,
-    shell_row_pairs,
-    take_columns,
-)
-from .errors import InputError, ResourceError
+from .df import PairColumns, PairUnpacker, shell_row_pairs
+from .errors import InputError
 from .integrals import make_auxmol
 from .linalg import Dispatcher
-from .storage import MatrixFile
+from .scf_integrals import (
+    JK_AUX_BLOCK,
+    UNPACK_BLOCK,
+    fitted_cderi,
+    fitted_cderi_file,
+    screened_cderi,
+    unpack_in_place,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,216 +75,14 @@ JK_LAYOUTS = ("auto", "packed")
 #: :func:`dfmp2.scf.run_scf` installs the convergence test that keeps float32 cycles from
 #: converging; an SCF object whose K is still float32 is refused by the MP2 step).
 K_PRECISIONS = ("fp64", "fp32")
-#: Auxiliary functions per block of the DF-SCF build's int3c2e.
-JK_AUX_BLOCK = 128
 #: Auxiliary functions per block of K's products from the square copy: one ``Y = C^T B^Q``
 #: product for all densities, then ``Y^T Y`` per density. Measured on the Intel Xeon (family 6,
 #: model 167), (H2O)16 cc-pVDZ: a UHF build 1.29-1.34 s at 64 against 1.34-1.45 s at 128, an
 #: RHF build 0.69-0.73 s at either.
 K_SQUARE_BLOCK = 64
-#: Auxiliary functions unpacked at a time from the packed tensor for K, by one thread per CPU
-#: (:class:`dfmp2.df.PairUnpacker`), into arrays reused block after block. Measured on the
-#: Intel Xeon (family 6, model 167), per J/K build from the packed tensor: C20H42 cc-pVDZ
-#: 1.77-1.84 s at 16 against 1.84-1.94 s at 8 and 1.86-1.99 s at 32; (H2O)16 0.89-0.94 s at 16
-#: against 1.0 s at 8. (8 in one thread was fastest for (H2O)16 on AMD EPYC Zen 4.)
-UNPACK_BLOCK = 16
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
 _DM_EIG_CUTOFF = 1e-14
-
-
-def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
-    """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
-    PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
-    fits). The metric is factored as in the MP2 step: after a Cholesky factorisation one trmm
-    on the whole tensor; with ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one
-    tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
-    nao = mol.nao_nr()
-    npair = nao * (nao + 1) // 2
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    naux = factor.naux_fit
-    # pages touched up front, in order, by threads: see dfmp2.buffers
-    packed = zeros((naux, npair))
-    if factor.lower is None:
-        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
-                                                    max(1, npair // 16)):
-            packed[:, p0:p1] = block
-    else:
-        for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
-            packed[p0:p1] = block
-        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
-        la.trmm(fit_matrix(factor, la), torch.from_numpy(packed).T)
-    return packed
-
-
-def screened_cderi(mol, auxmol, la: Dispatcher,
-                   square: bool = False) -> tuple[np.ndarray, PairColumns]:
-    """``(B, pairs)``: the fitted tensor of :func:`fitted_cderi` on the AO pairs that are not
-    zero (:class:`dfmp2.df.PairColumns`), (naux_fit, pairs.ncol) float64 in memory; with
-    ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
-    (:func:`unpack_in_place`), so that no other copy outlives the build.
-
-    The kept pairs are those of the AO shell pairs not zero in the first block of auxiliary
-    shells; every later block is checked to be zero at the others before it is stored
-    compressed, and the integrals are computed again with every pair kept when one is not (a
-    whole shell pair that vanishes by symmetry for the first auxiliary functions only). The fit of the kept
-    pairs is the one trmm of :func:`fitted_cderi` on fewer columns. With ``J^{-1/2}`` (the
-    metric refused by Cholesky) the tensor is fitted by AO pair blocks and every pair is kept."""
-    nao = mol.nao_nr()
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    naux = factor.naux_fit
-    if factor.lower is None:
-        pairs = PairColumns.every(nao)
-        flat = _tensor_memory(naux, nao, pairs, square)
-        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
-                                                    max(1, pairs.npair // 16)):
-            columns[:, p0:p1] = block  # kept = every pair: a pair's column is its index
-    else:
-        blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
-        p0, p1, first = next(blocks)
-        pairs = PairColumns.nonzero_in(nao, first, mol.ao_loc_nr())
-        flat = _screened_integrals(itertools.chain([(p0, p1, first)], blocks), pairs, naux,
-                                   square)
-        del first
-        if flat is None:
-            blocks.close()  # its int3c2e array goes before the next pass makes its own
-            log.info("DF-SCF integrals: a later auxiliary block is not zero where the first "
-                     "was; every AO pair kept")
-            pairs = PairColumns.every(nao)
-            flat = _screened_integrals(iter_int3c2e(mol, auxmol, JK_AUX_BLOCK), pairs, naux,
-                                       square)
-        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (kept pairs, naux) view, in place (the
-        # zero column stays zero)
-        la.trmm(fit_matrix(factor, la), torch.from_numpy(columns).T)
-    log.info("DF-SCF integrals: %s kept", pairs.describe())
-    if not square:
-        return columns, pairs
-    if pairs.ncol > nao * nao:  # one basis function: its pair and the zero column
-        unpacked = zeros((naux, nao, nao))
-        with PairUnpacker() as unpack:
-            unpack(columns, unpacked, pairs)
-        return unpacked, pairs
-    return unpack_in_place(flat, naux, nao, pairs=pairs), pairs
-
-
-def _tensor_memory(naux: int, nao: int, pairs: PairColumns, square: bool) -> np.ndarray:
-    """The flat float64 memory of a pair-screened tensor (naux, pairs.ncol), or of its square
-    form when ``square`` (at least as large), pages touched up front, in order, by threads (the
-    unpacking's scattered writes into untouched pages took 2-5 times as long on the benchmark
-    machine: :mod:`dfmp2.buffers`)."""
-    return zeros((naux * max(pairs.ncol, nao * nao if square else 0),))
-
-
-def _screened_integrals(blocks, pairs: PairColumns, naux: int, square: bool):
-    """The flat memory of :func:`_tensor_memory` with the int3c2e ``blocks`` (``(p0, p1,
-    packed rows)`` of :func:`dfmp2.df.iter_int3c2e`) compressed into its (naux, pairs.ncol)
-    start; None as soon as a block is not zero at a pair ``pairs`` does not keep."""
-    flat = _tensor_memory(naux, pairs.nao, pairs, square)
-    columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-    for p0, p1, block in blocks:
-        if pairs.misses(block):
-            return None
-        pairs.compress(block, columns[p0:p1])
-    return flat
-
-
-def unpack_in_place(flat: np.ndarray, naux: int, nao: int, threads: int | None = None,
-                    pairs: PairColumns | None = None) -> np.ndarray:
-    """The square tensor (naux, nao, nao) from the packed rows (naux, nao(nao+1)/2), or with
-    ``pairs`` the pair-screened rows (naux, pairs.ncol, no wider than nao*nao), at the start of
-    ``flat`` (at least naux*nao*nao float64 elements), in the same memory.
-
-    Blocks of :data:`UNPACK_BLOCK` rows are unpacked last to first: a block's square rows start
-    at or beyond the end of every earlier block's packed rows, and the packed rows of later
-    blocks they may cover have been unpacked already. A block whose square rows overlap its own
-    packed rows (the first few) is copied aside first. ``threads``: the
-    :class:`PairUnpacker`'s (its default when None)."""
-    width = nao * (nao + 1) // 2 if pairs is None else pairs.ncol
-    if width > nao * nao:
-        raise ValueError(f"unpack_in_place: rows of {width} do not fit in place of {nao}x{nao}")
-    packed = flat[: naux * width].reshape(naux, width)
-    square = flat[: naux * nao * nao].reshape(naux, nao, nao)
-    aside = np.empty((min(UNPACK_BLOCK, naux), width))
-    with PairUnpacker(threads) as unpack:
-        for q0 in reversed(range(0, naux, UNPACK_BLOCK)):
-            q1 = min(q0 + UNPACK_BLOCK, naux)
-            rows = packed[q0:q1]
-            if q0 * nao * nao < q1 * width:
-                np.copyto(aside[: q1 - q0], rows)
-                rows = aside[: q1 - q0]
-            unpack(rows, square[q0:q1], pairs)
-    return square
-
-
-def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
-                      directory: str | None = None) -> tuple[MatrixFile, PairColumns]:
-    """``(file, pairs)``: the fitted tensor of :func:`screened_cderi` in a temporary file
-    (:class:`MatrixFile`, rows the fitted auxiliary functions, ``pairs.ncol`` columns), for a
-    tensor that does not fit in memory: fitted by blocks of ``plan.fit_pairs`` AO pairs
-    (:func:`_fitted_pair_blocks`), each holding every auxiliary function, so a block's zero
-    pairs are known exactly; its other columns are written after the previous block's, and the
-    zero column last. The file is closed when building fails (it is unlinked from the start:
-    see :class:`MatrixFile`)."""
-    directory = directory or tempfile.gettempdir()
-    free = shutil.disk_usage(directory).free
-    if plan.tensor_bytes > free:
-        raise ResourceError(
-            f"the DF-SCF's fitted integrals need {plan.tensor_bytes / 2**20:.0f} MB on disk and "
-            f"{directory!r} has {free / 2**20:.0f} MB free; free space, choose another "
-            "--scratch-dir or raise --max-memory")
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
-    nao = mol.nao_nr()
-    npair = nao * (nao + 1) // 2
-    store = MatrixFile(factor.naux_fit, npair + 1, directory)  # narrowed once written
-    try:
-        kept = []
-        for p0, _p1, nonzero, block in _fitted_pair_blocks(mol, auxmol, factor, la,
-                                                           plan.fit_pairs, screen=True):
-            store.write_columns(sum(k.size for k in kept), block)
-            kept.append(p0 + nonzero)
-        pairs = PairColumns(nao, np.concatenate(kept) if kept else np.zeros(0, int))
-        store.write_columns(pairs.ncol - 1, np.zeros((factor.naux_fit, 1)))
-        store.narrow(pairs.ncol)
-    except BaseException:
-        store.close()
-        raise
-    log.info("DF-SCF integrals: %s kept", pairs.describe())
-    return store, pairs
-
-
-def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_pairs: int,
-                        screen: bool = False):
-    """Yield ``(p0, p1, kept, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0),
-    for ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
-    auxiliary function of those pairs, then ``L^{-T}`` by one in-place trmm on the (pairs,
-    naux) view, or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``, the pairs whose
-    integrals are zero for every auxiliary function are dropped before the fit: ``kept`` gives
-    the offsets within p0:p1 of the block's columns. Two arrays of a range's size: the
-    integrals and their copy without the zero pairs, fitted in place (by the trmm, or by the
-    gemm into the integrals' array). A block is valid until the next one is requested."""
-    upper = fit_matrix(factor, la) if factor.lower is not None else None
-    spare = None
-    for p0, p1, ints in iter_int3c2e_pairs(mol, auxmol, max_pairs):
-        kept, block = None, ints
-        if screen:
-            kept = np.flatnonzero(nonzero_columns(ints)).astype(np.int32)
-            if spare is None or spare.size < ints.size:  # no range is wider than max_pairs
-                spare = zeros((ints.shape[0] * max(max_pairs, ints.shape[1]),))
-            block = take_columns(ints, kept, spare[: ints.shape[0] * kept.size].reshape(
-                ints.shape[0], kept.size), threads=lib.num_threads())
-        if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
-            out = None
-            if screen:  # into the integrals' array, free once they are copied
-                nfit = factor.inv_sqrt.shape[1]
-                out = torch.from_numpy(ints.reshape(-1)[: nfit * kept.size].reshape(
-                    nfit, kept.size))
-            yield p0, p1, kept, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
-                                        trans_a=True, out=out).numpy()
-        else:
-            la.trmm(upper, torch.from_numpy(block).T)
-            yield p0, p1, kept, block
 
 
 def _row_blocks(cderi, read_block: int):
@@ -414,7 +203,8 @@ def square_copy(cderi: np.ndarray, dtype, pairs: PairColumns | None = None) -> n
     scattered first writes took 2.1-2.5 s for (H2O)16 cc-pVDZ's 2 GB on the Intel Xeon (family
     6, model 167), against 0.4-0.6 s for zeroing it and 0.3 s for the unpacking then); in
     float64 the unpacking threads write into it, in float32 blocks are cast into it. The
-    DF-SCF's tensor itself is held unpacked only where that fits (:func:`screened_cderi`)."""
+    DF-SCF's tensor itself is held unpacked only where that fits
+    (:func:`dfmp2.scf_integrals.screened_cderi`)."""
     naux = cderi.shape[0]
     nao = _nao_of_pairs(cderi.shape[1]) if pairs is None else pairs.nao
     square = zeros((naux, nao, nao), dtype)
@@ -436,8 +226,8 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
     tensor ``cderi`` float64, an array or a :class:`MatrixFile` read ``read_block`` auxiliary
     functions at a time: PySCF's packed layout (naux, nao(nao+1)/2), or with ``pairs`` the
-    pair-screened one (naux, pairs.ncol) of :func:`screened_cderi`; either result is None when
-    not asked for.
+    pair-screened one (naux, pairs.ncol) of :func:`dfmp2.scf_integrals.screened_cderi`; either
+    result is None when not asked for.
     Every product is ``la.gemm``. J is float64 (but see ``k_precision``). K uses ``Y = C^T
     B^Q`` (B^Q symmetric; one product for all densities, :func:`_k_factors`) and per density
     ``K += Y^T Y`` of its rows, per block of auxiliary functions, accumulated in float64; with
@@ -633,7 +423,7 @@ class DFJK(pyscf_df.DF):
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
     memory, with ``layout`` 'auto', the tensor is kept unpacked only (``square``, (naux, n, n)
-    float64, built in place: :func:`screened_cderi`) when that fits
+    float64, built in place: :func:`dfmp2.scf_integrals.screened_cderi`) when that fits
     (:func:`dfmp2.blocking.jk_square_only_fits`), else on the AO pairs that are not zero
     (``columns``, (naux, pairs.ncol), with ``pairs`` the :class:`dfmp2.df.PairColumns`); with
     ``layout`` 'packed' it is PySCF's packed ``_cderi``. ``_cderi`` is None in the other

@@ -143,7 +143,7 @@ def test_unpacking_in_place_equals_pyscfs_unpacking(naux, nao, threads):
     copied aside where their square rows overlap their packed ones, a block's rows split over
     the unpacking threads) equals PySCF's unpacking of a separate copy, for fewer rows than a
     block, whole blocks and a part block."""
-    from dfmp2.jk import unpack_in_place
+    from dfmp2.scf_integrals import unpack_in_place
 
     npair = nao * (nao + 1) // 2
     packed = np.random.default_rng(naux * 100 + nao).standard_normal((naux, npair))
@@ -435,7 +435,7 @@ def test_a_whole_run_with_the_scf_tensor_on_disk_leaves_no_file(tmp_path):
 def test_too_little_disk_for_the_scf_tensor_is_refused(tmp_path, monkeypatch):
     from collections import namedtuple
 
-    from dfmp2 import jk as dfmod
+    from dfmp2 import scf_integrals as dfmod
     from dfmp2.errors import ResourceError
 
     usage = namedtuple("usage", "total used free")
@@ -588,6 +588,7 @@ def test_the_eigh_fit_gives_the_cholesky_j_and_k(outcore, atom, monkeypatch):
     product): B differs from the Cholesky fit by a rotation of the auxiliary index, so J and K
     must be the same."""
     from dfmp2 import jk as dfmod
+    from dfmp2 import scf_integrals
     from dfmp2.blocking import JKPlan
     from dfmp2.df import MetricFactor
 
@@ -598,7 +599,7 @@ def test_the_eigh_fit_gives_the_cholesky_j_and_k(outcore, atom, monkeypatch):
         w, u = torch.linalg.eigh(j2c)
         return MetricFactor(None, u / torch.sqrt(w), 0, float(w[-1] / w[0]), "eigh", "test")
 
-    monkeypatch.setattr(dfmod, "factor_metric", by_eigh)
+    monkeypatch.setattr(scf_integrals, "factor_metric", by_eigh)
     if outcore:
         monkeypatch.setattr(dfmod, "plan_jk", lambda *a, **k: JKPlan(True, 50, 9, 0, 0))
     ours = DFJK(mol, JKFIT, _la()).build()

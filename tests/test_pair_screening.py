@@ -11,8 +11,9 @@ from pyscf import gto, lib, scf
 from dfmp2 import jk as jkmod
 from dfmp2.df import PairColumns, PairUnpacker, iter_int3c2e
 from dfmp2.integrals import make_auxmol
-from dfmp2.jk import DFJK, fitted_cderi, get_jk, screened_cderi, unpack_in_place
+from dfmp2.jk import DFJK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
+from dfmp2.scf_integrals import JK_AUX_BLOCK, fitted_cderi, screened_cderi, unpack_in_place
 
 from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
 
@@ -111,7 +112,7 @@ def test_pairs_zero_by_symmetry_in_the_first_block_are_kept_with_their_shell_pai
     screened tensor is the packed one (the same zero pairs)."""
     mol = gto.M(atom=CO, basis="cc-pvtz", verbose=0)
     auxmol = make_auxmol(mol, "cc-pvtz-jkfit")
-    blocks = list(rows.copy() for *_, rows in iter_int3c2e(mol, auxmol, jkmod.JK_AUX_BLOCK))
+    blocks = list(rows.copy() for *_, rows in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK))
     by_pair = PairColumns.nonzero_in(mol.nao_nr(), blocks[0])
     by_shell = PairColumns.nonzero_in(mol.nao_nr(), blocks[0], mol.ao_loc_nr())
     assert any(by_pair.misses(rows) for rows in blocks[1:])  # the case under test
@@ -137,7 +138,7 @@ def test_a_later_block_nonzero_where_the_first_was_zero_keeps_every_pair(monkeyp
         return PairColumns(nao, kept[:-1])
 
     monkeypatch.setattr(PairColumns, "nonzero_in", staticmethod(one_short))
-    with caplog.at_level("INFO", logger="dfmp2.jk"):
+    with caplog.at_level("INFO", logger="dfmp2.scf_integrals"):
         tensor, pairs = screened_cderi(mol, auxmol, _la(), square=square)
     assert "every AO pair kept" in caplog.text and pairs.screened == 0
     packed = fitted_cderi(mol, auxmol, _la())
