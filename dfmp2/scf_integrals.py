@@ -52,12 +52,14 @@ __all__ = [
 
 #: Auxiliary functions per block of the DF-SCF build's int3c2e.
 JK_AUX_BLOCK = 128
-#: Auxiliary functions unpacked at a time from the packed tensor for K, by one thread per CPU
+#: Auxiliary functions unpacked at a time from the packed or pair-screened tensor for K (and
+#: in place, :func:`unpack_in_place`), by one thread per CPU
 #: (:class:`dfmp2.df.PairUnpacker`), into arrays reused block after block. Measured on the
 #: Intel Xeon (family 6, model 167), per J/K build from the packed tensor: C20H42 cc-pVDZ
 #: 1.77-1.84 s at 16 against 1.84-1.94 s at 8 and 1.86-1.99 s at 32; (H2O)16 0.89-0.94 s at 16
 #: against 1.0 s at 8. (8 in one thread was fastest for (H2O)16 on AMD EPYC Zen 4.)
 UNPACK_BLOCK = 16
+
 
 def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
