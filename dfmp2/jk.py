@@ -68,8 +68,8 @@ __all__ = [
 
 
 #: Where an in-memory DF-SCF tensor is kept (:class:`DFJK`): 'auto' holds it unpacked only (in
-#: float64; float32 K casts its blocks) when that fits, else packed; 'packed' always holds
-#: PySCF's packed layout.
+#: float64; float32 K casts its blocks) when that fits, else packed on the AO pairs that are
+#: not zero; 'packed' always holds PySCF's packed layout.
 JK_LAYOUTS = ("auto", "packed")
 #: Precisions of K's products: float64, or float32 for the early iterations of an SCF (only
 #: :func:`dfmp2.scf.run_scf` installs the convergence test that keeps float32 cycles from
