@@ -608,6 +608,15 @@ def _jk_record(mf) -> str:
         "exact integrals (PySCF)"
 
 
+def _hill_order(counts: dict[str, int]) -> list[str]:
+    """The element symbols of ``counts`` in Hill order: with carbon, C, then H if present, then
+    the others alphabetically; without carbon, all alphabetically."""
+    if "C" not in counts:
+        return sorted(counts)
+    return ["C"] + (["H"] if "H" in counts else []) + sorted(s for s in counts
+                                                             if s not in ("C", "H"))
+
+
 def _molecule_info(mol) -> MoleculeInfo:
     real = [mol.atom_charge(k) > 0 or _has_ecp_core(mol, k) for k in range(mol.natm)]
     counts: dict[str, int] = {}
@@ -615,8 +624,7 @@ def _molecule_info(mol) -> MoleculeInfo:
         if real[k]:
             symbol = mol.atom_pure_symbol(k)
             counts[symbol] = counts.get(symbol, 0) + 1
-    order = (["C", "H"] if "C" in counts else []) + sorted(
-        s for s in counts if "C" not in counts or s not in ("C", "H"))
+    order = _hill_order(counts)
     formula = "".join(f"{s}{counts[s] if counts[s] > 1 else ''}" for s in order)
     return MoleculeInfo(formula=formula, natom=mol.natm, nghost=real.count(False),
                         charge=int(mol.charge), multiplicity=int(mol.spin) + 1,

@@ -217,3 +217,18 @@ def test_summary_starts_with_the_molecule_and_keeps_machinery_for_verbose():
     assert result.timings["orbital_check"] >= 0 and result.environment is None  # Python API
     verbose = result.summary(verbose=True)
     assert "backend pytorch" in verbose and "calls" in verbose and "time" in verbose
+
+
+@pytest.mark.parametrize("atom, formula", [
+    ("C 0 0 0; O 0 0 1.13", "CO"),
+    ("C 0 0 0; H 0 0 1.09; H 1.03 0 -0.36; H -0.51 0.89 -0.36; H -0.51 -0.89 -0.36", "CH4"),
+    ("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", "H2O"),
+    ("Cl 0 0 0; H 0 0 1.27", "ClH"),
+])
+def test_the_formula_is_in_hill_order_with_or_without_hydrogen(atom, formula):
+    """Carbon first, then hydrogen when there is any, then the rest alphabetically; without
+    carbon, all alphabetically. A molecule with carbon and no hydrogen once lost its computed
+    result to a KeyError here."""
+    from dfmp2.api import _molecule_info
+
+    assert _molecule_info(gto.M(atom=atom, basis="sto-3g", verbose=0)).formula == formula
