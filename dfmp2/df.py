@@ -321,12 +321,10 @@ class PairUnpacker:
         if pairs is None:
             work = unpack_pairs
         else:
-            nao = pairs.nao
-
             pairs._check_width(packed, pairs.ncol)
 
             def work(part, dest):
-                take_columns(part, pairs.square_index, dest.reshape(-1, nao * nao))
+                take_columns(part, pairs.square_index, dest.reshape(-1, pairs.nao**2))
         parts = min(self.threads, rows)
         if parts < 2:
             work(packed, out[:rows])

@@ -104,7 +104,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     naux = factor.naux_fit
     if factor.lower is None:
         pairs = PairColumns.every(nao)
-        flat = _tensor_memory(naux, nao, pairs, square)
+        flat = _tensor_memory(naux, pairs, square)
         columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
         for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
                                                     max(1, pairs.npair // 16)):
@@ -138,19 +138,19 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     return unpack_in_place(flat, naux, nao, pairs=pairs), pairs
 
 
-def _tensor_memory(naux: int, nao: int, pairs: PairColumns, square: bool) -> np.ndarray:
+def _tensor_memory(naux: int, pairs: PairColumns, square: bool) -> np.ndarray:
     """The flat float64 memory of a pair-screened tensor (naux, pairs.ncol), or of its square
     form when ``square`` (at least as large), pages touched up front, in order, by threads (the
     unpacking's scattered writes into untouched pages took 2-5 times as long on the benchmark
     machine: :mod:`dfmp2.buffers`)."""
-    return zeros((naux * max(pairs.ncol, nao * nao if square else 0),))
+    return zeros((naux * max(pairs.ncol, pairs.nao**2 if square else 0),))
 
 
 def _screened_integrals(blocks, pairs: PairColumns, naux: int, square: bool):
     """The flat memory of :func:`_tensor_memory` with the int3c2e ``blocks`` (``(p0, p1,
     packed rows)`` of :func:`dfmp2.df.iter_int3c2e`) compressed into its (naux, pairs.ncol)
     start; None as soon as a block is not zero at a pair ``pairs`` does not keep."""
-    flat = _tensor_memory(naux, pairs.nao, pairs, square)
+    flat = _tensor_memory(naux, pairs, square)
     columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
     for p0, p1, block in blocks:
         if pairs.misses(block):
@@ -208,11 +208,12 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     npair = nao * (nao + 1) // 2
     store = MatrixFile(factor.naux_fit, npair + 1, directory)  # narrowed once written
     try:
-        kept = []
+        kept, written = [], 0
         for p0, _p1, nonzero, block in _fitted_pair_blocks(mol, auxmol, factor, la,
                                                            plan.fit_pairs, screen=True):
-            store.write_columns(sum(k.size for k in kept), block)
+            store.write_columns(written, block)
             kept.append(p0 + nonzero)
+            written += nonzero.size
         pairs = PairColumns(nao, np.concatenate(kept) if kept else np.zeros(0, int))
         store.write_columns(pairs.ncol - 1, np.zeros((factor.naux_fit, 1)))
         store.narrow(pairs.ncol)
