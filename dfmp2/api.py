@@ -51,7 +51,7 @@ from .reference import (
     spin_contamination,
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
-from .scf import check_reference_spin, release_integrals, run_scf, scf_fit_record
+from .scf import check_reference_spin, plan_scf, release_integrals, run_scf, scf_fit_record
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +114,34 @@ def _setup(geometry, options: dict, comm):
     if comm is not None and opts.pair_energies:
         raise InputError("pair energies (--pair-energies, --plot) are computed on one process; "
                          "run without torchrun")
-    plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts, world)
+    plan = _plan_both(mol, auxmol, opts, world)
     check_scratch(plan, opts, auxmol.nao_nr(), world)
     if comm is None or comm.rank == 0:
         check_chkfile(opts.chkfile)
     la = _dispatcher(opts)
     resolve_device(opts.device, la.backend, comm is not None, opts.device_memory)  # refused now
     return opts, mol, auxmol, plan, la
+
+
+def _plan_both(mol, auxmol, opts: Options, world: int) -> RunPlan:
+    """The MP2 step's plan (:func:`plan_run`) after the DF-SCF's (:func:`dfmp2.scf.plan_scf`),
+    both before any integral. When ``max_memory`` is too small for either, the refusal is the
+    one that needs more memory, so the least ``max_memory`` it names is enough for both."""
+    try:
+        plan_scf(mol, opts)
+        scf_short = None
+    except ResourceError as exc:
+        scf_short = exc
+    try:
+        plan = plan_run(mol, auxmol, guess_occupations(mol, opts.resolved_reference), opts,
+                        world)
+    except ResourceError as exc:
+        if scf_short is None or (exc.least_mb or 0) > (scf_short.least_mb or 0):
+            raise
+        raise scf_short from None
+    if scf_short is not None:
+        raise scf_short
+    return plan
 
 
 def _run_ranks(comm, mol, auxmol, plan: RunPlan, opts: Options, la: Dispatcher, progress,

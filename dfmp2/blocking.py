@@ -138,7 +138,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB is too small: with B ({dims} x naux {naux}) "
             f"on disk the metric factors and the smallest blocks still need {need:.1f} MB; "
-            f"give at least {least_max_memory(need)} MB"
+            f"give at least {least_max_memory(need)} MB", least_max_memory(need)
         )
     unpack_block = int(max(1, min(_UNPACK_BYTES, free // 4) // per_unpacked))
     aux_block = int(max(1, min(naux, (free - unpack_block * per_unpacked) // per_aux,
@@ -231,7 +231,10 @@ class JKPlan:
     fit_pairs : AO pairs per block of the out-of-core fit (int3c2e for all auxiliary functions
     of those pairs, fitted, written); read_block : auxiliary functions read from the file at a
     time in each J/K build; tensor_bytes : the packed tensor's size (in memory or on disk);
-    resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors).
+    resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors);
+    incore_bytes : what holding the tensor in memory takes (the metric's factors, the packed
+    tensor and the larger of K's and the build's work arrays), within the usable budget
+    (:func:`usable_bytes`) when not ``outcore``.
     Whether K also keeps the tensor unpacked is :func:`jk_square_fits`."""
 
     outcore: bool
@@ -239,6 +242,7 @@ class JKPlan:
     read_block: int
     tensor_bytes: int
     resident_bytes: int
+    incore_bytes: int = 0
 
 
 def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
@@ -259,8 +263,9 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
     tensor = _F64 * naux * npair
     metric = 3 * naux * naux * _F64
     work = _jk_work_bytes(nao, unpack_block)
-    if not force_outcore and metric + tensor + max(work, _jk_build_bytes(nao, naux)) <= budget:
-        return JKPlan(False, npair, naux, tensor, metric + tensor)
+    incore = metric + tensor + max(work, _jk_build_bytes(nao, naux))
+    if not force_outcore and incore <= budget:
+        return JKPlan(False, npair, naux, tensor, metric + tensor, incore)
     free = budget - metric
     per_pair, per_row = 2 * _F64 * naux, _F64 * npair
     if free < max(per_pair * max_shell_pairs, per_row + work):
@@ -269,7 +274,7 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
             f"max_memory {max_memory_mb:.0f} MB is too small for the DF-SCF: with its fitted "
             f"integrals (naux {naux} x {npair} AO pairs) on disk, the metric factors and the "
             f"smallest blocks still need {need:.1f} MB; give at least "
-            f"{least_max_memory(need)} MB")
+            f"{least_max_memory(need)} MB", least_max_memory(need))
     fit_pairs = int(min(npair, free // per_pair))
     read_block = int(max(1, min(naux, 128, (free - work) // per_row)))
-    return JKPlan(True, fit_pairs, read_block, tensor, metric)
+    return JKPlan(True, fit_pairs, read_block, tensor, metric, incore)

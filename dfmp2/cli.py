@@ -100,8 +100,9 @@ _D = Options.default
                    "(ROHF-MBPT(2), semicanonical orbitals and singles) [default: rhf for "
                    "singlets, uhf otherwise].")
 @click.option("--frozen-core/--no-frozen-core", default=_D("frozen_core"), show_default=True,
-              help="Freeze the chemical core of each element (1s for Li-Ne, ...; with an ECP "
-                   "only the core electrons it leaves).")
+              help="Freeze the chemical core of each element, PySCF's table: none for H-Be, "
+                   "1s for B-Mg, 1s-2p for Al-Zn, ... (Li, Be, Na, Mg, K, Ca, ... keep their "
+                   "outer core correlated); with an ECP only the core electrons it leaves.")
 @click.option("--frozen", type=click.IntRange(min=0), default=_D("frozen"),
               help="Freeze the N lowest orbitals (instead of --frozen-core).")
 @click.option("--backend", type=click.Choice(BACKENDS), default=_D("backend"),
@@ -155,7 +156,8 @@ _D = Options.default
               show_default=True, help="Maximum SCF iterations.")
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
-                   "same molecule, basis and reference already there is the initial guess.")
+                   "same molecule, basis and reference already there is the initial guess. "
+                   "With several geometries a path with {name} or {index}.")
 @click.option("--xc", default=_D("xc"), metavar="NAME",
               help="Double hybrid on a Kohn-Sham reference (RKS, or UKS for open shells): "
                    "B2PLYP, B2GPPLYP, DSD-BLYP, DSD-PBEP86, DSD-PBEPBE, PBE0-DH, PBE0-2; or any "
@@ -297,9 +299,14 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                explicit) -> None:
     """Every entry in turn in this process (the libraries load once); one table at the end,
     a failed entry its error line and a row saying so, exit status 1 if any failed."""
-    for flag, path in (("--json", json_path), ("--plot", options.get("_plot"))):
-        if path is not None and "{name}" not in path and "{index}" not in path \
-                and not os.path.isdir(path):
+    for flag, path in (("--json", json_path), ("--plot", options.get("_plot")),
+                       ("--chkfile", options.get("chkfile"))):
+        if path is None or "{name}" in path or "{index}" in path:
+            continue
+        if flag == "--chkfile":  # one SCF per geometry: a shared chkfile fits only the first
+            raise _fail(f"--chkfile {path!r}: with {len(entries)} geometries each SCF needs "
+                        "its own checkpoint; give a path with {name} or {index}")
+        if not os.path.isdir(path):
             raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result needs "
                         "its own file; give a directory or a path with {name} or {index}")
     leader = ranks is None or ranks.rank == 0
@@ -312,7 +319,8 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         collected: list = []
         failed = False
         try:
-            entry = {**options, "_plot": _batch_json(options.get("_plot"), name, index, ".png")}
+            entry = {**options, "_plot": _batch_json(options.get("_plot"), name, index, ".png"),
+                     "chkfile": _batch_json(options.get("chkfile"), name, index, ".chk")}
             _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
                       entry, environment, ranks, explicit, collect=collected, label=name)
         except click.exceptions.Exit as exc:

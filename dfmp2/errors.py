@@ -44,7 +44,12 @@ class UnsupportedShapeError(DFMP2Error, NotImplementedError):
 
 
 class ResourceError(DFMP2Error, MemoryError):
-    """The memory limit is too small for the smallest possible block."""
+    """The memory limit is too small for the smallest possible block. ``least_mb``: the
+    smallest ``max_memory`` in MB that would do, when the planner knows it (None otherwise)."""
+
+    def __init__(self, message: str, least_mb: int | None = None):
+        super().__init__(message)
+        self.least_mb = least_mb
 
 
 class NotPositiveDefiniteError(DFMP2Error, ArithmeticError):

@@ -31,6 +31,9 @@ __all__ = [
 #: Advice when PySCF has no MP2-fit partner for the orbital basis or cannot build the one named.
 _AUX_ADVICE = ("choose one with --auxbasis (Python: auxbasis=), e.g. cc-pvtz-ri or def2-tzvpp-ri "
                "(MP2-fit sets), or def2-universal-jkfit")
+#: The same for the JK-fit basis of a DF-SCF (:func:`make_auxmol` with ``jk=True``).
+_JK_AUX_ADVICE = ("choose one with --scf-auxbasis (Python: scf_auxbasis=), e.g. cc-pvtz-jkfit "
+                  "or def2-universal-jkfit (JK-fit sets)")
 _AUX_ERRORS = (BasisNotFoundError, KeyError, RuntimeError, ValueError, TypeError, IndexError,
                AttributeError, AssertionError)
 
@@ -89,26 +92,30 @@ def auxbasis_record(mol, auxbasis=None) -> dict[str, str]:
     return {element: ", ".join(entry) for element, entry in sorted(names.items())}
 
 
-def make_auxmol(mol, auxbasis=None):
+def make_auxmol(mol, auxbasis=None, jk: bool = False):
     """The auxiliary molecule of the MP2 fit: ``auxbasis`` (a name, or a dict per element) or,
     when None, PySCF's MP2-fit partner of mol's basis (:func:`auxbasis_record` says which).
-    Every PySCF failure becomes one :class:`InputError` line naming ``--auxbasis``."""
+    Every PySCF failure becomes one :class:`InputError` line naming ``--auxbasis``; with ``jk``
+    the molecule is that of a DF-SCF's JK fit, ``auxbasis`` given (its default is
+    :func:`dfmp2.scf.jk_auxbasis`), and the line names ``--scf-auxbasis``."""
     spec = resolve_auxbasis(mol, auxbasis)
+    what, advice = (("SCF fitting basis", _JK_AUX_ADVICE) if jk else
+                    ("auxiliary basis", _AUX_ADVICE))
     try:
         with quiet_pyscf():
             auxmol = df.addons.make_auxmol(_quiet_copy(mol), spec)
     except BasisNotFoundError as exc:
         raise InputError(
-            f"auxiliary basis {_aux_text(auxbasis, spec)}: {first_line(exc)}; {_AUX_ADVICE}"
+            f"{what} {_aux_text(auxbasis, spec)}: {first_line(exc)}; {advice}"
         ) from None
     except _AUX_ERRORS as exc:
         raise InputError(
-            f"auxiliary basis {_aux_text(auxbasis, spec)} could not be built (PySCF: "
-            f"{type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
+            f"{what} {_aux_text(auxbasis, spec)} could not be built (PySCF: "
+            f"{type(exc).__name__}: {first_line(exc)}); {advice}"
         ) from None
     check_every_atom_has_functions(
-        auxmol, f"the auxiliary basis {_aux_text(auxbasis, spec)}",
-        "give an auxiliary basis for every element (a name, or a dict with every element)")
+        auxmol, f"the {what} {_aux_text(auxbasis, spec)}",
+        f"give an {what} for every element (a name, or a dict with every element)")
     auxmol.verbose = mol.verbose
     return auxmol
 

@@ -34,7 +34,7 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import jk_square_fits, jk_square_only_fits, plan_jk
+from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, plan_jk
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -61,6 +61,7 @@ __all__ = [
     "fitted_cderi",
     "fitted_cderi_file",
     "get_jk",
+    "plan_tensor",
     "screened_cderi",
     "square_copy",
     "unpack_in_place",
@@ -406,6 +407,15 @@ def _factors_reproduce(coeff: np.ndarray, parts, dms: np.ndarray) -> bool:
     return True
 
 
+def plan_tensor(mol, auxmol, max_memory: float, force_outcore: bool = False) -> JKPlan:
+    """Where :class:`DFJK` keeps ``mol``'s tensor fitted in ``auxmol`` under ``max_memory`` MB
+    (:func:`dfmp2.blocking.plan_jk`; raises :class:`ResourceError` when even its smallest
+    blocks do not fit), computed before any integral."""
+    return plan_jk(mol.nao_nr(), auxmol.nao_nr(), max_memory,
+                   max(p1 - p0 for *_, p0, p1 in shell_row_pairs(mol)), UNPACK_BLOCK,
+                   force_outcore)
+
+
 class DFJK(pyscf_df.DF):
     """A ``pyscf.df.DF`` whose integrals and J/K are dfmp2's (see the module docstring).
 
@@ -487,11 +497,9 @@ class DFJK(pyscf_df.DF):
     def build(self):
         if self.tensor is not None or self.square_only:
             return self
-        self.auxmol = make_auxmol(self.mol, self.auxbasis)
+        self.auxmol = make_auxmol(self.mol, self.auxbasis, jk=True)
         nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
-        self.plan = plan_jk(nao, naux, self.max_memory,
-                            max(p1 - p0 for *_, p0, p1 in shell_row_pairs(self.mol)),
-                            UNPACK_BLOCK, self.force_outcore)
+        self.plan = plan_tensor(self.mol, self.auxmol, self.max_memory, self.force_outcore)
         if self.plan.outcore:
             self.file, self.pairs = fitted_cderi_file(self.mol, self.auxmol, self._ops(),
                                                       self.plan, self.scratch_dir)

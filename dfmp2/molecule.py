@@ -246,10 +246,11 @@ def _check_electrons(nelectron: int, spin: int, charge: int, source: str) -> Non
     if spin < 0:
         raise InputError(f"spin (2S) must be >= 0, got {spin}")
     if (nelectron - spin) % 2:
+        parity = ("an odd count needs an odd 2S: --spin 1 (a doublet), 3, ..." if nelectron % 2
+                  else "an even count needs an even 2S: --spin 0 (a singlet), 2, ...")
         raise InputError(
             f"{source}: {nelectron} electrons cannot have 2S = {spin} "
-            f"(charge {charge:+d}); for an odd electron count pass --spin 1 (a doublet) "
-            "or change --charge"
+            f"(charge {charge:+d}); {parity}, or change --charge"
         )
     if spin > nelectron:
         raise InputError(f"{source}: 2S = {spin} exceeds the {nelectron} electrons")

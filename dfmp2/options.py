@@ -34,7 +34,9 @@ class Options:
         (PySCF's ``frozen=`` semantics; may name virtual orbitals too); for UHF and ROHF the
         same for both spins, or a pair of tuples (alpha indices, beta indices). As in PySCF, an
         int larger than a spin's occupied count freezes that spin's lowest virtuals too.
-    frozen_core : freeze the chemical core of each element (1 orbital for Li-Ne, 5 for Na-Ar...).
+    frozen_core : freeze the chemical core of each element, PySCF's ``chemcore`` table (0
+        orbitals for H-Be, 1 for B-Mg, 5 for Al-Zn, 9 for Ga-Sr, ...: the alkali and
+        alkaline-earth metals keep their outermost core shell correlated).
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs with AVX2/FMA and Intel CPUs with
         AVX-512, else torch's), 'torch' (MKL in the CPU wheel) or 'numpy': whose BLAS runs the
@@ -117,6 +119,14 @@ class Options:
         _check_types(self)
         _choice("scf_type", self.scf_type, SCF_TYPES)
         _choice("scf_precision", self.scf_precision, SCF_PRECISIONS)
+        if self.scf_type == "conv":
+            for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
+                                         ("scf_precision", self.scf_precision, "fp64")):
+                if value != default:
+                    flag = "--" + name.replace("_", "-")
+                    raise InputError(f"{flag} {value} sets the density-fitted SCF, and "
+                                     "--scf-type conv runs it on exact integrals; drop one "
+                                     "of them")
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("device", self.device, ("auto", "cpu", "cuda"))

@@ -10,17 +10,18 @@ import numpy as np
 from pyscf import df, dft, gto, lib, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 
-from .blocking import jk_square_fits
+from .blocking import jk_square_fits, usable_bytes
 from .errors import ConvergenceError, InputError
 from .functionals import grid_settings
-from .jk import DFJK, UNPACK_BLOCK
+from .integrals import make_auxmol
+from .jk import DFJK, UNPACK_BLOCK, plan_tensor
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHK_XC_KEY", "check_reference_spin", "jk_auxbasis", "make_scf", "release_integrals",
-           "restart_guess", "run_scf", "scf_fit_record"]
+__all__ = ["CHK_XC_KEY", "check_reference_spin", "jk_auxbasis", "make_scf", "plan_scf",
+           "release_integrals", "restart_guess", "run_scf", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -29,6 +30,25 @@ def jk_auxbasis(mol, options: Options):
         return options.scf_auxbasis
     with quiet_pyscf():
         return df.make_auxbasis(mol, mp2fit=False)
+
+
+def plan_scf(mol, options: Options):
+    """Before any integral, what a DF-SCF on dfmp2's J/K needs, refused now when it cannot be
+    had: its JK-fit basis built (one line naming ``--scf-auxbasis`` otherwise), its tensor
+    planned under ``--max-memory`` (:func:`dfmp2.jk.plan_tensor`: :class:`ResourceError` when
+    even the smallest blocks do not fit), and float32 K under ``--scf-precision mixed`` only
+    where the functional has exact exchange (a KS part without it builds no K, so the option
+    would change nothing). The :class:`dfmp2.blocking.JKPlan`; None for an SCF on exact
+    integrals."""
+    if options.scf_type != "df":
+        return None
+    xc = options.scaling.xc
+    if options.scf_precision == "mixed" and xc is not None and not dft.libxc.is_hybrid_xc(xc):
+        raise InputError(f"--scf-precision mixed runs K in float32 in the early cycles, and the "
+                         f"KS part {xc!r} has no exact exchange (no K): drop --scf-precision "
+                         "mixed")
+    auxmol = make_auxmol(mol, jk_auxbasis(mol, options), jk=True)
+    return plan_tensor(mol, auxmol, options.max_memory)
 
 
 def run_scf(mol, options: Options, progress=None, la=None):
@@ -213,10 +233,13 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
     if jk.square_only:
         return f" (fitted tensor in memory, unpacked, float64, naux {naux})"
     if plan.outcore:
-        return (f" (fitted tensor on disk: {jk.describe()}; packed it would take "
-                f"{plan.tensor_bytes / 2**20:.0f} MB, more than --max-memory "
-                f"{jk.max_memory:.0f} MB allows; read {plan.read_block} auxiliary functions at "
-                f"a time; naux {naux})")
+        reason = ("forced out of core" if plan.incore_bytes <= usable_bytes(jk.max_memory) else
+                  f"in memory it would take {plan.incore_bytes / 2**20:.1f} MB (the packed "
+                  f"tensor {plan.tensor_bytes / 2**20:.1f} MB, the metric's factors and work "
+                  f"arrays), more than the {usable_bytes(jk.max_memory) / 2**20:.1f} MB "
+                  f"usable of --max-memory {jk.max_memory:.0f} MB")
+        return (f" (fitted tensor on disk: {jk.describe()}; {reason}; read "
+                f"{plan.read_block} auxiliary functions at a time; naux {naux})")
     kept = [name for name, itemsize, wanted in (("float32", 4, mixed), ("float64", 8, True))
             if wanted and jk_square_fits(jk.mol.nao_nr(), naux, itemsize, jk.max_memory,
                                          UNPACK_BLOCK)]

@@ -567,6 +567,7 @@ def test_the_advised_max_memory_is_enough():
         with pytest.raises(ResourceError) as err:
             plan(2)
         least = int(re.search(r"give at least (\d+) MB", str(err.value)).group(1))
+        assert err.value.least_mb == least
         plan(least)
         with pytest.raises(ResourceError):
             plan(least - 1)

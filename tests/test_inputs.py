@@ -54,8 +54,26 @@ def test_extra_atom_lines_are_an_error(tmp_path):
 
 def test_charge_and_spin_checks():
     assert build_mole("O 0 0 0; H 0 0 1; H 0 1 0", charge=1, spin=1).nelectron == 9
-    with pytest.raises(InputError, match="cannot have 2S = 2"):
+    with pytest.raises(InputError, match="cannot have 2S = 2.*an odd count needs an odd 2S"):
         build_mole("O 0 0 0; H 0 0 1", spin=2)
+    with pytest.raises(InputError, match="cannot have 2S = 1.*an even count needs an even 2S"):
+        build_mole("O 0 0 0; H 0 0 1; H 0 1 0", spin=1)
+
+
+def test_frozen_core_counts_are_the_documented_ones():
+    """--frozen-core freezes PySCF's chemical core, as README and --help state it: none for
+    H-Be, 1 orbital for B-Mg, 5 for Al-Zn, 9 for Ga-Sr."""
+    import numpy as np
+
+    from dfmp2.reference import frozen_mask
+
+    for atom, spin, nfrozen in (("Li", 1, 0), ("Be", 0, 0), ("B", 1, 1), ("Na", 1, 1),
+                                ("Mg", 0, 1), ("Al", 1, 5), ("K", 1, 5), ("Zn", 0, 5),
+                                ("Ga", 1, 9), ("Sr", 0, 9)):
+        mol = build_mole(f"{atom} 0 0 0", basis="def2-svp", spin=spin, ecp="none")
+        mo_occ = np.zeros(mol.nao_nr())
+        mo_occ[: mol.nelectron // 2] = 2
+        assert np.count_nonzero(~frozen_mask(mol, mo_occ, frozen_core=True)) == nfrozen, atom
 
 
 def test_options_validate_once_and_name_the_problem():
@@ -67,6 +85,9 @@ def test_options_validate_once_and_name_the_problem():
     assert Options(spin=2).resolved_reference == "uhf"
     with pytest.raises(InputError, match="max_memory"):
         Options(max_memory=0)
+    for setting in ({"scf_auxbasis": "def2-universal-jkfit"}, {"scf_precision": "mixed"}):
+        with pytest.raises(InputError, match="--scf-type conv runs it on exact integrals"):
+            Options(scf_type="conv", **setting)
 
 
 def test_python_api_rejects_unknown_options():

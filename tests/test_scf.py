@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -210,3 +211,77 @@ def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_thres
     for refused in ({**kwargs, "conv_tol_grad": 1e-6}, {"conv_tol": 1e-7}):
         with pytest.raises(ConvergenceError, match=r"stalled at \|g\| = "):
             dfmp2.run(WATER, **refused)
+
+
+METHANE = str(INPUTS / "methane.xyz")
+
+
+def test_an_unknown_scf_fitting_basis_names_its_own_option_before_the_scf(monkeypatch):
+    from dfmp2 import api
+
+    monkeypatch.setattr(api, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))
+    with pytest.raises(InputError, match=r"SCF fitting basis 'no-such-jkfit'.*--scf-auxbasis"):
+        dfmp2.run(WATER, scf_auxbasis="no-such-jkfit")
+    with pytest.raises(InputError, match=r"SCF fitting basis 'cc-pvtz-jkfit'.*He.*--scf-auxbasis"):
+        dfmp2.run("He 0 0 0", scf_auxbasis="cc-pvtz-jkfit")
+
+
+def test_mixed_precision_needs_exact_exchange_in_the_ks_part():
+    with pytest.raises(InputError, match="KS part 'pbe' has no exact exchange"):
+        dfmp2.run(WATER, xc="pbe", os_scale=0.5, ss_scale=0.5, scf_precision="mixed")
+
+
+def test_too_little_memory_is_refused_with_the_larger_of_the_scf_and_mp2_needs():
+    """Both planners run before the SCF; where both refuse, the refusal is the one that needs
+    more, so its advice is enough for both (benzene: the DF-SCF's tensor needs more than the
+    MP2 step)."""
+    from dfmp2 import api
+    from dfmp2.errors import ResourceError
+    from dfmp2.options import Options
+    from dfmp2.scf import plan_scf
+
+    benzene = str(INPUTS / "benzene.xyz")
+    _, mol, auxmol, _, _ = api._setup(benzene, {}, None)
+    needs = {}
+    for name, check in (
+            ("scf", lambda opts: plan_scf(mol, opts)),
+            ("mp2", lambda opts: api.plan_run(mol, auxmol, api.guess_occupations(mol, "rhf"),
+                                              opts))):
+        with pytest.raises(ResourceError) as err:
+            check(Options(max_memory=2))
+        needs[name] = err.value.least_mb
+    assert needs["scf"] > needs["mp2"]
+    with pytest.raises(ResourceError, match="for the DF-SCF") as err:
+        dfmp2.run(benzene, max_memory=needs["mp2"] - 1)  # both refuse: the SCF's need is named
+    assert err.value.least_mb == needs["scf"]
+    api._setup(benzene, {"max_memory": needs["scf"]}, None)  # its advice plans both
+
+
+def test_the_record_of_a_tensor_on_disk_says_what_memory_would_have_taken():
+    result = dfmp2.run(METHANE, max_memory=3)
+    match = re.search(r"on disk.*in memory it would take ([\d.]+) MB .*more than the ([\d.]+) "
+                      r"MB usable of --max-memory 3 MB", result.scf.jk)
+    assert match and float(match.group(1)) > float(match.group(2)), result.scf.jk
+
+
+def test_a_batch_gives_each_geometry_its_own_chkfile(tmp_path):
+    from click.testing import CliRunner
+
+    from dfmp2.cli import main
+
+    frames = tmp_path / "two.xyz"
+    frames.write_text("".join(f"3\nframe {k}\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 {y}\n"
+                              for k, y in ((1, 0.587), (2, 0.600))))
+    shared = CliRunner().invoke(main, ["run", str(frames), "--chkfile", str(tmp_path / "b.chk")])
+    assert shared.exit_code == 1 and "each SCF needs its own checkpoint" in shared.stderr
+    assert not (tmp_path / "b.chk").exists()  # refused before the first SCF
+    per_frame = ["run", str(frames), "--chkfile", str(tmp_path / "b{index}.chk"), "-q"]
+    first = CliRunner().invoke(main, per_frame)
+    assert first.exit_code == 0, first.output
+    assert sorted(p.name for p in tmp_path.glob("b*.chk")) == ["b1.chk", "b2.chk"]
+    again = CliRunner().invoke(main, per_frame + ["--json", str(tmp_path / "r{index}.json")])
+    assert again.exit_code == 0, again.output
+    for k in (1, 2):
+        scf = json.loads((tmp_path / f"r{k}.json").read_text())["extras"]["scf"]
+        assert scf["restart"] == f"initial guess from chkfile {tmp_path / f'b{k}.chk'}"
+        assert scf["cycles"] == 1
