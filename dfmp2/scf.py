@@ -139,6 +139,9 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         products = "J and K" if jk.square_only else "K"
         mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of "
                   f"{sum(jk.k_calls.values())} builds, then float64")
+    elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
+        mf.jk += ("; float64 throughout: --scf-precision mixed starts in float32, and this SCF "
+                  "started from a chkfile's converged orbitals")
     if not mf.converged:
         raise ConvergenceError(
             f"the {_label(mf, options)} did not converge in "

@@ -285,3 +285,12 @@ def test_a_batch_gives_each_geometry_its_own_chkfile(tmp_path):
         scf = json.loads((tmp_path / f"r{k}.json").read_text())["extras"]["scf"]
         assert scf["restart"] == f"initial guess from chkfile {tmp_path / f'b{k}.chk'}"
         assert scf["cycles"] == 1
+
+
+def test_a_mixed_precision_restart_says_it_ran_in_float64(tmp_path):
+    chk = str(tmp_path / "w.chk")
+    first = dfmp2.run(WATER, chkfile=chk, scf_precision="mixed")
+    assert "in float32 for the first" in first.scf.jk
+    again = dfmp2.run(WATER, chkfile=chk, scf_precision="mixed")
+    assert again.scf.cycles == 1 and "float64 throughout" in again.scf.jk
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
