@@ -65,7 +65,21 @@ class _TerminalProgress:
             sys.stderr.flush()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The command group. A Ctrl-C that comes before a run has installed its signal handlers
+    (the imports and the BLAS checks of its first second) ends as one during the run does: one
+    line and exit status 130, instead of click's "Aborted!" and status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(f"error: interrupted by SIGINT before the run started; exit status "
+                       f"{128 + signal.SIGINT}", err=True)
+            raise click.exceptions.Exit(128 + signal.SIGINT) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dfmp2")
 def main():
     """Density-fitted MP2 (RI-MP2) energies on PySCF references."""
@@ -539,7 +553,8 @@ class _PendingSignal:
 def _raise_on_signals():
     """Turn SIGINT, SIGTERM and SIGHUP (what batch schedulers send) into :class:`Interrupted`,
     so ``finally`` blocks remove the temporary HDF5 file; return a function that restores the
-    previous handlers, and the :class:`_PendingSignal` record."""
+    previous handlers, and the :class:`_PendingSignal` record. A signal the process ignores
+    (SIGHUP under ``nohup``, SIGINT in a background job) stays ignored."""
     pending = _PendingSignal()
 
     def handler(signum, _frame):
@@ -548,6 +563,8 @@ def _raise_on_signals():
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_IGN:  # nohup, or a background job: stays ignored
+            continue
         try:
             previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not the main thread (e.g. inside a test runner's worker thread)

@@ -205,3 +205,48 @@ def test_info_says_whether_the_compiled_reduction_was_built():
     assert result.exit_code == 0
     assert "compiled pair reduction: built" in result.stdout or \
         "compiled pair reduction: NOT built" in result.stdout
+
+
+def test_an_ignored_hangup_stays_ignored():
+    """Under ``nohup`` (SIGHUP ignored from the start) the run's handlers leave SIGHUP alone, so
+    closing the terminal does not stop it; a handled SIGINT still gets dfmp2's handler."""
+    from dfmp2 import cli
+
+    old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    old_int = signal.getsignal(signal.SIGINT)
+    try:
+        restore, _pending = cli._raise_on_signals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) not in (old_int, signal.SIG_IGN)
+        restore()
+        assert signal.getsignal(signal.SIGINT) is old_int
+    finally:
+        signal.signal(signal.SIGHUP, old_hup)
+
+
+def test_a_run_under_nohup_survives_hangups():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfmp2", "run", WATER, "-q"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 240
+    while proc.poll() is None:  # hang-ups all through the run, its imports to its output
+        proc.send_signal(signal.SIGHUP)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0 and err == "", (proc.returncode, err)
+    assert float(out) == pytest.approx(-76.2307, abs=1e-3)
+
+
+def test_ctrl_c_before_the_run_starts_is_one_line_and_exit_130(monkeypatch):
+    from dfmp2 import cli
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt  # as in the imports, before the run's handlers exist
+
+    monkeypatch.setattr(cli, "_run_rank", interrupted)
+    result = CliRunner().invoke(main, ["run", WATER])
+    assert result.exit_code == 130, (result.output, result.exception)
+    assert result.stderr.strip() == ("error: interrupted by SIGINT before the run started; "
+                                     "exit status 130")
