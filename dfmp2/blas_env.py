@@ -22,7 +22,10 @@ has (asked for "SkylakeX", it runs Haswell). So the library itself is asked, not
    only while PySCF's library loads, and the previous environment is restored;
 3. the loaded library is asked again which core it runs, and both answers are recorded.
 
-A value of ``OPENBLAS_CORETYPE`` the user set is kept (and recorded with the core it gave).
+A value of ``OPENBLAS_CORETYPE`` the user set is kept and recorded with the cores it gave: it
+acts on every OpenBLAS that loads with it, numpy's too (which runs dfmp2's products where
+``--cpu-blas`` chose numpy), so both libraries are asked, with a warning where either runs
+kernels older than AVX2/FMA on a CPU that has them. An empty value counts as unset.
 
 **OpenBLAS's idle workers.** After each call OpenBLAS's worker threads spin for
 ``2^OPENBLAS_THREAD_TIMEOUT`` cycles (default 2^28, about 0.1 s) before they sleep. The
@@ -48,7 +51,7 @@ from .cpuinfo import choose_cpu_blas
 from .cpuinfo import cpu_identity as _cpu
 
 __all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
-           "probe_pyscf_openblas", "ask_openblas", "is_pre_avx2_core", "shorten_openblas_spin",
+           "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core", "shorten_openblas_spin",
            "OPENBLAS_THREAD_TIMEOUT", "PRE_AVX2_CORES", "CORRECTED_CORETYPE"]
 
 logger = logging.getLogger(__name__)
@@ -130,6 +133,39 @@ def ask_openblas(handle: ctypes.CDLL) -> dict:
             "library": library, "version": version.group(1) if version else "unknown"}
 
 
+#: Names of ``openblas_get_corename`` in OpenBLAS builds: plain, and scipy-openblas's (the
+#: library of numpy's and scipy's wheels), 64-bit and 32-bit integers.
+_CORENAME_SYMBOLS = ("openblas_get_corename", "scipy_openblas_get_corename64_",
+                     "scipy_openblas_get_corename_")
+
+
+def ask_numpy_openblas() -> dict:
+    """Which core numpy's own OpenBLAS runs, numpy loaded: {'core', 'library'}, or {'error'}
+    when its library is not among this process's mappings (``/proc/self/maps``; numpy's BLAS
+    is not OpenBLAS, or another system)."""
+    import numpy
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(numpy.__file__))),
+                        "numpy.libs")
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in line.split()[-1].lower()})
+    except OSError as exc:
+        return {"error": f"numpy's OpenBLAS not asked ({exc.strerror})"}
+    for path in paths:
+        if not os.path.realpath(path).startswith(libs + os.sep):
+            continue
+        handle = ctypes.CDLL(path)
+        for symbol in _CORENAME_SYMBOLS:
+            corename = getattr(handle, symbol, None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                return {"core": (corename() or b"").decode(errors="replace").strip(),
+                        "library": os.path.realpath(path)}
+    return {"error": "numpy's OpenBLAS not found among the loaded libraries"}
+
+
 def _probe_child(helper: str) -> None:
     """The child of :func:`probe_pyscf_openblas`: load ``helper`` and print the answer as JSON."""
     print(json.dumps(ask_openblas(ctypes.CDLL(helper))))
@@ -188,12 +224,16 @@ def load_pyscf_openblas() -> dict:
     has_avx2_fma = _AVX2_FMA <= _cpu()[2]
     record = {"default": None, "OPENBLAS_CORETYPE": None, "avx2_fma": has_avx2_fma}
     helper = _pyscf_helper_path()
-    user = os.environ.get("OPENBLAS_CORETYPE")
+    user = os.environ.get("OPENBLAS_CORETYPE") or None  # set empty: OpenBLAS detects, as unset
     preloaded = user is None and _pyscf_loaded()  # in-process use (tests, notebooks)
     # what was done: {v} and {core} are the version and the loaded core
     if user is not None:
         loaded, record["OPENBLAS_CORETYPE"] = _load_pyscf(None), user
-        done = f"OPENBLAS_CORETYPE={user} (set by the user): PySCF's OpenBLAS {{v}} runs {{core}}"
+        numpy_core = ask_numpy_openblas()  # it read the variable too, when numpy loaded
+        record["numpy_core"] = numpy_core.get("core")
+        done = (f"OPENBLAS_CORETYPE={user} (set by the user): PySCF's OpenBLAS {{v}} runs "
+                "{core}; numpy's OpenBLAS, which reads it too, runs "
+                + numpy_core.get("core", f"? ({numpy_core.get('error')})"))
     elif preloaded:
         loaded = _load_pyscf(None)
         done = ("PySCF's OpenBLAS {v} had loaded before the CLI could choose its kernels: "
@@ -228,6 +268,13 @@ def load_pyscf_openblas() -> dict:
         # the correction failed; when PySCF had loaded first (in-process use) the record says so
         logger.warning("PySCF's OpenBLAS runs %s kernels on this AVX2/FMA CPU, at a fraction of "
                        "its DGEMM rate (%s)", loaded["core"], record["summary"])
+    slow = [core for core in (loaded["core"], record.get("numpy_core")) if core
+            and is_pre_avx2_core(core)]
+    if has_avx2_fma and user is not None and slow:
+        logger.warning("OPENBLAS_CORETYPE=%s leaves %s kernels running on this AVX2/FMA CPU, at "
+                       "a fraction of their DGEMM rate (%s); unset it and the dfmp2 command "
+                       "gives PySCF's OpenBLAS Haswell kernels and leaves numpy's its own "
+                       "choice", user, " and ".join(sorted(set(slow))), record["summary"])
     return record
 
 
@@ -240,7 +287,7 @@ def tune_pyscf_openblas() -> str:
 def shorten_openblas_spin() -> str:
     """Set ``OPENBLAS_THREAD_TIMEOUT`` to :data:`OPENBLAS_THREAD_TIMEOUT` unless it is set or
     numpy (and with it its OpenBLAS) has already loaded; return what was done."""
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+    if os.environ.get("OPENBLAS_THREAD_TIMEOUT"):  # set empty: OpenBLAS's default, as unset
         return f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (set by the user)"
     if "numpy" in sys.modules:
         return "OPENBLAS_THREAD_TIMEOUT unset: numpy had loaded before the CLI could set it"
@@ -261,8 +308,11 @@ def prepare_process(cpu_blas: str) -> dict:
     A value the user set is kept and recorded as such."""
     record = {"OPENBLAS_THREAD_TIMEOUT": shorten_openblas_spin()}
     if choose_cpu_blas(cpu_blas)[0] == "numpy":
-        if "OMP_WAIT_POLICY" in os.environ:
+        if os.environ.get("OMP_WAIT_POLICY"):
             record["OMP_WAIT_POLICY"] = f"{os.environ['OMP_WAIT_POLICY']} (set by the user)"
+        elif "torch" in sys.modules:  # its OpenMP runtime read the environment when it loaded
+            record["OMP_WAIT_POLICY"] = ("unset: torch had loaded before the CLI could set "
+                                         "PASSIVE; its OpenMP threads keep their default")
         else:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
             record["OMP_WAIT_POLICY"] = "PASSIVE (numpy's BLAS runs the products)"

@@ -103,15 +103,48 @@ def test_pyscf_openblas_after_the_cli_setup_runs_no_pre_avx2_core():
             assert "this CPU has no AVX2/FMA" in record["pyscf_openblas"]
 
 
-def test_user_coretype_is_kept_and_recorded_with_the_core_it_gave():
-    """Even an old core the CLI would correct: the user's value wins and the probe is skipped."""
+def test_user_coretype_is_kept_and_recorded_with_the_cores_it_gave():
+    """Even an old core the CLI would correct: the user's value wins and the probe is skipped.
+    numpy's OpenBLAS reads the variable too (it runs dfmp2's products), so the record names its
+    core as well, asked of numpy's library independently here."""
     record, core = _cli_setup_in_child(OPENBLAS_CORETYPE="Prescott")
     facts = record["pyscf_openblas_core"]
     assert record["pyscf_openblas"].startswith("OPENBLAS_CORETYPE=Prescott (set by the user)")
     assert facts["OPENBLAS_CORETYPE"] == "Prescott" and facts["default"] is None
     assert facts["loaded"] == core
+    numpy_core = _numpy_core_in_child(OPENBLAS_CORETYPE="Prescott")
+    assert facts["numpy_core"] == numpy_core
+    assert record["pyscf_openblas"].endswith(f"numpy's OpenBLAS, which reads it too, runs "
+                                             f"{numpy_core}")
     if platform.machine() in ("x86_64", "AMD64"):
-        assert core == "Prescott"
+        assert core == "Prescott" and numpy_core.lower() in _OLD_CORES
+
+
+def test_an_empty_coretype_counts_as_unset():
+    record, core = _cli_setup_in_child(OPENBLAS_CORETYPE="", OPENBLAS_THREAD_TIMEOUT="")
+    assert record["pyscf_openblas_core"]["default"], record  # probed and corrected as if unset
+    assert record["OPENBLAS_THREAD_TIMEOUT"] == ("OPENBLAS_THREAD_TIMEOUT="
+                                                 f"{blas_env.OPENBLAS_THREAD_TIMEOUT} (idle "
+                                                 "OpenBLAS workers sleep sooner)")
+    if _has_avx2_fma():
+        assert core.lower() not in _OLD_CORES
+
+
+def _numpy_core_in_child(**env_changes) -> str:
+    """The core numpy's OpenBLAS runs in a fresh process, asked through its library file in
+    numpy.libs with plain ctypes (not through the module under test)."""
+    code = ("import ctypes, glob, os, numpy\n"
+            "libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "
+            "'numpy.libs')\n"
+            "handle = ctypes.CDLL(glob.glob(os.path.join(libs, '*openblas*'))[0])\n"
+            "f = getattr(handle, 'scipy_openblas_get_corename64_', None) or "
+            "handle.openblas_get_corename\n"
+            "f.restype = ctypes.c_char_p\nprint(f().decode())\n")
+    env = {**os.environ, **env_changes}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def test_probe_reports_pyscf_library_and_ignores_a_set_coretype(monkeypatch):
@@ -253,11 +286,19 @@ def test_prepare_process_records_what_it_set_and_keeps_the_users(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(blas_env, "_load_pyscf", lambda coretype: {
         "core": "Zen", "config": "", "library": "/x/libopenblas.so", "version": "0.3.3"})
+    import torch  # noqa: F401  - loaded before the set-up, as in any test process
+
+    monkeypatch.setattr(blas_env, "ask_numpy_openblas", lambda: {"core": "SkylakeX"})
     record = blas_env.prepare_process("numpy")
     assert record["OPENBLAS_THREAD_TIMEOUT"] == "OPENBLAS_THREAD_TIMEOUT=22 (set by the user)"
-    assert record["OMP_WAIT_POLICY"].startswith("PASSIVE")
+    # torch loaded in this process before the CLI's set-up: its OpenMP runtime read the
+    # environment already (a fresh process gets PASSIVE: test_the_cli_sets_a_passive_wait...)
+    assert "torch" in sys.modules
+    assert record["OMP_WAIT_POLICY"].startswith("unset: torch had loaded")
+    assert "OMP_WAIT_POLICY" not in os.environ
     assert record["pyscf_openblas"] == ("OPENBLAS_CORETYPE=Zen (set by the user): "
-                                        "PySCF's OpenBLAS 0.3.3 runs Zen")
+                                        "PySCF's OpenBLAS 0.3.3 runs Zen; numpy's OpenBLAS, "
+                                        "which reads it too, runs SkylakeX")
     assert record["pyscf_openblas_core"]["OPENBLAS_CORETYPE"] == "Zen"
     assert record["pyscf_openblas_core"]["loaded"] == "Zen"
     assert os.environ["OPENBLAS_CORETYPE"] == "Zen"
@@ -265,6 +306,16 @@ def test_prepare_process_records_what_it_set_and_keeps_the_users(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert blas_env.prepare_process("numpy")["OMP_WAIT_POLICY"] == "ACTIVE (set by the user)"
     assert "OMP_WAIT_POLICY" not in blas_env.prepare_process("torch")
+
+
+def test_the_cli_sets_a_passive_wait_policy_in_a_fresh_process():
+    record, _core = _cli_setup_in_child()
+    from dfmp2.cpuinfo import choose_cpu_blas
+
+    if choose_cpu_blas("auto")[0] == "numpy":
+        assert record["OMP_WAIT_POLICY"] == "PASSIVE (numpy's BLAS runs the products)"
+    else:
+        assert "OMP_WAIT_POLICY" not in record
 
 
 def test_linalg_imports_no_environment_module():
