@@ -597,7 +597,9 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None,
                    grid=grid_record(mf) if xc is not None else None,
-                   solver=getattr(mf, "solver", None))
+                   solver=getattr(mf, "solver", None),
+                   conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
+                                       or float(mf.conv_tol) ** 0.5))
 
 
 def check_float64_k(mf) -> None:

@@ -25,7 +25,7 @@ def _configure_logging(verbose: int, quiet: bool):
     leaves no logging set-up behind)."""
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[
         min(verbose, 2)]
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LogHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     root = logging.getLogger("dfmp2")
     saved = (root.handlers[:], root.level, root.propagate)
@@ -42,7 +42,9 @@ def _configure_logging(verbose: int, quiet: bool):
 
 
 class _TerminalProgress:
-    """One self-overwriting status line on stderr, only when stderr is a terminal."""
+    """One self-overwriting status line on stderr, only when stderr is a terminal; the log
+    lines of ``-v`` (:class:`_LogHandler`) are written between a :meth:`clear` and a
+    :meth:`redraw` of it."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
@@ -59,10 +61,44 @@ class _TerminalProgress:
             sys.stderr.flush()
             self._last = line
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Blank the status line (it stays remembered for :meth:`redraw`)."""
         if self.enabled and self._last:
             sys.stderr.write("\r" + " " * len(self._last) + "\r")
             sys.stderr.flush()
+
+    def redraw(self) -> None:
+        if self.enabled and self._last:
+            sys.stderr.write(self._last)
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        self.clear()
+        self._last = ""
+
+
+class _LogHandler(logging.StreamHandler):
+    """The ``dfmp2`` loggers' handler on stderr: each record on a line of its own, the status
+    line of the run (``status``, set while one is drawn) blanked before it and drawn again
+    after it."""
+
+    status: _TerminalProgress | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        status = self.status
+        if status is not None:
+            status.clear()
+        super().emit(record)
+        if status is not None:
+            status.redraw()
+
+
+def _show_logs_around(status: _TerminalProgress | None) -> None:
+    """Give the ``dfmp2`` loggers' :class:`_LogHandler` the status line to write around (None:
+    none any more)."""
+    for handler in logging.getLogger("dfmp2").handlers:
+        if isinstance(handler, _LogHandler):
+            handler.status = status
 
 
 class _Main(click.Group):
@@ -432,6 +468,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     if not leader:  # rank 0 logs for the run; the others only their errors
         logging.getLogger("dfmp2").setLevel(logging.ERROR)
     terminal = _TerminalProgress(enabled=not quiet and leader)
+    _show_logs_around(terminal)
     restore, pending = _raise_on_signals()
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -461,6 +498,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
                 result = run_dfmp2(geometry, progress=progress, environment=environment,
                                    **options)
         finally:
+            _show_logs_around(None)
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
     except Interrupted as exc:

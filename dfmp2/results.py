@@ -31,6 +31,12 @@ class MoleculeInfo:
     qcschema: dict
 
 
+def _rate(gflops: float) -> str:
+    """A GFLOP/s figure: whole numbers from 10 up, two significant digits below (a tiny
+    molecule's 0.3 is not 0)."""
+    return f"{gflops:.0f}" if gflops >= 10 else f"{gflops:.2g}"
+
+
 @dataclass(frozen=True)
 class ScfInfo:
     """The reference SCF: ``kind`` 'rhf', 'uhf', 'rohf', 'rks' or 'uks' (for KS ``xc`` names
@@ -44,7 +50,8 @@ class ScfInfo:
     (:func:`dfmp2.functionals.grid_record`; None for HF), ``solver`` what converged dfmp2's
     own SCF (PySCF's DIIS, or DIIS then PySCF's second-order solver when DIIS stalled, and
     whether a KS SCF stalled on its grid's noise was accepted: :func:`dfmp2.scf.run_scf`;
-    None for an SCF object given to dfmp2)."""
+    None for an SCF object given to dfmp2), ``conv_tol_grad`` the orbital-gradient threshold
+    it was converged to (PySCF's sqrt(conv_tol) where the object set none)."""
 
     kind: str
     xc: str | None
@@ -62,6 +69,7 @@ class ScfInfo:
     jk_stats: dict | None = None
     grid: dict | None = None
     solver: str | None = None
+    conv_tol_grad: float | None = None
 
 
 @dataclass(frozen=True)
@@ -320,7 +328,8 @@ class Result:
         lines += [
             f"  nuclear repulsion {mo.nuclear_repulsion:.10f} Eh",
             f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'} in "
-            f"{cycles} (conv_tol {scf.conv_tol:.0e})"
+            f"{cycles} (conv_tol {scf.conv_tol:.0e}"
+            + (f", orbital gradient {scf.conv_tol_grad:.0e})" if scf.conv_tol_grad else ")")
             + (f"; {scf.restart}" if scf.restart else "")
             + (f"; {scf.solver}" if scf.solver and scf.solver != "DIIS (PySCF)" else ""),
             f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
@@ -375,7 +384,7 @@ class Result:
         lines = [
             f"  SCF J/K: {self.scf.jk}",
             *([f"  SCF J/K time: {st['calls']} builds, {st['seconds']:.2f} s, "
-               f"{st['gflop'] / st['seconds']:.0f} GFLOP/s" if st["seconds"] > 0 else ""]
+               f"{_rate(st['gflop'] / st['seconds'])} GFLOP/s" if st["seconds"] > 0 else ""]
               if (st := self.scf.jk_stats) else []),
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
             + f" ({b.resolution})"

@@ -206,3 +206,42 @@ def test_cpu_blas_numpy_sets_passive_omp_before_torch_loads():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["PASSIVE", "True"]
+
+
+def test_log_lines_are_written_between_a_clear_and_a_redraw_of_the_status_line():
+    import io
+    import logging
+
+    from dfmp2 import cli
+
+    calls = []
+
+    class Status:
+        def clear(self):
+            calls.append("clear")
+
+        def redraw(self):
+            calls.append("redraw")
+
+    stream = io.StringIO()
+    handler = cli._LogHandler(stream)
+    handler.status = Status()
+    handler.emit(logging.LogRecord("dfmp2", logging.INFO, __file__, 1, "hello", None, None))
+    assert calls == ["clear", "redraw"] and stream.getvalue() == "hello\n"
+    handler.status = None
+    handler.emit(logging.LogRecord("dfmp2", logging.INFO, __file__, 1, "again", None, None))
+    assert calls == ["clear", "redraw"] and stream.getvalue() == "hello\nagain\n"
+
+
+def test_the_scf_record_names_its_gradient_threshold_and_a_small_rate(tmp_path):
+    import json
+
+    from dfmp2.results import _rate
+
+    result = CliRunner().invoke(main, ["run", WATER, "--conv-tol-grad", "1e-8", "--json",
+                                       str(tmp_path / "w.json")])
+    assert result.exit_code == 0, result.output
+    assert "(conv_tol 1e-11, orbital gradient 1e-08)" in result.output
+    scf = json.loads((tmp_path / "w.json").read_text())["extras"]["scf"]
+    assert scf["conv_tol_grad"] == 1e-8 and scf["conv_tol"] == 1e-11
+    assert (_rate(0.3149), _rate(9.96), _rate(68.4)) == ("0.31", "10", "68")
