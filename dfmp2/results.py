@@ -418,10 +418,10 @@ class Result:
         for stage, rec in m.stage_precision.items():
             lines.append(f"  {stage:<12s} {rec['placement']:<13s} {rec['reason']}")
         blas = b.cpu_blas
-        if blas and b.resolved == "pytorch":
+        if blas:  # the host's products: all of them on pytorch, the SCF's and others on nki
             lines.append(f"  CPU products through {blas['choice']} "
                          f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
-            if blas.get("pair_reduction"):
+            if blas.get("pair_reduction") and b.resolved == "pytorch":
                 lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
         for key, value in (self.environment or {}).items():
             lines.append(f"  environment {key}: {value}")

@@ -244,3 +244,7 @@ def test_b_over_the_device_budget_is_uploaded_per_launch(monkeypatch):
     assert device["resident_bytes"] == 0
     ref = dfmp2.run(str(INPUTS / "water.xyz"), backend="pytorch")
     assert run.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP32)
+    # the host ran the SCF's products: the summary names its BLAS, but no host pair reduction
+    verbose = run.summary(verbose=True)
+    assert f"CPU products through {run.backend.cpu_blas['choice']} (" in verbose
+    assert "pair-energy reduction" not in verbose
