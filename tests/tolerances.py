@@ -149,3 +149,6 @@ TOL_PUBLISHED_4DP = 5e-5 + 1e-6
 #: (3.2e-4 at conv_tol 1e-7) against the same SCF run to its threshold: second order in the
 #: gradient.
 TOL_SCF_ACCEPTED = 1e-6
+#: The same run of the same code in another process (a subprocess against an in-process call):
+#: only the BLAS summation order may differ; printed with 12 decimals.
+TOL_OTHER_PROCESS = 1e-10
