@@ -677,6 +677,11 @@ class DFMP2:
     (``basis``, ``charge``, ``spin``, ``ecp``) belong to the SCF and are refused here.
     """
 
+    #: The object's own attributes; any other assignment is an :class:`Options` field (``pt.
+    #: max_memory = 2000``, as PySCF users set them), kept in ``options``, or refused.
+    _OWN = frozenset({"_scf", "mol", "frozen", "auxbasis", "with_df", "options", "result",
+                      "e_corr", "e_corr_os", "e_corr_ss", "e_singles"})
+
     def __init__(self, mf, frozen=None, auxbasis=None, **options):
         self._scf = mf
         self.mol = mf.mol
@@ -686,6 +691,24 @@ class DFMP2:
         self.options = options
         self.result: Result | None = None
         self.e_corr = self.e_corr_os = self.e_corr_ss = self.e_singles = None
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        elif name in Options.field_names():
+            self.options[name] = value  # applied by the next run(), as the keyword would be
+        elif name in ("verbose", "stdout"):
+            raise AttributeError(f"DFMP2.{name}: dfmp2 logs through Python's logging, not "
+                                 "PySCF's logger (e.g. logging.getLogger('dfmp2')."
+                                 "setLevel(logging.INFO))")
+        else:
+            raise AttributeError(f"DFMP2 has no setting {name!r}; its settings are Options "
+                                 f"fields ({', '.join(sorted(Options.field_names()))})")
+
+    def __getattr__(self, name: str):  # only for names not found otherwise: Options fields
+        if name != "options" and name in Options.field_names():
+            return self.options.get(name, Options.default(name))
+        raise AttributeError(f"DFMP2 has no attribute {name!r}")
 
     @property
     def e_hf(self) -> float:

@@ -359,6 +359,15 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
         if not os.path.isdir(path):
             raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result needs "
                         "its own file; give a directory or a path with {name} or {index}")
+    for flag, path, suffix in (("--json", json_path, ".json"), ("--plot", options.get("_plot"),
+                               ".png"), ("--chkfile", options.get("chkfile"), ".chk")):
+        writes: dict[str, str] = {}  # file -> the entry that writes it
+        for index, (name, _geometry) in enumerate(entries, 1):
+            target = _batch_json(path, name, index, suffix) if path not in (None, "-") else None
+            if target is not None and target in writes:
+                raise _fail(f"{flag} {path!r}: {writes[target]} and {name} would both write "
+                            f"{target}; give a path with {{index}}")
+            writes[target] = name
     leader = ranks is None or ranks.rank == 0
     rows = []
     for index, (name, geometry) in enumerate(entries, 1):
@@ -427,20 +436,28 @@ def _batch_table(rows) -> str:
                 continue
             lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
                          f"{result.sizes.nbasis:5d} "
-                         + " ".join(f"{getattr(result, c):20.12f}"
-                                    for c in _batch_columns(result)[1]))
+                         + " ".join(f"{value(result):20.12f}"
+                                    for value in _batch_columns(result)[1]))
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
 
 
-def _batch_columns(result) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(headings, Result attributes) of a batch row."""
+def _batch_columns(result) -> tuple[tuple[str, ...], tuple]:
+    """(headings, a function per heading that reads it from a Result) of a batch row: the
+    energies, then a counterpoise run's interaction energies (Eh) per level."""
     if result is not None and result.double_hybrid:
-        return (("E(KS)", "E(PT2) scaled", f"E({result.dh_name}) total"),
-                ("e_scf", "e_scs", "e_scs_tot"))
-    label = result.scaled_label if result is not None else "SCS-MP2"
-    return (("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total"),
-            ("e_scf", "e_corr", "e_tot", "e_scs_tot"))
+        heads, names = (("E(KS)", "E(PT2) scaled", f"E({result.dh_name}) total"),
+                        ("e_scf", "e_scs", "e_scs_tot"))
+    else:
+        label = result.scaled_label if result is not None else "SCS-MP2"
+        heads, names = (("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total"),
+                        ("e_scf", "e_corr", "e_tot", "e_scs_tot"))
+    values = tuple((lambda r, n=n: getattr(r, n)) for n in names)
+    inter = result.interaction if result is not None else None
+    if inter:
+        heads += tuple(f"E(int) {label}" for label in inter["levels"].values())
+        values += tuple((lambda r, k=k: r.interaction[k]["eh"]) for k in inter["levels"])
+    return heads, values
 
 
 def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
@@ -482,8 +499,9 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
 
         job = None
         if qcschema.is_schema_input(geometry):
-            job = qcschema.read_input(geometry)
-            options = {**job.options, **{k: v for k, v in options.items() if k in explicit}}
+            job = qcschema.with_overrides(qcschema.read_input(geometry), {
+                k: v for k, v in options.items() if k in explicit})  # echoed in its result
+            options = dict(job.options)
             geometry = job.mole
         counterpoise = options.pop("_counterpoise", None)
         try:

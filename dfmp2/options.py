@@ -218,6 +218,11 @@ class Options:
         return _DEFAULTS[name]
 
     @classmethod
+    def field_names(cls) -> frozenset[str]:
+        """The names of the options."""
+        return frozenset(_DEFAULTS)
+
+    @classmethod
     def from_kwargs(cls, **kwargs) -> "Options":
         """Build from keyword arguments, naming any unknown one."""
         known = {f.name for f in fields(cls)}

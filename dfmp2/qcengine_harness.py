@@ -75,7 +75,8 @@ def _compute(input_data, config):
     from .qcschema import run_qcschema
 
     data = json.loads(input_data.serialize("json"))
-    keywords = data["specification"].get("keywords") or {}
+    keywords = {name.lower() for name in data["specification"].get("keywords") or {}}
+    # (keyword names are case-insensitive, as dfmp2.qcschema reads them)
     overrides = {}
     if config is not None and getattr(config, "memory", None) and "max_memory" not in keywords:
         overrides["max_memory"] = max(1, int(config.memory * 1024))  # GiB -> MB

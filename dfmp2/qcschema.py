@@ -11,9 +11,10 @@ the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total), ``scs-mp2`` 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import InputError
 
@@ -193,6 +194,58 @@ def read_input(source) -> SchemaJob:
     return SchemaJob(_mole(molecule), options, method, version, as_v1)
 
 
+#: Options an input's molecule or ``model.method`` sets, which a command line may not change for
+#: a QCSchema input (its AtomicResult would echo values that did not run): where to set each.
+INPUT_ONLY = {"charge": "molecule.molecular_charge", "spin": "molecule.molecular_multiplicity",
+              "xc": "model.method", "sos": "model.method"}
+
+
+#: Options of the machine a run uses (QCEngine's task memory and scratch directory): applied
+#: but not echoed as keywords, since they change no number (the record has them in extras).
+_RESOURCES = frozenset({"max_memory", "scratch_dir"})
+
+
+def _option_of(keyword: str) -> str | None:
+    """The dfmp2 option a keyword sets (None: none, e.g. mp2_type, or an unknown name)."""
+    key = keyword.lower()
+    if key in PSI4_KEYWORDS:
+        return PSI4_KEYWORDS[key][0]
+    return key if key in OWN_KEYWORDS else None
+
+
+def _keyword_of(option: str) -> str:
+    """The keyword that sets ``option``: dfmp2's own name, else Psi4's."""
+    if option in OWN_KEYWORDS:
+        return option
+    return next((name for name, (target, _) in PSI4_KEYWORDS.items() if target == option),
+                option)
+
+
+def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
+    """``job`` with dfmp2 options that win over its input's (the command line's), applied to
+    its options and echoed in the input its AtomicResult repeats, so that the result says what
+    ran: ``basis`` as ``model.basis``, any other option but the machine's resources
+    (:data:`_RESOURCES`) as its keyword (:func:`_keyword_of`) in place of those of the input
+    that set it. Options of the molecule or the method (:data:`INPUT_ONLY`) are refused."""
+    for option in overrides:
+        if option in INPUT_ONLY:
+            raise InputError(f"--{option.replace('_', '-')} with a QCSchema input: set "
+                             f"{INPUT_ONLY[option]} in the input instead")
+    given = copy.deepcopy(job.input)
+    model, keywords = dict(given["model"]), dict(given.get("keywords") or {})
+    for option, value in overrides.items():
+        if option in _RESOURCES:  # where and within what it ran: not the calculation
+            continue
+        if option == "basis":
+            model["basis"] = value
+            continue
+        for name in [k for k in keywords if _option_of(k) == option]:
+            del keywords[name]
+        keywords[_keyword_of(option)] = list(value) if isinstance(value, tuple) else value
+    given["model"], given["keywords"] = model, keywords
+    return replace(job, options={**job.options, **overrides}, input=given)
+
+
 def keyword_options(keywords: dict) -> dict:
     """dfmp2 options from QCSchema keywords (Psi4's names, or dfmp2's own)."""
     options = {}
@@ -229,11 +282,18 @@ def _mole(molecule):
     atoms = [((symbol.capitalize() if is_real else GHOST_PREFIX + symbol.capitalize()),
               tuple(float(x) for x in xyz))
              for symbol, xyz, is_real in zip(molecule.symbols, geometry, real)]
+    whole = {}
+    for field in ("molecular_charge", "molecular_multiplicity"):
+        value = float(getattr(molecule, field))
+        if value != round(value):  # qcelemental allows fractional ones; a run needs whole ones
+            raise InputError(f"molecule.{field} {value:g}: dfmp2 needs a whole number (an "
+                             "integer count of electrons and of unpaired ones)")
+        whole[field] = int(round(value))
     mole = gto.Mole()
     mole.atom = atoms
     mole.unit = "Bohr"
-    mole.charge = int(round(float(molecule.molecular_charge)))
-    mole.spin = int(molecule.molecular_multiplicity) - 1
+    mole.charge = whole["molecular_charge"]
+    mole.spin = whole["molecular_multiplicity"] - 1
     return mole
 
 
@@ -271,8 +331,8 @@ def run_qcschema(source, **overrides) -> dict:
     keywords (e.g. ``progress`` is not one: pass it to :func:`dfmp2.run` instead)."""
     from .api import run
 
-    job = read_input(source)
-    result = run(job.mole, **{**job.options, **overrides})
+    job = with_overrides(read_input(source), overrides)
+    result = run(job.mole, **job.options)
     return result_dict(result, job)
 
 

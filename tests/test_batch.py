@@ -72,3 +72,19 @@ def test_several_results_need_several_json_files(tmp_path):
     assert result.exit_code == 1
     assert "each result needs its own file; give a directory or a path with {name}" \
         in result.output
+
+
+def test_two_entries_that_would_write_one_file_are_refused_before_any_run(tmp_path):
+    for sub, text in (("a", FRAMES.split("\n\n")[0] + "\n"), ("b", FRAMES.split("\n\n")[1])):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "mol.xyz").write_text(text)
+    out = tmp_path / "out"
+    out.mkdir()
+    entries = [str(tmp_path / "a" / "mol.xyz"), str(tmp_path / "b" / "mol.xyz")]
+    result = CliRunner().invoke(main, ["run", *entries, "--json", str(out)])
+    assert result.exit_code == 1 and list(out.iterdir()) == []
+    assert f"{entries[0]} and {entries[1]} would both write {out / 'mol.json'}" in result.stderr
+    by_index = CliRunner().invoke(main, ["run", *entries, "--json", str(out / "{index}.json"),
+                                         "-q"])
+    assert by_index.exit_code == 0, by_index.output
+    assert sorted(p.name for p in out.iterdir()) == ["1.json", "2.json"]

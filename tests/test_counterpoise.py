@@ -92,6 +92,14 @@ def test_cli_counterpoise_prints_and_records(tmp_path, formic):
     v1.AtomicResult(**data)  # still a valid AtomicResult
     assert data["extras"]["interaction"]["mp2"]["eh"] == pytest.approx(
         formic.interaction["mp2"]["eh"], abs=TOL_OUTCORE)
+    batch = CliRunner().invoke(main, ["run", FORMIC, FORMIC, "--counterpoise", "--fragments",
+                                      "5,5", "-q"])
+    assert batch.exit_code == 0, batch.output
+    heads, *rows = [line for line in batch.stdout.splitlines() if line.strip()]
+    assert heads.split()[-6:] == ["E(int)", "HF", "E(int)", "MP2", "E(int)", "SCS-MP2"]
+    for row in rows:  # the table carries each entry's interaction energies (Eh)
+        assert float(row.split()[-2]) == pytest.approx(formic.interaction["mp2"]["eh"],
+                                                       abs=TOL_OUTCORE)
     for args, message in ((["--fragments", "5,5"], "belong to --counterpoise"),
                           (["--counterpoise"], "--counterpoise needs --fragments")):
         failed = CliRunner().invoke(main, ["run", FORMIC, *args])

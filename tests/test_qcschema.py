@@ -160,12 +160,48 @@ def test_cli_options_given_win_over_keywords(tmp_path):
     result = CliRunner().invoke(main, ["run", str(path), "--precision", "mixed", "--json",
                                        str(out), "-q"])
     assert result.exit_code == 0, result.output
-    method = json.loads(out.read_text())["extras"]["method"]
-    assert method["precision"] == "mixed"  # the command line's
+    data = json.loads(out.read_text())
+    assert data["extras"]["method"]["precision"] == "mixed"  # the command line's
+    assert data["keywords"] == {"precision": "mixed", "freeze_core": True}  # and it says so
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(v1_input({"nonsense": 1})))
     failed = CliRunner().invoke(main, ["run", str(bad)])
     assert failed.exit_code == 1 and "unknown keyword 'nonsense'" in failed.output
+
+
+def test_what_the_command_line_changes_is_what_the_result_says(tmp_path):
+    """The command line's basis, fitting basis and frozen core win over the input's model and
+    keywords, and the AtomicResult echoes them (not the input's); the molecule's and the
+    method's settings cannot be changed there; the machine's memory is not a keyword."""
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v1_input({"freeze_core": True, "df_basis_mp2": "cc-pvdz-ri",
+                                         "mp2_type": "df"})))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, ["run", str(path), "--basis", "sto-3g", "--auxbasis",
+                                       "def2-universal-jkfit", "--no-frozen-core",
+                                       "--max-memory", "3000", "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    v1.AtomicResult(**data)
+    assert data["model"] == {"method": "mp2", "basis": "sto-3g"}
+    assert data["keywords"] == {"mp2_type": "df", "df_basis_mp2": "def2-universal-jkfit",
+                                "freeze_core": False}
+    ran = data["extras"]
+    assert ran["method"]["basis"] == {"H": "sto-3g", "O": "sto-3g"}
+    assert ran["sizes"]["nfrozen_occ"] == 0 and ran["method"]["max_memory_mb"] == 3000
+    direct = dfmp2.run(qcschema.read_input(v1_input()).mole, basis="sto-3g",
+                       auxbasis="def2-universal-jkfit")
+    assert abs(data["return_result"] - direct.e_tot) <= TOL_OUTCORE
+    for flag, where in (("--charge", "molecule.molecular_charge"), ("--xc", "model.method")):
+        refused = CliRunner().invoke(main, ["run", str(path), flag,
+                                            "1" if flag == "--charge" else "b2plyp"])
+        assert refused.exit_code == 1 and f"set {where} in the input" in refused.stderr
+
+
+def test_a_fractional_charge_is_refused():
+    for field, value in (("molecular_charge", 0.5), ("molecular_multiplicity", 1.5)):
+        with pytest.raises(InputError, match=f"molecule.{field} {value:g}: .*whole number"):
+            qcschema.read_input(v1_input(molecule={**WATER, field: value}))
 
 
 # -- QCEngine ---------------------------------------------------------------------------------
@@ -182,6 +218,11 @@ def test_qcengine_runs_dfmp2(frozen_core):
     assert result.properties.mp2_correlation_energy == pytest.approx(direct.e_corr,
                                                                       abs=TOL_OUTCORE)
     assert result.extras["method"]["max_memory_mb"] == 2048  # QCEngine's task memory
+    assert "max_memory" not in result.keywords  # a resource of the machine, not the method
+    for name in ("max_memory", "MAX_MEMORY"):  # keyword names in any case win over the task's
+        own = qcengine.compute(v1.AtomicInput(**v1_input({name: 1234})), "dfmp2",
+                               raise_error=True, task_config={"memory": 2, "ncores": 1})
+        assert own.extras["method"]["max_memory_mb"] == 1234
     scs = qcengine.compute(v2_input(method="scs-mp2", keywords={"freeze_core": True}), "dfmp2",
                            raise_error=True)
     assert abs(scs.return_result - direct.e_scs_tot) <= TOL_OUTCORE

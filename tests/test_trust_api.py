@@ -114,6 +114,21 @@ def test_contradicting_auxbasis_and_with_df_are_refused(water_rhf):
         pt.run()
 
 
+def test_settings_assigned_as_attributes_apply_or_are_refused(water_rhf):
+    """PySCF users set ``pt.max_memory = ...``: an Options field assigned so is applied by the
+    next run, like the keyword; PySCF's logger settings and unknown names are refused."""
+    pt = dfmp2.DFMP2(water_rhf, backend="pytorch")
+    assert pt.max_memory == dfmp2.Options.default("max_memory")
+    pt.max_memory = 300
+    assert pt.run().result.method.max_memory_mb == 300
+    pt.precision = "mixed"
+    assert pt.run().result.method.precision == "mixed"
+    for name, message in (("verbose", "logs through Python's logging"),
+                          ("max_cycles", "no setting 'max_cycles'")):
+        with pytest.raises(AttributeError, match=message):
+            setattr(pt, name, 4)
+
+
 def test_molecule_settings_on_dfmp2_are_refused(water_rhf):
     with pytest.raises(InputError, match="basis belongs to the SCF's molecule"):
         dfmp2.DFMP2(water_rhf, basis="cc-pvtz").run()
