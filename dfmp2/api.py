@@ -741,6 +741,10 @@ class DFMP2:
         if with_df.mol is not self.mol and with_df.mol.atom != self.mol.atom:
             raise InputError("with_df was built for another molecule than the SCF's")
         from_df = with_df.auxbasis
+        if from_df is None and auxbasis is None:  # PySCF would fit with its JK-fit default
+            raise InputError("with_df has no auxbasis (PySCF's DF-MP2 would then fit with the "
+                             "JK-fit partner of the basis); give df.DF(mol, auxbasis=...) or "
+                             "DFMP2(mf, auxbasis=...)")
         if from_df is None:
             return auxbasis
         if auxbasis is not None and auxbasis != from_df:

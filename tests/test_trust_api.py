@@ -114,6 +114,17 @@ def test_contradicting_auxbasis_and_with_df_are_refused(water_rhf):
         pt.run()
 
 
+def test_a_with_df_without_auxbasis_is_refused_unless_auxbasis_is_given(water_rhf):
+    """PySCF's DF-MP2 fits with the JK-fit default when its with_df names no basis; dfmp2's
+    default is the RI basis, so it asks rather than pick one of the two silently."""
+    pt = dfmp2.DFMP2(water_rhf, backend="pytorch")
+    pt.with_df = df.DF(water_rhf.mol)
+    with pytest.raises(InputError, match="with_df has no auxbasis"):
+        pt.run()
+    pt.auxbasis = "cc-pvdz-ri"
+    assert pt.run().result.method.auxbasis == {"O": "cc-pvdz-ri", "H": "cc-pvdz-ri"}
+
+
 def test_settings_assigned_as_attributes_apply_or_are_refused(water_rhf):
     """PySCF users set ``pt.max_memory = ...``: an Options field assigned so is applied by the
     next run, like the keyword; PySCF's logger settings and unknown names are refused."""
