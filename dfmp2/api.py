@@ -708,6 +708,9 @@ class DFMP2:
     def __getattr__(self, name: str):  # only for names not found otherwise: Options fields
         if name != "options" and name in Options.field_names():
             return self.options.get(name, Options.default(name))
+        if isinstance(getattr(type(self), name, None), property):
+            # a property's own AttributeError (NotComputedError before run()) brought us here
+            return object.__getattribute__(self, name)
         raise AttributeError(f"DFMP2 has no attribute {name!r}")
 
     @property
