@@ -65,6 +65,10 @@ ORTHONORMALITY_TOL = 1e-8
 LOOSE_CONV_TOL = 1e-8
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
 _MOLE_SETTINGS = ("basis", "charge", "spin", "ecp")
+#: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
+#: molecule's are): its functional, grid, reference, fitting, precision and convergence.
+_SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_precision",
+                 "conv_tol", "conv_tol_grad", "max_cycle", "chkfile")
 
 
 def run(geometry, progress=None, environment: dict | None = None, **options) -> Result:
@@ -661,6 +665,12 @@ def _has_ecp_core(mol, k: int) -> bool:
     return bool(mol.has_ecp()) and mol.atom_nelec_core(k) > 0
 
 
+#: Why DFMP2 refuses a molecule or SCF setting.
+_SCF_OWN = ("DFMP2(mf) takes the SCF object as it is given (its molecule, functional, grid, "
+            "reference, fitting and convergence); set it on the SCF, or let dfmp2.run(geometry, "
+            "...) run the SCF (for a double hybrid: dfmp2.run(geometry, xc='B2PLYP', ...))")
+
+
 class DFMP2:
     """PySCF-shaped DF-MP2 for a converged RHF, UHF, ROHF, RKS or UKS object, dispatched on
     the reference: RHF/RKS closed shell; UHF/UKS unrestricted MP2 (no singles); ROHF
@@ -695,23 +705,32 @@ class DFMP2:
     def __setattr__(self, name: str, value) -> None:
         if name in self._OWN:
             object.__setattr__(self, name, value)
-        elif name in Options.field_names():
-            self.options[name] = value  # applied by the next run(), as the keyword would be
+        elif name in _MOLE_SETTINGS or name in _SCF_SETTINGS:
+            raise AttributeError(f"DFMP2.{name}: {_SCF_OWN}")
+        elif name in Options.field_names():  # applied by the next run(), as the keyword is
+            self.options = {**self.options, name: value}  # a copy's options stay its own
         elif name in ("verbose", "stdout"):
             raise AttributeError(f"DFMP2.{name}: dfmp2 logs through Python's logging, not "
                                  "PySCF's logger (e.g. logging.getLogger('dfmp2')."
                                  "setLevel(logging.INFO))")
+        elif type(self) is not DFMP2 or hasattr(type(self), name):  # a subclass's, a property
+            object.__setattr__(self, name, value)
         else:
-            raise AttributeError(f"DFMP2 has no setting {name!r}; its settings are Options "
-                                 f"fields ({', '.join(sorted(Options.field_names()))})")
+            raise AttributeError(f"DFMP2 has no setting {name!r}; its settings are the MP2 "
+                                 f"step's options ({', '.join(self._settings())})")
 
     def __getattr__(self, name: str):  # only for names not found otherwise: Options fields
-        if name != "options" and name in Options.field_names():
+        if name != "options" and name in self._settings():
             return self.options.get(name, Options.default(name))
         if isinstance(getattr(type(self), name, None), property):
             # a property's own AttributeError (NotComputedError before run()) brought us here
             return object.__getattribute__(self, name)
         raise AttributeError(f"DFMP2 has no attribute {name!r}")
+
+    @staticmethod
+    def _settings() -> list[str]:
+        """The options a DFMP2 object applies (not the molecule's or the SCF's)."""
+        return sorted(Options.field_names() - set(_MOLE_SETTINGS) - set(_SCF_SETTINGS))
 
     @property
     def e_hf(self) -> float:
@@ -760,11 +779,9 @@ class DFMP2:
         stored here)."""
         merged = {**self.options, **options}
         refused = sorted(set(merged) & set(_MOLE_SETTINGS))
-        scf_only = sorted(set(merged) & {"xc", "grid"})
+        scf_only = sorted(set(merged) & set(_SCF_SETTINGS))
         if scf_only:
-            raise InputError(f"{', '.join(scf_only)}: DFMP2(mf) takes the functional and grid of "
-                             "the SCF object it is given; for a double hybrid run "
-                             "dfmp2.run(geometry, xc='B2PLYP', ...)")
+            raise InputError(f"{', '.join(scf_only)}: {_SCF_OWN}")
         if refused:
             verb = "belongs" if len(refused) == 1 else "belong"
             raise InputError(f"{', '.join(refused)} {verb} to the SCF's molecule; build the "

@@ -232,8 +232,8 @@ def load_pyscf_openblas() -> dict:
         numpy_core = ask_numpy_openblas()  # it read the variable too, when numpy loaded
         record["numpy_core"] = numpy_core.get("core")
         done = (f"OPENBLAS_CORETYPE={user} (set by the user): PySCF's OpenBLAS {{v}} runs "
-                "{core}; numpy's OpenBLAS, which reads it too, runs "
-                + numpy_core.get("core", f"? ({numpy_core.get('error')})"))
+                "{core}; " + (f"numpy's OpenBLAS, which reads it too, runs {numpy_core['core']}"
+                              if "core" in numpy_core else numpy_core["error"]))
     elif preloaded:
         loaded = _load_pyscf(None)
         done = ("PySCF's OpenBLAS {v} had loaded before the CLI could choose its kernels: "

@@ -102,16 +102,16 @@ def _show_logs_around(status: _TerminalProgress | None) -> None:
 
 
 class _Main(click.Group):
-    """The command group. A Ctrl-C that comes before a run has installed its signal handlers
-    (the imports and the BLAS checks of its first second) ends as one during the run does: one
-    line and exit status 130, instead of click's "Aborted!" and status 1."""
+    """The command group. A Ctrl-C while no run's signal handlers are installed (the imports
+    and the BLAS checks of its first second, the output after it) ends as one during the run
+    does: one line and exit status 130, instead of click's "Aborted!" and status 1."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            click.echo(f"error: interrupted by SIGINT before the run started; exit status "
-                       f"{128 + signal.SIGINT}", err=True)
+            click.echo(f"error: interrupted by SIGINT; exit status {128 + signal.SIGINT}",
+                       err=True)
             raise click.exceptions.Exit(128 + signal.SIGINT) from None
 
 
@@ -501,7 +501,9 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
                 k: v for k, v in options.items() if k in explicit})  # echoed in its result
-            options = dict(job.options)
+            options = {**job.options,  # and what the command adds (--counterpoise, --plot's)
+                       **{k: v for k, v in options.items() if k.startswith("_")},
+                       **({"pair_energies": True} if plot_path is not None else {})}
             geometry = job.mole
         counterpoise = options.pop("_counterpoise", None)
         try:

@@ -435,7 +435,7 @@ def _check_gather(plan, slices, naux: int, world_size: int, max_memory_mb: float
             f"{world_size} ranks: each gather brings {max(1, plan.occ_block // world_size)} "
             f"occupied orbital(s) of B from every rank ({gather / MB:.0f} MB), and with the "
             f"rank's B and a pair block it needs {need / MB:.0f} MB; give --max-memory "
-            f"{least_max_memory(need / MB)} or use fewer ranks")
+            f"{least_max_memory(need / MB)} or use fewer ranks", least_max_memory(need / MB))
 
 
 class _Deferred:

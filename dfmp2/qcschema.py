@@ -206,10 +206,12 @@ _RESOURCES = frozenset({"max_memory", "scratch_dir"})
 
 
 def _option_of(keyword: str) -> str | None:
-    """The dfmp2 option a keyword sets (None: none, e.g. mp2_type, or an unknown name)."""
+    """The dfmp2 option a keyword sets (None: none, e.g. mp2_type, or an unknown name; Psi4's
+    grid point counts set ``grid``)."""
     key = keyword.lower()
     if key in PSI4_KEYWORDS:
-        return PSI4_KEYWORDS[key][0]
+        option = PSI4_KEYWORDS[key][0]
+        return "grid" if option in ("_radial", "_angular") else option
     return key if key in OWN_KEYWORDS else None
 
 
@@ -233,17 +235,26 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
                              f"{INPUT_ONLY[option]} in the input instead")
     given = copy.deepcopy(job.input)
     model, keywords = dict(given["model"]), dict(given.get("keywords") or {})
+    options = {**job.options, **overrides}
     for option, value in overrides.items():
-        if option in _RESOURCES:  # where and within what it ran: not the calculation
-            continue
+        # frozen and frozen_core are two ways of one setting: the command line's replaces both
+        replaced = {option} | ({"frozen", "frozen_core"} if option in ("frozen", "frozen_core")
+                               else set())
+        for other in replaced - {option}:
+            options.pop(other, None)
         if option == "basis":
             model["basis"] = value
             continue
-        for name in [k for k in keywords if _option_of(k) == option]:
+        named = [k for k in keywords if _option_of(k) in replaced]
+        for name in named:
             del keywords[name]
-        keywords[_keyword_of(option)] = list(value) if isinstance(value, tuple) else value
+        if option not in _RESOURCES or any(_option_of(k) == option for k in named):
+            # a machine's resource is echoed only where the input named it
+            keywords[_keyword_of(option)] = list(value) if isinstance(value, tuple) else value
+    if options.get("scf_type") == "conv" and "scf_auxbasis" not in overrides:
+        options.pop("scf_auxbasis", None)  # Psi4 ignores DF_BASIS_SCF under exact integrals
     given["model"], given["keywords"] = model, keywords
-    return replace(job, options={**job.options, **overrides}, input=given)
+    return replace(job, options=options, input=given)
 
 
 def keyword_options(keywords: dict) -> dict:
@@ -261,6 +272,8 @@ def keyword_options(keywords: dict) -> dict:
         else:
             valid = sorted(PSI4_KEYWORDS) + sorted(OWN_KEYWORDS)
             raise InputError(f"unknown keyword {name!r}; valid keywords: {', '.join(valid)}")
+    if options.get("scf_type") == "conv":  # Psi4 ignores DF_BASIS_SCF under exact integrals
+        options.pop("scf_auxbasis", None)
     radial, angular = options.pop("_radial", None), options.pop("_angular", None)
     if radial is not None or angular is not None:
         if "grid" in options:
@@ -328,11 +341,16 @@ def result_dict(result, job: SchemaJob) -> dict:
 def run_qcschema(source, **overrides) -> dict:
     """Run a QCSchema ``AtomicInput`` (dict, JSON text or path) and return the ``AtomicResult``
     of the same schema version as data. ``overrides``: dfmp2 options that win over the input's
-    keywords (e.g. ``progress`` is not one: pass it to :func:`dfmp2.run` instead)."""
+    keywords (echoed in the result, :func:`with_overrides`), and :func:`dfmp2.run`'s own
+    arguments (``progress``, ``environment``)."""
     from .api import run
+    from .options import Options
 
-    job = with_overrides(read_input(source), overrides)
-    result = run(job.mole, **job.options)
+    fields = Options.field_names()
+    job = with_overrides(read_input(source),
+                         {k: v for k, v in overrides.items() if k in fields})
+    result = run(job.mole, **job.options,  # run()'s own arguments (progress=, environment=)
+                 **{k: v for k, v in overrides.items() if k not in fields})
     return result_dict(result, job)
 
 

@@ -208,7 +208,7 @@ def test_bad_double_hybrid_input_is_one_line(args, message):
 def test_dfmp2_class_takes_the_functional_of_its_scf():
     mol = build_mole(WATER, basis="sto-3g")
     mf = dft.RKS(mol, xc="b3lyp")
-    with pytest.raises(InputError, match="takes the functional and grid"):
+    with pytest.raises(InputError, match="xc: DFMP2.mf. takes the SCF object as it is given"):
         dfmp2.DFMP2(mf, xc="b2plyp").run()
 
 

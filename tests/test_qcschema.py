@@ -95,10 +95,37 @@ def test_psi4_keywords_map_onto_options():
         "scf_type": "pk", "reference": "UHF", "freeze_core": "false", "df_basis_scf":
         "cc-pvdz-jkfit", "e_convergence": 1e-10, "d_convergence": "1e-8", "maxiter": 60,
         "backend": "pytorch", "precision": "mixed", "max_memory": 2000})
+    # df_basis_scf does nothing under PK, as in Psi4 (Options would refuse it with conv)
     assert options == {"scf_type": "conv", "reference": "uhf", "frozen_core": False,
-                       "scf_auxbasis": "cc-pvdz-jkfit", "conv_tol": 1e-10,
-                       "conv_tol_grad": 1e-8, "max_cycle": 60, "backend": "pytorch",
-                       "precision": "mixed", "max_memory": 2000}
+                       "conv_tol": 1e-10, "conv_tol_grad": 1e-8, "max_cycle": 60,
+                       "backend": "pytorch", "precision": "mixed", "max_memory": 2000}
+    dfmp2.Options(**options)  # runs unchanged
+    assert qcschema.keyword_options({"scf_type": "df", "df_basis_scf": "cc-pvdz-jkfit"}) == {
+        "scf_type": "df", "scf_auxbasis": "cc-pvdz-jkfit"}
+
+
+def test_overrides_replace_every_keyword_of_their_setting():
+    """The command line's grid replaces Psi4's point counts, its frozen (or frozen_core) the
+    other one, its scf_type conv an input's df_basis_scf, and a resource is echoed only where
+    the input named it; run_qcschema passes dfmp2.run's own arguments through."""
+    job = qcschema.read_input(v1_input({"dft_radial_points": 50, "DFT_SPHERICAL_POINTS": 194},
+                                       method="b2plyp"))
+    grid = qcschema.with_overrides(job, {"grid": "99,590"})
+    assert grid.input["keywords"] == {"grid": "99,590"} and grid.options["grid"] == "99,590"
+    qcschema.read_input({**job.input, "keywords": grid.input["keywords"]})  # reads back
+    job = qcschema.read_input(v1_input({"freeze_core": True, "max_memory": 500,
+                                        "df_basis_scf": "cc-pvdz-jkfit"}))
+    changed = qcschema.with_overrides(job, {"frozen": 2, "max_memory": 1000, "scf_type": "conv"})
+    assert "frozen_core" not in changed.options and changed.options["frozen"] == 2
+    assert "scf_auxbasis" not in changed.options
+    assert changed.input["keywords"] == {"df_basis_scf": "cc-pvdz-jkfit", "frozen": 2,
+                                         "max_memory": 1000, "scf_type": "conv"}
+    dfmp2.Options(**{k: v for k, v in changed.options.items()})
+    unnamed = qcschema.with_overrides(qcschema.read_input(v1_input()), {"max_memory": 1000})
+    assert unnamed.input["keywords"] == {} and unnamed.options["max_memory"] == 1000
+    seen = []
+    result = qcschema.run_qcschema(v1_input(), progress=lambda *args: seen.append(args))
+    assert seen and result["keywords"] == {}
 
 
 def test_device_keywords_pass_through():

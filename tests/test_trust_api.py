@@ -145,6 +145,40 @@ def test_molecule_settings_on_dfmp2_are_refused(water_rhf):
         dfmp2.DFMP2(water_rhf, basis="cc-pvtz").run()
 
 
+@pytest.mark.parametrize("name, value", [("conv_tol", 1e-6), ("max_cycle", 1),
+                                         ("scf_type", "conv"), ("chkfile", "x.chk"),
+                                         ("reference", "uhf"), ("scf_precision", "mixed")])
+def test_scf_settings_on_dfmp2_are_refused_not_ignored(water_rhf, name, value):
+    """DFMP2 is given a converged SCF: the SCF's settings are refused, as keywords and as
+    attributes (they used to be accepted and change nothing)."""
+    with pytest.raises(InputError, match=f"{name}: DFMP2.mf. takes the SCF object as it is"):
+        dfmp2.DFMP2(water_rhf, **{name: value}).run()
+    pt = dfmp2.DFMP2(water_rhf)
+    with pytest.raises(AttributeError, match="takes the SCF object as it is given"):
+        setattr(pt, name, value)
+    with pytest.raises(AttributeError):
+        getattr(pt, name)  # not an option of this object: no default to read
+
+
+def test_attribute_settings_of_a_copy_and_of_a_subclass():
+    import copy
+
+    from pyscf import gto, scf
+
+    mf = scf.RHF(gto.M(atom=WATER, basis="sto-3g", verbose=0)).run()
+    pt = dfmp2.DFMP2(mf)
+    twin = copy.copy(pt)
+    twin.precision = "mixed"
+    assert "precision" not in pt.options and twin.precision == "mixed"
+
+    class Tagged(dfmp2.DFMP2):
+        pass
+
+    tagged = Tagged(mf)
+    tagged.tag = "mine"  # a subclass keeps its own attributes
+    assert tagged.tag == "mine"
+
+
 def test_energies_before_run_say_so(water_rhf):
     pt = dfmp2.DFMP2(water_rhf)
     assert pt.e_corr is None  # PySCF's convention
