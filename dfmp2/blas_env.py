@@ -51,8 +51,9 @@ from .cpuinfo import choose_cpu_blas
 from .cpuinfo import cpu_identity as _cpu
 
 __all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
-           "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core", "shorten_openblas_spin",
-           "OPENBLAS_THREAD_TIMEOUT", "PRE_AVX2_CORES", "CORRECTED_CORETYPE"]
+           "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core",
+           "shorten_openblas_spin", "OPENBLAS_THREAD_TIMEOUT", "PRE_AVX2_CORES",
+           "CORRECTED_CORETYPE"]
 
 logger = logging.getLogger(__name__)
 
