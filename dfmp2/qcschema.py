@@ -240,7 +240,7 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
         # frozen and frozen_core are two ways of one setting: the command line's replaces both
         replaced = {option} | ({"frozen", "frozen_core"} if option in ("frozen", "frozen_core")
                                else set())
-        for other in replaced - {option}:
+        for other in replaced - {option} - set(overrides):  # both given: Options refuses
             options.pop(other, None)
         if option == "basis":
             model["basis"] = value
