@@ -420,6 +420,9 @@ def test_the_pair_gather_counts_against_max_memory():
     dims = [(500, 1900)]
     plan = distributed.plan_rank(2280, dims, 8400, 16, 40000, 8)
     assert plan.occ_block >= 16
-    with pytest.raises(ResourceError, match="each gather brings 1 occupied orbital"):
+    with pytest.raises(ResourceError, match="each gather brings 1 occupied orbital") as err:
         distributed.plan_rank(2280, dims, 8400, 256, 20000, 8)
+    # the figure it names travels with it (api._plan_both compares it with the SCF's)
+    assert f"give --max-memory {err.value.least_mb} " in str(err.value)
+    assert err.value.least_mb > 20000
     assert distributed.gather_bytes(2, 1900, 8400, 256, 8) == 257 * 1900 * 8400 * 8
