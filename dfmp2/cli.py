@@ -349,22 +349,22 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                explicit) -> None:
     """Every entry in turn in this process (the libraries load once); one table at the end,
     a failed entry its error line and a row saying so, exit status 1 if any failed."""
-    for flag, path in (("--json", json_path), ("--plot", options.get("_plot")),
-                       ("--chkfile", options.get("chkfile"))):
-        if path is None or "{name}" in path or "{index}" in path:
-            continue
-        if flag == "--chkfile":  # one SCF per geometry: a shared chkfile fits only the first
-            raise _fail(f"--chkfile {path!r}: with {len(entries)} geometries each SCF needs "
-                        "its own checkpoint; give a path with {name} or {index}")
-        if not os.path.isdir(path):
-            raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result needs "
-                        "its own file; give a directory or a path with {name} or {index}")
     for flag, path, suffix in (("--json", json_path, ".json"), ("--plot", options.get("_plot"),
                                ".png"), ("--chkfile", options.get("chkfile"), ".chk")):
+        if path is None:
+            continue
+        if "{name}" not in path and "{index}" not in path:
+            if flag == "--chkfile":  # one SCF per geometry: a shared chkfile fits the first only
+                raise _fail(f"--chkfile {path!r}: with {len(entries)} geometries each SCF "
+                            "needs its own checkpoint; give a path with {name} or {index}")
+            if not os.path.isdir(path):
+                raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
+                            "needs its own file; give a directory or a path with {name} or "
+                            "{index}")
         writes: dict[str, str] = {}  # file -> the entry that writes it
         for index, (name, _geometry) in enumerate(entries, 1):
-            target = _batch_json(path, name, index, suffix) if path not in (None, "-") else None
-            if target is not None and target in writes:
+            target = _batch_json(path, name, index, suffix)
+            if target in writes:
                 raise _fail(f"{flag} {path!r}: {writes[target]} and {name} would both write "
                             f"{target}; give a path with {{index}}")
             writes[target] = name
