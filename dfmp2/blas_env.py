@@ -117,14 +117,25 @@ def _file_of(function) -> str:
     return os.path.realpath(os.fsdecode(info.dli_fname)) if info.dli_fname else ""
 
 
+#: ``openblas_get_corename`` and ``openblas_get_config`` under the names OpenBLAS builds give
+#: them: plain, and scipy-openblas's (the library of numpy's and scipy's wheels), with 64-bit
+#: and 32-bit integers.
+_OPENBLAS_SYMBOLS = (("openblas_get_corename", "openblas_get_config"),
+                     ("scipy_openblas_get_corename64_", "scipy_openblas_get_config64_"),
+                     ("scipy_openblas_get_corename_", "scipy_openblas_get_config_"))
+
+
 def ask_openblas(handle: ctypes.CDLL) -> dict:
     """Ask the OpenBLAS behind the loaded library ``handle`` (itself or a dependency) which core
     it runs: {'core', 'config', 'library', 'version'}, or {'error'} when there is no OpenBLAS."""
-    try:
-        corename, config = handle.openblas_get_corename, handle.openblas_get_config
-    except AttributeError:
+    for corename_symbol, config_symbol in _OPENBLAS_SYMBOLS:
+        corename = getattr(handle, corename_symbol, None)
+        config = getattr(handle, config_symbol, None)
+        if corename is not None and config is not None:
+            break
+    else:
         return {"error": f"no openblas_get_corename in {os.path.basename(handle._name)} or its "
-                         "dependencies (PySCF's BLAS is not OpenBLAS)"}
+                         "dependencies (not OpenBLAS)"}
     corename.restype = config.restype = ctypes.c_char_p
     library = _file_of(corename)
     config_text = (config() or b"").decode(errors="replace").strip()
@@ -134,16 +145,10 @@ def ask_openblas(handle: ctypes.CDLL) -> dict:
             "library": library, "version": version.group(1) if version else "unknown"}
 
 
-#: Names of ``openblas_get_corename`` in OpenBLAS builds: plain, and scipy-openblas's (the
-#: library of numpy's and scipy's wheels), 64-bit and 32-bit integers.
-_CORENAME_SYMBOLS = ("openblas_get_corename", "scipy_openblas_get_corename64_",
-                     "scipy_openblas_get_corename_")
-
-
 def ask_numpy_openblas() -> dict:
-    """Which core numpy's own OpenBLAS runs, numpy loaded: {'core', 'library'}, or {'error'}
-    when its library is not among this process's mappings (``/proc/self/maps``; numpy's BLAS
-    is not OpenBLAS, or another system)."""
+    """Which core numpy's own OpenBLAS runs, numpy loaded (:func:`ask_openblas` of the library
+    in numpy.libs), or {'error'} when that library is not among this process's mappings
+    (``/proc/self/maps``; numpy's BLAS is not OpenBLAS, or another system)."""
     import numpy
 
     libs = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(numpy.__file__))),
@@ -155,15 +160,10 @@ def ask_numpy_openblas() -> dict:
     except OSError as exc:
         return {"error": f"numpy's OpenBLAS not asked ({exc.strerror})"}
     for path in paths:
-        if not os.path.realpath(path).startswith(libs + os.sep):
-            continue
-        handle = ctypes.CDLL(path)
-        for symbol in _CORENAME_SYMBOLS:
-            corename = getattr(handle, symbol, None)
-            if corename is not None:
-                corename.restype = ctypes.c_char_p
-                return {"core": (corename() or b"").decode(errors="replace").strip(),
-                        "library": os.path.realpath(path)}
+        if os.path.realpath(path).startswith(libs + os.sep):
+            answer = ask_openblas(ctypes.CDLL(path))
+            if "error" not in answer:
+                return answer
     return {"error": "numpy's OpenBLAS not found among the loaded libraries"}
 
 
