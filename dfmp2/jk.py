@@ -46,25 +46,18 @@ from .scf_integrals import (
     fitted_cderi,
     fitted_cderi_file,
     screened_cderi,
-    unpack_in_place,
 )
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "DFJK",
-    "JK_AUX_BLOCK",
     "JK_LAYOUTS",
     "K_PRECISIONS",
     "K_SQUARE_BLOCK",
-    "UNPACK_BLOCK",
-    "fitted_cderi",
-    "fitted_cderi_file",
     "get_jk",
     "plan_tensor",
-    "screened_cderi",
     "square_copy",
-    "unpack_in_place",
 ]
 
 

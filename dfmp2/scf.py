@@ -14,9 +14,10 @@ from .blocking import jk_square_fits, usable_bytes
 from .errors import ConvergenceError, InputError
 from .functionals import grid_settings
 from .integrals import make_auxmol
-from .jk import DFJK, UNPACK_BLOCK, plan_tensor
+from .jk import DFJK, plan_tensor
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
+from .scf_integrals import UNPACK_BLOCK
 
 log = logging.getLogger(__name__)
 

@@ -574,10 +574,10 @@ def test_the_advised_max_memory_is_enough():
 
 
 def test_the_planners_build_constants_follow_the_code():
-    from dfmp2 import blocking, jk
+    from dfmp2 import blocking, scf_integrals
     from dfmp2.linalg import torch_ops
 
-    assert blocking._JK_INT3C_ROWS == jk.JK_AUX_BLOCK
+    assert blocking._JK_INT3C_ROWS == scf_integrals.JK_AUX_BLOCK
     assert blocking._TRMM_COLUMNS == torch_ops.TRMM_COLUMN_BLOCK
 
 

@@ -1,6 +1,7 @@
 """The DF-SCF's tensor on the AO pairs that are not zero (dfmp2.df.PairColumns,
-dfmp2.jk.screened_cderi): the same fitted numbers as PySCF's packed tensor on the kept pairs,
-exact zeros on the others, and the same J, K and SCF energies on every route that reads it."""
+dfmp2.scf_integrals.screened_cderi): the same fitted numbers as PySCF's packed tensor on the
+kept pairs, exact zeros on the others, and the same J, K and SCF energies on every route that
+reads it."""
 
 from __future__ import annotations
 
