@@ -52,6 +52,8 @@ from .reference import (
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
 from .scf import check_reference_spin, plan_scf, release_integrals, run_scf, scf_fit_record
+from .threads import counts as thread_counts
+from .threads import limit as limit_threads
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +73,23 @@ _SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_pre
                  "conv_tol", "conv_tol_grad", "max_cycle", "chkfile")
 
 
-def run(geometry, progress=None, environment: dict | None = None, **options) -> Result:
+def run(geometry, progress=None, environment: dict | None = None, threads: int | None = None,
+        **options) -> Result:
     """DF-MP2 from a geometry: build the molecule, plan, run the SCF, then the MP2 pipeline.
 
     geometry : xyz path, atom string or pyscf ``Mole`` (its basis, charge, spin and ECP are kept
     unless given here, and then applied to a copy); options : fields of :class:`Options`;
     progress : optional callback ``progress(stage, done, total)``; environment : the record of
-    what the ``dfmp2`` command set in the process environment, stored in the result.
+    what the ``dfmp2`` command set in the process environment, stored in the result; threads :
+    hold every thread pool of the process to this many threads during the run and restore them
+    afterwards (:func:`dfmp2.threads.limit`; None: as they are), recorded in the result's CPU
+    BLAS record.
     """
+    with limit_threads(threads):
+        return _run(geometry, progress, environment, options)
+
+
+def _run(geometry, progress, environment: dict | None, options: dict) -> Result:
     start = time.perf_counter()
     comm = distributed.current()
     try:
@@ -398,6 +409,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
             and opts.fused_energy and not on_device:  # a device reduces with torch's ops
         cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
+    cpu_blas["threads"] = thread_counts()
     method = Method(
         reference=prep.kind, basis_name=mol.basis if isinstance(mol.basis, str) else None,
         basis=basis_record(mol), auxbasis_name=_name(opts.auxbasis),

@@ -49,6 +49,7 @@ import sys
 
 from .cpuinfo import choose_cpu_blas
 from .cpuinfo import cpu_identity as _cpu
+from .threads import openblas_libraries
 
 __all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
            "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core",
@@ -118,11 +119,11 @@ def _file_of(function) -> str:
 
 
 #: ``openblas_get_corename`` and ``openblas_get_config`` under the names OpenBLAS builds give
-#: them: plain, and scipy-openblas's (the library of numpy's and scipy's wheels), with 64-bit
-#: and 32-bit integers.
+#: them: plain, and scipy-openblas's (numpy's wheel: 64-bit integers, suffix ``64_``; scipy's:
+#: 32-bit, no suffix).
 _OPENBLAS_SYMBOLS = (("openblas_get_corename", "openblas_get_config"),
                      ("scipy_openblas_get_corename64_", "scipy_openblas_get_config64_"),
-                     ("scipy_openblas_get_corename_", "scipy_openblas_get_config_"))
+                     ("scipy_openblas_get_corename", "scipy_openblas_get_config"))
 
 
 def ask_openblas(handle: ctypes.CDLL) -> dict:
@@ -147,19 +148,13 @@ def ask_openblas(handle: ctypes.CDLL) -> dict:
 
 def ask_numpy_openblas() -> dict:
     """Which core numpy's own OpenBLAS runs, numpy loaded (:func:`ask_openblas` of the library
-    in numpy.libs), or {'error'} when that library is not among this process's mappings
-    (``/proc/self/maps``; numpy's BLAS is not OpenBLAS, or another system)."""
+    in numpy.libs among this process's mappings), or {'error'} when it is not there (numpy's
+    BLAS is not OpenBLAS, or another system)."""
     import numpy
 
     libs = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(numpy.__file__))),
                         "numpy.libs")
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps
-                            if "openblas" in line.split()[-1].lower()})
-    except OSError as exc:
-        return {"error": f"numpy's OpenBLAS not asked ({exc.strerror})"}
-    for path in paths:
+    for path in openblas_libraries():
         if os.path.realpath(path).startswith(libs + os.sep):
             answer = ask_openblas(ctypes.CDLL(path))
             if "error" not in answer:

@@ -12,11 +12,12 @@ small pages.
 from __future__ import annotations
 
 import mmap
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from .threads import available
 
 __all__ = ["zeros", "Buffers", "MAX_TOUCH_THREADS"]
 
@@ -28,7 +29,8 @@ _THREAD_BYTES = 64 * 1024 * 1024
 
 def zeros(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
     """A zeroed C-contiguous array in small pages (where the OS lets us ask), zeroed by one
-    thread per available CPU (up to :data:`MAX_TOUCH_THREADS`, one per 64 MB)."""
+    thread per available CPU (:func:`dfmp2.threads.available`; up to :data:`MAX_TOUCH_THREADS`,
+    one per 64 MB)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes and hasattr(mmap, "MADV_NOHUGEPAGE"):
@@ -38,8 +40,7 @@ def zeros(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
     else:
         array = np.empty(shape, dtype=dtype)
     flat = array.reshape(-1)
-    nthreads = max(1, min(len(os.sched_getaffinity(0)), MAX_TOUCH_THREADS,
-                          nbytes // _THREAD_BYTES))
+    nthreads = max(1, min(available(), MAX_TOUCH_THREADS, nbytes // _THREAD_BYTES))
     if nthreads == 1:
         flat.fill(0)
     else:

@@ -204,6 +204,10 @@ _D = Options.default
                    "stall on the grid's noise is accepted up to sqrt(--conv-tol)].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Threads of every pool the run uses (torch's, PySCF's OpenMP, each "
+                   "OpenBLAS) [default: as the environment sets them, e.g. OMP_NUM_THREADS; "
+                   "else one per CPU].")
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess. "
@@ -279,6 +283,7 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
+    threads = options.pop("threads")
     options["_plot"] = options.pop("plot_path", None)
     if options["_plot"] is not None:
         options["pair_energies"] = True
@@ -298,14 +303,17 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
         ranks = init_from_environment(os.environ, dist_backend, dist_timeout)
     except DFMP2Error as exc:
         raise _fail(exc) from None
+    from .threads import limit
+
     try:
         entries = _batch_entries(geometry)
-        if len(entries) == 1:
-            _run_rank(entries[0][1], json_path, verbose, quiet, options, environment, ranks,
-                      explicit)
-        else:
-            _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
-                       explicit)
+        with limit(threads):
+            if len(entries) == 1:
+                _run_rank(entries[0][1], json_path, verbose, quiet, options, environment,
+                          ranks, explicit)
+            else:
+                _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
+                           explicit)
     finally:
         if ranks is not None:
             ranks.close()

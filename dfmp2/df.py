@@ -9,7 +9,6 @@ same pieces. Indices: mu, nu atomic orbitals; P, Q auxiliary functions.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from pyscf.gto import moleintor
 
 from .errors import NotPositiveDefiniteError
 from .linalg import Dispatcher
+from .threads import available
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ class PairUnpacker:
 
     def __init__(self, threads: int | None = None):
         if threads is None:
-            threads = min(lib.num_threads(), len(os.sched_getaffinity(0)), MAX_UNPACK_THREADS)
+            threads = min(available(), MAX_UNPACK_THREADS)
         self.threads = max(1, int(threads))
         self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         self._closed = False

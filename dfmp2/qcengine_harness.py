@@ -8,8 +8,9 @@ the ``dfmp2`` command has set the environment numpy's BLAS reads at load time).
 
 The harness runs :func:`dfmp2.qcschema.run_qcschema` in the calling process: the input's
 keywords (Psi4's names, or dfmp2's own), QCEngine's task memory as ``max_memory`` and its scratch
-directory as ``scratch_dir`` unless the keywords set them. dfmp2's errors become QCEngine's
-(:data:`ERRORS`).
+directory as ``scratch_dir`` unless the keywords set them, and its ``ncores`` as the threads of
+every pool during the run (:func:`dfmp2.threads.limit`; ``provenance.nthreads``). dfmp2's errors
+become QCEngine's (:data:`ERRORS`).
 """
 
 from __future__ import annotations
@@ -83,8 +84,14 @@ def _compute(input_data, config):
     if config is not None and getattr(config, "scratch_directory", None) \
             and "scratch_dir" not in keywords:
         overrides["scratch_dir"] = config.scratch_directory
+    ncores = getattr(config, "ncores", None) if config is not None else None
+    if ncores:  # this task's share of the node: every thread pool held to it (dfmp2.threads)
+        overrides["threads"] = int(ncores)
     try:
-        return AtomicResult(**run_qcschema(data, **overrides))
+        result = run_qcschema(data, **overrides)
+        if ncores:
+            result["provenance"]["nthreads"] = int(ncores)
+        return AtomicResult(**result)
     except DFMP2Error as exc:
         name = next((ERRORS[k.__name__] for k in type(exc).__mro__ if k.__name__ in ERRORS),
                     "UnknownError")

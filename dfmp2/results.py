@@ -423,6 +423,12 @@ class Result:
                          f"({blas['libraries'][blas['choice']]}; {blas.get('reason', '')})")
             if blas.get("pair_reduction") and b.resolved == "pytorch":
                 lines.append(f"  pair-energy reduction: {blas['pair_reduction']}")
+        threads = (blas or {}).get("threads")
+        if threads:  # each pool's size as the result was assembled (dfmp2.threads.counts)
+            openblas = ", ".join(f"{name} {count}" for name, count in threads["openblas"].items())
+            lines.append(f"  threads: torch {threads['torch']}, PySCF's OpenMP "
+                         f"{threads['pyscf_openmp']}" + (f", OpenBLAS of {openblas}" if openblas
+                                                          else ""))
         for key, value in (self.environment or {}).items():
             lines.append(f"  environment {key}: {value}")
         for op, rec in b.ops.items():

@@ -247,6 +247,8 @@ def test_qcengine_runs_dfmp2(frozen_core):
     assert result.properties.mp2_correlation_energy == pytest.approx(direct.e_corr,
                                                                       abs=TOL_OUTCORE)
     assert result.extras["method"]["max_memory_mb"] == 2048  # QCEngine's task memory
+    assert result.provenance.nthreads == 1  # QCEngine's ncores held every pool during the run
+    assert result.extras["backend"]["cpu_blas"]["threads"]["torch"] == 1
     assert "max_memory" not in result.keywords  # a resource of the machine, not the method
     for name in ("max_memory", "MAX_MEMORY"):  # keyword names in any case win over the task's
         own = qcengine.compute(v1.AtomicInput(**v1_input({name: 1234})), "dfmp2",

@@ -1,0 +1,116 @@
+"""How many threads a run may use: every thread pool of the process held to one count for a block
+of code, and put back afterwards (:func:`limit`).
+
+A workflow engine that runs several jobs side by side in one process or on one node (QCEngine's
+``ncores``, :mod:`dfmp2.qcengine_harness`) gives each job a share of the cores. The environment
+variables that size the pools (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``) are read once, when
+each library loads, so inside a running process each pool is set through its library's own call:
+
+- torch's intra-op pool (its products and copies, and MKL's threads): ``torch.set_num_threads``;
+- PySCF's OpenMP threads (libcint's integrals, its compiled gathers): ``pyscf.lib.num_threads``;
+  dfmp2's own Python thread pools (zeroing new arrays, unpacking the SCF's tensor) take their
+  size from it;
+- every OpenBLAS loaded in the process (numpy's, scipy's, PySCF's bundled one): its
+  ``openblas_set_num_threads`` under the names its build gives it (a single-threaded build,
+  as PySCF's is, answers 1 and ignores the call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from contextlib import contextmanager
+
+__all__ = ["limit", "counts", "openblas_libraries", "available"]
+
+#: The C functions ``openblas_get_num_threads`` and ``openblas_set_num_threads`` under the names
+#: OpenBLAS builds give them: plain, and scipy-openblas's (numpy's wheel: 64-bit integers, suffix
+#: ``64_``; scipy's: 32-bit, no suffix). A name ending in ``_`` alone is the Fortran interface,
+#: which takes a pointer: not these.
+_THREAD_SYMBOLS = (("openblas_get_num_threads", "openblas_set_num_threads"),
+                   ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                   ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"))
+
+
+def openblas_libraries() -> list[str]:
+    """Paths of the OpenBLAS libraries mapped into this process (``/proc/self/maps``), sorted;
+    empty where that file does not exist (not Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps
+                           if "openblas" in os.path.basename(line.split()[-1]).lower()})
+    except OSError:
+        return []
+
+
+def _openblas_calls(path: str):
+    """(get, set) thread-count functions of the OpenBLAS at ``path``; None if it has none."""
+    handle = ctypes.CDLL(path)
+    for get_name, set_name in _THREAD_SYMBOLS:
+        get, put = getattr(handle, get_name, None), getattr(handle, set_name, None)
+        if get is not None and put is not None:
+            get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+            return get, put
+    return None
+
+
+def _owner(path: str) -> str:
+    """Whose OpenBLAS ``path`` is: the installed package it sits in ('numpy' for
+    ``site-packages/numpy.libs/...``, 'pyscf' for ``site-packages/pyscf/lib/...``), else its
+    file name."""
+    parts = os.path.realpath(path).split(os.sep)
+    for i, part in enumerate(parts[:-2]):
+        if part in ("site-packages", "dist-packages"):
+            return parts[i + 1].removesuffix(".libs")
+    return os.path.basename(path)
+
+
+def counts() -> dict:
+    """The thread count of each pool now: {'torch', 'pyscf_openmp', 'openblas': {owner
+    (:func:`_owner`): count}}."""
+    import torch
+    from pyscf import lib
+
+    openblas = {}
+    for path in openblas_libraries():
+        calls = _openblas_calls(path)
+        if calls is not None:
+            openblas[_owner(path)] = int(calls[0]())
+    return {"torch": torch.get_num_threads(), "pyscf_openmp": int(lib.num_threads()),
+            "openblas": openblas}
+
+
+def available() -> int:
+    """Threads dfmp2's own Python pools may use: PySCF's OpenMP count (which :func:`limit` sets),
+    at most the CPUs this process may run on."""
+    from pyscf import lib
+
+    return max(1, min(int(lib.num_threads()), len(os.sched_getaffinity(0))))
+
+
+@contextmanager
+def limit(threads: int | None):
+    """Hold every pool (module docstring) to ``threads`` inside the ``with`` block and restore
+    each one's count afterwards, on error too; None leaves them as they are. An OpenBLAS that
+    loads inside the block is sized by the environment, as usual."""
+    if threads is None:
+        yield
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+    import torch
+    from pyscf import lib
+
+    restore = [(torch.set_num_threads, torch.get_num_threads()),
+               (lib.num_threads, int(lib.num_threads()))]
+    for path in openblas_libraries():
+        calls = _openblas_calls(path)
+        if calls is not None:
+            restore.append((calls[1], int(calls[0]())))
+    try:
+        for put, _ in restore:
+            put(threads)
+        yield
+    finally:
+        for put, before in reversed(restore):
+            put(before)

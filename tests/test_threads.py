@@ -1,0 +1,97 @@
+"""Thread counts: every pool held to one count for a run, and put back (``dfmp2.threads``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np  # noqa: F401  - numpy's OpenBLAS loaded, as in every run
+import pytest
+import scipy.linalg  # noqa: F401  - scipy's too
+import torch
+from click.testing import CliRunner
+from pyscf import lib
+
+import dfmp2
+from dfmp2 import threads
+from dfmp2.cli import main
+
+from conftest import INPUTS
+from tolerances import TOL_OUTCORE
+
+WATER = str(INPUTS / "water.xyz")
+
+
+def _flat(counts: dict) -> dict:
+    """{pool: count} with each OpenBLAS as its own pool."""
+    return {"torch": counts["torch"], "pyscf_openmp": counts["pyscf_openmp"],
+            **{f"openblas {k}": v for k, v in counts["openblas"].items()}}
+
+
+@pytest.fixture
+def two_threads():
+    """Every pool at 2 threads before the test (whatever the machine), put back after."""
+    before = threads.counts()
+    torch.set_num_threads(2)
+    lib.num_threads(2)
+    for path in threads.openblas_libraries():
+        calls = threads._openblas_calls(path)
+        if calls is not None:
+            calls[1](2)
+    yield threads.counts()
+    torch.set_num_threads(before["torch"])
+    lib.num_threads(before["pyscf_openmp"])
+    for path in threads.openblas_libraries():
+        calls = threads._openblas_calls(path)
+        if calls is not None:
+            calls[1](before["openblas"].get(threads._owner(path), 1))
+
+
+def test_limit_holds_every_pool_and_restores_it(two_threads):
+    assert "numpy" in two_threads["openblas"]  # numpy's wheel's OpenBLAS, found and named
+    multi = {k for k, v in _flat(two_threads).items() if v == 2}
+    assert {"torch", "pyscf_openmp", "openblas numpy"} <= multi
+    with threads.limit(1):
+        assert set(_flat(threads.counts()).values()) == {1}
+        assert threads.available() == 1
+    assert threads.counts() == two_threads
+    with pytest.raises(RuntimeError, match="inside"), threads.limit(1):
+        raise RuntimeError("inside")
+    assert threads.counts() == two_threads  # put back on error too
+    with threads.limit(None):
+        assert threads.counts() == two_threads
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_limit_refuses_what_is_not_a_count(bad):
+    with pytest.raises(ValueError, match="threads must be a whole number >= 1"), \
+            threads.limit(bad):
+        pass
+
+
+def test_owner_names_the_package():
+    assert threads._owner("/x/lib/python3.11/site-packages/numpy.libs/libscipy_openblas.so") \
+        == "numpy"
+    assert threads._owner("/x/site-packages/pyscf/lib/libopenblas-r0.so") == "pyscf"
+    assert threads._owner("/usr/lib/libopenblas.so.0") == "libopenblas.so.0"
+
+
+def test_run_with_threads_records_them_and_gives_the_same_energy(two_threads):
+    free = dfmp2.run(WATER, basis="sto-3g")
+    one = dfmp2.run(WATER, basis="sto-3g", threads=1)
+    assert set(_flat(one.backend.cpu_blas["threads"]).values()) == {1}
+    assert free.backend.cpu_blas["threads"]["torch"] == 2
+    assert threads.counts() == two_threads
+    assert abs(one.e_tot - free.e_tot) <= TOL_OUTCORE  # another summation order at most
+    assert "threads: torch 1, PySCF's OpenMP 1, OpenBLAS of numpy 1" in one.summary(verbose=True)
+
+
+def test_cli_threads(tmp_path, two_threads):
+    out = tmp_path / "w.json"
+    result = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--threads", "1",
+                                       "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads(out.read_text())["extras"]["backend"]["cpu_blas"]["threads"]
+    assert set(_flat(recorded).values()) == {1}
+    assert threads.counts() == two_threads
+    refused = CliRunner().invoke(main, ["run", WATER, "--threads", "0"])
+    assert refused.exit_code == 2 and "--threads" in refused.output
