@@ -62,6 +62,9 @@ __all__ = ["run", "compute", "DFMP2", "RunPlan", "plan_run", "check_orbitals",
 
 #: Largest |C^T S C - 1| element accepted: canonical SCF orbitals are orthonormal to ~1e-13.
 ORTHONORMALITY_TOL = 1e-8
+#: The orbital check's Fock tolerance (Eh) is ten times the SCF's gradient threshold, within
+#: these bounds: rotated or localised orbitals give elements of 1e-2 Eh and more.
+CANONICAL_TOL_MIN, CANONICAL_TOL_MAX = 1e-6, 1e-3
 #: An SCF converged more loosely than this (energy change, Eh) gets a WARNING (see
 #: :func:`check_orbitals` for the measured error of E(corr)).
 LOOSE_CONV_TOL = 1e-8
@@ -528,20 +531,31 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
             raise OrbitalError(f"the {label}occupied orbitals are not the lowest ones (mo_occ "
                                "is not in aufbau order); pass the SCF's own canonical orbitals")
     conv_tol = float(getattr(mf, "conv_tol", 1e-9))
+    grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
     if conv_tol > LOOSE_CONV_TOL:
         # E(corr) is linear in the orbitals' error. Measured on (H2O)4 cc-pVDZ against
         # conv_tol 1e-11: 2.3e-8 Eh at 1e-8, 7.6e-7 at 1e-7 and 1e-6, 2.5e-6 at 1e-5.
         log.warning("the SCF was converged to conv_tol = %.0e Eh only: expect an error of up "
                     "to about %.0e Eh (10 x conv_tol) in E(corr); converge to 1e-9 or tighter",
                     conv_tol, 10 * conv_tol)
-    if isinstance(mf, pyscf_scf.rohf.ROHF):
-        return "orthonormal (ROHF orbitals, semicanonicalised by dfmp2)"
-    if mf.mol.nelectron < 2:  # PySCF's one-electron SCF: mo_energy are core-Hamiltonian ones
-        return "orthonormal (one electron: no electron pairs)"
+    elif grad_tol > LOOSE_CONV_TOL ** 0.5:  # the gradient that goes with conv_tol 1e-8
+        log.warning("the SCF's orbital-gradient threshold is conv_tol_grad = %.0e only: "
+                    "orbitals that loose can move E(corr) by more than 1e-8 Eh; converge to "
+                    "1e-4 or tighter", grad_tol)
     if not fock:
         return "orthonormal (orbitals from dfmp2's own SCF)"
-    grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
-    tol = max(1e-6, 10 * grad_tol)
+    check_two_electron_integrals(mf)
+    tol = min(max(CANONICAL_TOL_MIN, 10 * grad_tol), CANONICAL_TOL_MAX)
+    advice = (f"(tolerance {tol:.0e}, from the SCF's gradient threshold); pass the converged "
+              "SCF's own canonical orbitals")
+    if isinstance(mf, pyscf_scf.rohf.ROHF):
+        gradient = np.asarray(mf.get_grad(mf.mo_coeff, mf.mo_occ))
+        if gradient.size and np.abs(gradient).max() > tol:
+            raise OrbitalError(f"the ROHF orbitals are not converged: largest orbital-gradient "
+                               f"element {np.abs(gradient).max():.3e} {advice}")
+        return (f"orthonormal, ROHF gradient below {tol:.0e} (semicanonicalised by dfmp2)")
+    if mf.mol.nelectron < 2:  # PySCF's one-electron SCF: mo_energy are core-Hamiltonian ones
+        return "orthonormal (one electron: no electron pairs)"
     fock_ao = fock_matrix(mf, la)
     for spin in spins:
         label = "" if spin is None else f"{'alpha' if spin == 0 else 'beta'} "
@@ -549,19 +563,57 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
         f_mo = c.T @ per_spin(fock_ao, spin) @ c
         eps = per_spin(mf.mo_energy, spin)
         occ = per_spin(mf.mo_occ, spin) > 0
-        for name, mask in (("occupied-occupied", occ), ("virtual-virtual", ~occ)):
-            idx = np.flatnonzero(mask)
-            block = f_mo[np.ix_(idx, idx)] - np.diag(eps[idx])
+        for name, rows, cols in (("occupied-occupied", occ, occ),
+                                 ("virtual-virtual", ~occ, ~occ),
+                                 ("occupied-virtual", occ, ~occ)):
+            i, j = np.flatnonzero(rows), np.flatnonzero(cols)
+            diagonal = name != "occupied-virtual"  # its diagonal is mo_energy; F_ov is zero
+            block = f_mo[np.ix_(i, j)] - (np.diag(eps[i]) if diagonal else 0.0)
             if block.size == 0:
                 continue
             a, b = np.unravel_index(np.argmax(np.abs(block)), block.shape)
             if abs(block[a, b]) > tol:
-                what = "off-diagonal" if a != b else "diagonal minus mo_energy"
+                what = "diagonal minus mo_energy" if diagonal and a == b else "off-diagonal"
                 raise OrbitalError(
                     f"the orbitals are not canonical: {label}{name} Fock block, {what} element "
-                    f"F[{idx[a]}, {idx[b]}] = {block[a, b]:.3e} Eh (tolerance {tol:.0e}); "
-                    "localised, rotated or reordered orbitals need canonical ones for DF-MP2")
-    return f"orthonormal and canonical (Fock blocks diagonal to {tol:.0e} Eh)"
+                    f"F[{i[a]}, {j[b]}] = {block[a, b]:.3e} Eh {advice}; localised, rotated or "
+                    "unconverged orbitals give another E(corr)")
+    return f"orthonormal and canonical (Fock matrix diagonal to {tol:.0e} Eh)"
+
+
+def check_two_electron_integrals(mf) -> None:
+    """Refuse an exact-integral SCF object whose stored two-electron integrals (``mf._eri``)
+    are not its molecule's (a model or scaled Hamiltonian): DF-MP2 fits the molecule's own.
+    Samples the first and last AOs' (mu mu|nu nu) integrals, one shell quartet each."""
+    eri = getattr(mf, "_eri", None)
+    if not isinstance(eri, np.ndarray) or getattr(mf, "with_df", None) is not None:
+        return
+    mol = mf.mol
+    n, last = mol.nao_nr(), mol.nbas - 1
+    ao_last = n - 1 - int(mol.ao_loc_nr()[last])  # its index within the last shell
+    npair = n * (n + 1) // 2
+    samples = []
+    for (p, sp), (q, sq) in (((0, 0), (0, 0)), ((n - 1, last), (n - 1, last)),
+                             ((n - 1, last), (0, 0))):
+        block = mol.intor("int2e", shls_slice=(sp, sp + 1, sp, sp + 1, sq, sq + 1, sq, sq + 1))
+        ip, iq = (0 if sp == 0 else ao_last), (0 if sq == 0 else ao_last)
+        pp, qq = p * (p + 1) // 2 + p, q * (q + 1) // 2 + q  # packed pair indices (pp|qq)
+        if eri.ndim == 1 and eri.size == npair * (npair + 1) // 2:  # 8-fold packed
+            big, small = max(pp, qq), min(pp, qq)
+            stored = eri[big * (big + 1) // 2 + small]
+        elif eri.ndim == 2 and eri.shape == (npair, npair):
+            stored = eri[pp, qq]
+        elif eri.ndim == 4 and eri.shape == (n,) * 4:
+            stored = eri[p, p, q, q]
+        else:
+            raise InputError(f"the SCF object's mf._eri has shape {eri.shape}, not the "
+                             f"molecule's {n} basis functions: DF-MP2 needs the molecule's "
+                             "own Hamiltonian")
+        samples.append((float(stored), float(block[ip, ip, iq, iq])))
+    if any(abs(a - b) > 1e-10 * max(1.0, abs(b)) for a, b in samples):
+        raise InputError("the SCF object's two-electron integrals (mf._eri) are not its "
+                         "molecule's (a model or scaled Hamiltonian): DF-MP2 fits the "
+                         "molecule's own integrals, so its energy would not belong to this SCF")
 
 
 def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
@@ -705,6 +757,10 @@ class DFMP2:
                       "e_corr", "e_corr_os", "e_corr_ss", "e_singles"})
 
     def __init__(self, mf, frozen=None, auxbasis=None, **options):
+        if not isinstance(mf, pyscf_scf.hf.SCF):
+            raise InputError(f"DFMP2 needs a PySCF SCF object (RHF, UHF, ROHF, RKS or UKS), got "
+                             f"{type(mf).__name__}; for a molecule run its SCF first "
+                             "(scf.RHF(mol).run()), or call dfmp2.run(mol)")
         self._scf = mf
         self.mol = mf.mol
         self.frozen = frozen
@@ -786,10 +842,19 @@ class DFMP2:
                              "give one of them")
         return from_df
 
-    def kernel(self, **options):
-        """Compute and return ``(e_corr, None)`` (PySCF returns ``(e_corr, t2)``; t2 is never
-        stored here)."""
+    def kernel(self, with_t2: bool = False, **options):
+        """Compute and return ``(e_corr, None)``. PySCF returns ``(e_corr, t2)``; dfmp2 computes
+        energies only, so ``with_t2=False`` (PySCF's energy-only call) is accepted and
+        ``with_t2=True`` refused."""
+        if with_t2:
+            raise InputError("dfmp2 computes DF-MP2 energies only, never the t2 amplitudes; "
+                             "call kernel() or kernel(with_t2=False)")
         merged = {**self.options, **options}
+        unknown = sorted(set(merged) - Options.field_names() - {"frozen", "auxbasis"})
+        if unknown:
+            raise InputError(f"DFMP2 has no setting {', '.join(map(repr, unknown))}; its "
+                             f"settings are the MP2 step's options "
+                             f"({', '.join(self._settings())})")
         refused = sorted(set(merged) & set(_MOLE_SETTINGS))
         scf_only = sorted(set(merged) & set(_SCF_SETTINGS))
         if scf_only:

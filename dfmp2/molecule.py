@@ -151,6 +151,14 @@ def _ecp_table(basis, ecp, elements) -> dict[str, tuple[str, int]]:
     if not isinstance(ecp, str) or not ecp.strip():
         raise InputError(f"ecp must be an ECP name or 'none', got {ecp!r}")
     if ecp.strip().lower() == "none":
+        made_for = _library_ecps(basis, elements)
+        if made_for:
+            names = sorted({name for name, _ in made_for.values()})
+            log.warning("ecp='none': the %s atoms run all-electron in %s, a basis made for "
+                        "PySCF's %s ECP (its core electrons have no basis functions of their "
+                        "own), so the energies mean little; for all electrons choose an "
+                        "all-electron basis for them", ", ".join(made_for), ", ".join(names),
+                        ", ".join(names))
         return {}
     table = {}
     for element in elements:

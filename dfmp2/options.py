@@ -266,6 +266,8 @@ def _check_types(opts: Options) -> None:
         return
     if hasattr(frozen, "tolist"):  # a numpy array (this module does not import numpy: the CLI
         frozen = frozen.tolist()   # reads Options before numpy may load)
+    if isinstance(frozen, range):
+        frozen = list(frozen)
     if not isinstance(frozen, (list, tuple)):
         raise InputError(f"frozen must be an int or a list of orbital indices, got {frozen!r}")
     object.__setattr__(opts, "frozen", [

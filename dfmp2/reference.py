@@ -20,6 +20,7 @@ over active orbitals; the frozen core is the lowest semicanonical orbitals of ea
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,8 @@ from pyscf import scf as pyscf_scf
 from pyscf.data.elements import chemcore
 
 from .errors import ConvergenceError, InputError, OrbitalError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "KINDS",
@@ -113,14 +116,88 @@ def reference_kind(mf) -> tuple[str, str | None]:
                      f"{type(mf).__name__}")
 
 
+#: The occupations each kind of reference may hold.
+_OCCUPATIONS = {"rhf": (0, 2), "rks": (0, 2), "uhf": (0, 1), "uks": (0, 1), "rohf": (0, 1, 2)}
+
+
 def check_scf_object(mf) -> tuple[str, str | None]:
-    """(kind, xc) of a converged SCF object with orbitals; an error naming what is missing."""
+    """(kind, xc) of a converged SCF object with orbitals that belong to its molecule: real
+    numpy arrays of the molecule's basis size, whole occupations of the kind's values
+    (:data:`_OCCUPATIONS`) holding the molecule's electrons; an error naming what is wrong."""
     kind, xc = reference_kind(mf)
     if mf.mo_coeff is None or mf.mo_energy is None or mf.mo_occ is None:
         raise InputError("the SCF object has no orbitals: run mf.kernel() first")
     if not mf.converged:
-        raise ConvergenceError("the SCF object is not converged; DF-MP2 needs a converged SCF")
+        raise ConvergenceError(
+            "the SCF object is not converged (mf.converged is False); DF-MP2 needs a converged "
+            "SCF. An SCF object whose orbitals were read from a chkfile starts with converged "
+            "False: if its SCF did converge, set mf.converged = True (dfmp2 checks the orbitals)")
+    mol = mf.mol
+    if mol.natm == 0:
+        raise InputError("the SCF's molecule has no atoms (a model Hamiltonian): DF-MP2 needs "
+                         "the atom-centred basis and fitting functions of a molecule")
+    spins = _per_spin_arrays(mf, 2 if kind in ("uhf", "uks") else 1)
+    nao = mol.nao_nr()
+    for label, (c, eps, occ) in spins:
+        if c.shape[0] != nao:
+            raise OrbitalError(f"mf.mo_coeff{label} has {c.shape[0]} rows but mf.mol has {nao} "
+                               "basis functions: the molecule or its basis changed after the "
+                               "SCF; run the SCF of this molecule")
+        if not (eps.shape == occ.shape == (c.shape[1],)):
+            raise OrbitalError(f"mf.mo_energy{label} {eps.shape} and mf.mo_occ{label} "
+                               f"{occ.shape} do not match mf.mo_coeff{label} {c.shape}")
+        _check_occupations(occ, _OCCUPATIONS[kind], label, kind)
+    held = sum(float(occ.sum()) for _label, (_c, _eps, occ) in spins)
+    if held != mol.nelectron:
+        raise OrbitalError(
+            f"the SCF's occupations hold {held:g} electrons but mf.mol has {mol.nelectron} "
+            f"(charge {mol.charge}): the molecule changed after the SCF; run the SCF of this "
+            "molecule")
     return kind, xc
+
+
+def _per_spin_arrays(mf, nspin: int) -> list[tuple[str, tuple]]:
+    """[(label, (mo_coeff, mo_energy, mo_occ)), ...] per spin ('' or '[0]', '[1]'), each a real
+    numpy array; an :class:`OrbitalError` naming one that is not."""
+    def spin_parts(name: str) -> list:
+        value = getattr(mf, name)
+        if nspin == 2 and (isinstance(value, (list, tuple)) and len(value) == 2
+                           or isinstance(value, np.ndarray) and len(value) == 2
+                           and value.ndim == (3 if name == "mo_coeff" else 2)):
+            return [value[0], value[1]]
+        return [value]
+
+    parts = {name: spin_parts(name) for name in ("mo_coeff", "mo_energy", "mo_occ")}
+    if nspin == 2 and any(len(p) != 2 for p in parts.values()):
+        raise OrbitalError("an unrestricted SCF object needs alpha and beta orbitals "
+                           "(mo_coeff, mo_energy and mo_occ of both spins)")
+    for name, values in parts.items():
+        for value in values:
+            if not isinstance(value, np.ndarray):
+                raise OrbitalError(f"mf.{name} holds a {type(value).__name__}, not a numpy "
+                                   "array: pass the SCF's own arrays (or numpy.asarray of them)")
+            if np.iscomplexobj(value) or not np.issubdtype(value.dtype, np.floating) \
+                    and not np.issubdtype(value.dtype, np.integer):
+                raise OrbitalError(f"mf.{name} is {value.dtype}: dfmp2 needs real orbitals (a "
+                                   "real RHF, UHF, ROHF, RKS or UKS)")
+    labels = ("",) if nspin == 1 else ("[0]", "[1]")
+    return [(labels[k], tuple(np.asarray(parts[n][k]) for n in parts)) for k in range(nspin)]
+
+
+def _check_occupations(occ: np.ndarray, allowed: tuple, label: str, kind: str) -> None:
+    """Refuse occupations other than ``allowed`` (fractional or smeared ones)."""
+    bad = ~np.isin(occ, allowed)
+    if not bad.any():
+        return
+    values = sorted(set(occ[bad].tolist()))
+    shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
+    deviation = float(np.max(np.abs(occ - np.rint(occ))))
+    hint = (f"; they are whole numbers to {deviation:.1e} (smearing that left integer "
+            "occupations?): if so, set mf.mo_occ = numpy.rint(mf.mo_occ)"
+            if deviation < 1e-8 else " (fractional or smeared occupations: MP2 needs a single "
+            "determinant)")
+    raise OrbitalError(f"mo_occ{label} of this {kind.upper()} reference must hold only "
+                       f"{' and '.join(map(str, allowed))}; it holds {shown}{hint}")
 
 
 def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
@@ -148,6 +225,9 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
     if indices.size and (indices.max() >= nmo):
         raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
     mask[indices] = False
+    nocc = int(np.count_nonzero(mo_occ > 0))
+    if strict and nocc and not mask[mo_occ > 0].any():
+        raise InputError(f"frozen={list(frozen)} freezes all {nocc} occupied orbitals")
     return mask
 
 
@@ -229,23 +309,17 @@ def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
     mol = mf.mol
     if kind in ("rhf", "rks"):
         occ = np.asarray(mf.mo_occ)
-        if not np.all((occ == 0) | (occ == 2)):
-            raise OrbitalError(f"mo_occ must hold only 0 and 2 for a closed-shell reference; "
-                               f"got {sorted(set(occ.tolist()))}")
         active = frozen_mask(mol, occ, frozen, frozen_core)
         space = orbital_space(np.asarray(mf.mo_coeff), np.asarray(mf.mo_energy), occ, active,
                               allow_empty=True)
         n = int(np.count_nonzero(occ > 0))
+        _warn_inverted((space,))
         return Reference(kind, (space,), 0.0, n, n, xc)
     if kind == "rohf":
         spins = semicanonical_rohf(mf)
     else:
         spins = [(np.asarray(mf.mo_coeff[s]), np.asarray(mf.mo_energy[s]),
                   np.asarray(mf.mo_occ[s]), None) for s in (0, 1)]
-        for s, (_, _, occ, _) in enumerate(spins):
-            if not np.all((occ == 0) | (occ == 1)):
-                raise OrbitalError(f"mo_occ[{s}] must hold only 0 and 1 for a UHF reference; "
-                                   f"got {sorted(set(occ.tolist()))}")
     spaces, e_singles = [], 0.0
     for (mo_coeff, mo_energy, mo_occ, fock_mo), frozen_s in zip(spins, frozen_per_spin(frozen)):
         active = frozen_mask(mol, mo_occ, frozen_s, frozen_core, strict=False)
@@ -258,7 +332,21 @@ def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
     if nalpha and not any(space.nocc for space in spaces):
         raise InputError(f"frozen={frozen} freezes every occupied orbital of both spins "
                          f"({nalpha} alpha, {nbeta} beta)")
+    _warn_inverted(spaces)
     return Reference(kind, tuple(spaces), e_singles, nalpha, nbeta, xc)
+
+
+def _warn_inverted(spaces) -> None:
+    """A WARNING where an active occupied orbital lies at or above an active virtual one of the
+    same spin (a non-aufbau or excited determinant): some MP2 denominators are then zero or
+    negative."""
+    for k, sp in enumerate(spaces):
+        if sp.nocc and sp.nvir and sp.eps_occ.max() >= sp.eps_vir.min():
+            spin = "" if len(spaces) == 1 else ("alpha " if k == 0 else "beta ")
+            log.warning("the highest %soccupied orbital (%.6f Eh) lies above the lowest virtual "
+                        "one (%.6f Eh): some MP2 denominators are zero or negative, and E(corr) "
+                        "of such a (non-aufbau or excited) determinant may mean nothing", spin,
+                        sp.eps_occ.max(), sp.eps_vir.min())
 
 
 def spin_contamination(mf) -> tuple[float, float] | None:

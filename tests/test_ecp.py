@@ -43,9 +43,12 @@ def test_def2_basis_gets_its_ecp_automatically(hi_def2svp):
     assert abs(_hf(hi_def2svp) - E_HI_DEF2SVP_ECP) < TOL_SCF_PIN
 
 
-def test_ecp_none_runs_all_electron():
-    mol = build_mole(HI, basis="def2-svp", ecp="none")
+def test_ecp_none_runs_all_electron(caplog):
+    with caplog.at_level(logging.WARNING, logger="dfmp2.molecule"):
+        mol = build_mole(HI, basis="def2-svp", ecp="none")
     assert ecp_record(mol) == {} and mol.nelectron == 54
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "ecp='none': the I atoms run all-electron in def2-svp, a basis made for" in text
     assert abs(_hf(mol) - E_HI_DEF2SVP_ALL_ELECTRON) < TOL_SCF_PIN
 
 

@@ -7,10 +7,16 @@ import logging
 
 import numpy as np
 import pytest
-from pyscf import df, dft, gto, scf
+from pyscf import ao2mo, df, dft, gto, scf
 
 import dfmp2
-from dfmp2.errors import InputError, NotComputedError, OrbitalError, ResourceError
+from dfmp2.errors import (
+    ConvergenceError,
+    InputError,
+    NotComputedError,
+    OrbitalError,
+    ResourceError,
+)
 
 from conftest import INPUTS, pyscf_dfmp2
 from tolerances import TOL_FP64, TOL_IDENTITY
@@ -83,6 +89,140 @@ def test_tight_scf_gets_no_warning(water_rhf, caplog):
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         dfmp2.DFMP2(water_rhf, backend="pytorch").run()
     assert not [r for r in caplog.records if "conv_tol" in r.message]
+
+
+def _rotated(c: np.ndarray, i: int, j: int, theta: float) -> np.ndarray:
+    """``c`` with orbitals i and j rotated into each other by ``theta`` (orthonormal still)."""
+    c = c.copy()
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    c[:, [i, j]] = c[:, [i, j]] @ rot
+    return c
+
+
+@pytest.fixture(scope="module")
+def oh_rohf():
+    mf = scf.ROHF(gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0))
+    mf.conv_tol = 1e-11
+    return mf.run()
+
+
+def test_converged_rohf_orbitals_pass_the_gradient_check(oh_rohf):
+    result = dfmp2.DFMP2(oh_rohf, backend="pytorch").run().result
+    assert result.scf.orbital_check.startswith("orthonormal, ROHF gradient below")
+
+
+@pytest.mark.parametrize("i, j, theta", [(3, 6, 0.3), (2, 4, 0.3), (1, 6, 0.01)])
+def test_rotated_rohf_orbitals_are_refused(oh_rohf, i, j, theta):
+    """docc-virtual, docc-socc and a small docc-virtual rotation: 0.128, 1.4e-4 and 1.3e-4 Eh
+    off in E(corr) when they were accepted."""
+    rotated = oh_rohf.copy()
+    rotated.mo_coeff = _rotated(oh_rohf.mo_coeff, i, j, theta)
+    with pytest.raises(OrbitalError, match="ROHF orbitals are not converged: largest orbital-"):
+        dfmp2.DFMP2(rotated, backend="pytorch").run()
+
+
+def test_unconverged_orbitals_diagonal_within_blocks_are_refused(water_rhf):
+    """Three SCF cycles, then each block of the Fock matrix diagonalised alone: the occupied-
+    occupied and virtual-virtual blocks are diagonal and equal mo_energy, the occupied-virtual
+    block is not zero (2.3e-4 Eh off in E(corr) when accepted)."""
+    mf = scf.RHF(water_rhf.mol)
+    mf.max_cycle, mf.conv_check = 3, False
+    mf.run()
+    f_mo = mf.mo_coeff.T @ mf.get_fock() @ mf.mo_coeff
+    occ = mf.mo_occ > 0
+    c, eps = mf.mo_coeff.copy(), mf.mo_energy.copy()
+    for mask in (occ, ~occ):
+        w, u = np.linalg.eigh(f_mo[np.ix_(mask, mask)])
+        c[:, mask], eps[mask] = mf.mo_coeff[:, mask] @ u, w
+    mf.mo_coeff, mf.mo_energy, mf.converged = c, eps, True
+    with pytest.raises(OrbitalError, match="occupied-virtual Fock block, off-diagonal"):
+        dfmp2.DFMP2(mf, backend="pytorch").run()
+
+
+def test_a_loose_gradient_threshold_does_not_open_the_check(water_rhf, caplog):
+    rotated = _modified(water_rhf, mo_coeff=_rotated(water_rhf.mo_coeff, 6, 7, 0.6))
+    rotated.conv_tol_grad = 0.1
+    with caplog.at_level(logging.WARNING, logger="dfmp2"), \
+            pytest.raises(OrbitalError, match=r"virtual-virtual.*tolerance 1e-03"):
+        dfmp2.DFMP2(rotated, backend="pytorch").run()
+    assert "conv_tol_grad = 1e-01 only" in caplog.text
+
+
+def test_a_molecule_changed_after_the_scf_is_refused(water_rhf):
+    charged = water_rhf.copy()
+    charged.mol = water_rhf.mol.copy()
+    charged.mol.charge = 2
+    charged.mol.build()
+    with pytest.raises(OrbitalError, match="hold 10 electrons but mf.mol has 8 .charge 2."):
+        dfmp2.DFMP2(charged, backend="pytorch").run()
+    bigger = water_rhf.copy()
+    bigger.mol = gto.M(atom=WATER, basis="aug-cc-pvdz", verbose=0)
+    with pytest.raises(OrbitalError, match="mo_coeff has 24 rows but mf.mol has 41 basis"):
+        dfmp2.DFMP2(bigger, backend="pytorch").run()
+
+
+def test_orbitals_that_are_not_real_numpy_arrays_are_refused(water_rhf):
+    complex_c = _modified(water_rhf, mo_coeff=water_rhf.mo_coeff.astype(complex))
+    with pytest.raises(OrbitalError, match="mf.mo_coeff is complex128: dfmp2 needs real"):
+        dfmp2.DFMP2(complex_c, backend="pytorch").run()
+    listed = _modified(water_rhf, mo_coeff=water_rhf.mo_coeff.tolist())
+    with pytest.raises(OrbitalError, match="mf.mo_coeff holds a list, not a numpy array"):
+        dfmp2.DFMP2(listed, backend="pytorch").run()
+
+
+def test_what_is_not_a_molecules_scf_is_refused(water_rhf):
+    for given in (None, water_rhf.mol):
+        with pytest.raises(InputError, match="DFMP2 needs a PySCF SCF object .* got"):
+            dfmp2.DFMP2(given)
+    model = gto.M(verbose=0)
+    model.nelectron, model.incore_anyway = 2, True
+    hubbard = scf.RHF(model)  # a two-site Hubbard dimer, PySCF's model-Hamiltonian recipe
+    hubbard.get_hcore = lambda *a: -np.eye(2, k=1) - np.eye(2, k=-1)
+    hubbard.get_ovlp = lambda *a: np.eye(2)
+    onsite = np.zeros((2, 2, 2, 2))
+    onsite[0, 0, 0, 0] = onsite[1, 1, 1, 1] = 2.0
+    hubbard._eri = ao2mo.restore(8, onsite, 2)
+    hubbard.run()
+    with pytest.raises(InputError, match="no atoms .a model Hamiltonian."):
+        dfmp2.DFMP2(hubbard).run()
+
+
+def test_a_scaled_hamiltonian_is_refused(water_rhf):
+    assert water_rhf._eri is not None  # the check below passes for the molecule's own
+    scaled = scf.RHF(water_rhf.mol)
+    scaled._eri = 0.9 * water_rhf._eri
+    scaled.conv_tol = 1e-11
+    scaled.run()
+    with pytest.raises(InputError, match=r"two-electron integrals \(mf._eri\) are not"):
+        dfmp2.DFMP2(scaled, backend="pytorch").run()
+
+
+def test_an_excited_determinant_gets_a_warning(caplog):
+    mol = gto.M(atom=WATER, basis="cc-pvdz", symmetry=True, verbose=0)
+    mf = scf.RHF(mol)
+    mf.irrep_nelec = {"A1": 8, "B1": 2, "B2": 0, "A2": 0}
+    mf.conv_tol = 1e-10
+    mf.run()
+    assert mf.converged
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.DFMP2(mf, backend="pytorch").run()
+    assert "lies above the lowest virtual" in caplog.text
+
+
+def test_near_whole_occupations_are_refused_with_the_hint(water_rhf):
+    smeared = water_rhf.copy()
+    smeared.mo_occ = water_rhf.mo_occ.copy()
+    smeared.mo_occ[4] -= 3.7e-15
+    smeared.mo_occ[5] += 3.7e-15
+    with pytest.raises(OrbitalError, match=r"it holds 3.7e-15, 1.99999999999999.*whole numbers to 3.\de-15 .*numpy.rint"):
+        dfmp2.DFMP2(smeared, backend="pytorch").run()
+
+
+def test_a_chkfile_scf_is_told_how_to_say_it_converged(water_rhf):
+    loaded = water_rhf.copy()
+    loaded.converged = False
+    with pytest.raises(ConvergenceError, match="chkfile.*set mf.converged = True"):
+        dfmp2.DFMP2(loaded, backend="pytorch").run()
 
 
 # -- 4. the API applies or refuses every setting ----------------------------------------------
@@ -177,6 +317,26 @@ def test_attribute_settings_of_a_copy_and_of_a_subclass():
     tagged = Tagged(mf)
     tagged.tag = "mine"  # a subclass keeps its own attributes
     assert tagged.tag == "mine"
+
+
+def test_pyscf_energy_only_kernel_call_and_unknown_settings(water_rhf):
+    pt = dfmp2.DFMP2(water_rhf, backend="pytorch")
+    e_corr, t2 = pt.kernel(with_t2=False)  # what PySCF users write for energies only
+    assert t2 is None and e_corr == pt.e_corr
+    with pytest.raises(InputError, match="energies only, never the t2 amplitudes"):
+        pt.kernel(with_t2=True)
+    with pytest.raises(InputError, match="no setting 'nonsense'") as info:
+        pt.kernel(nonsense=1)
+    listed = str(info.value).split("(")[-1].rstrip(")").split(", ")
+    assert "max_memory" in listed and "basis" not in listed and "conv_tol" not in listed
+
+
+def test_frozen_as_a_list_or_range_behaves_as_the_int(water_rhf):
+    by_int = dfmp2.DFMP2(water_rhf, frozen=2, backend="pytorch").run().e_corr
+    assert dfmp2.DFMP2(water_rhf, frozen=range(2), backend="pytorch").run().e_corr == by_int
+    for every in (5, list(range(5))):
+        with pytest.raises(InputError, match="freezes all 5 occupied orbitals"):
+            dfmp2.DFMP2(water_rhf, frozen=every, backend="pytorch").run()
 
 
 def test_energies_before_run_say_so(water_rhf):
