@@ -13,6 +13,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from .errors import InputError
 from .molecule import (
     basis_record,
+    check_basis_files,
     check_every_atom_has_functions,
     describe_shells,
     element_of,
@@ -101,6 +102,7 @@ def make_auxmol(mol, auxbasis=None, jk: bool = False):
     spec = resolve_auxbasis(mol, auxbasis)
     what, advice = (("SCF fitting basis", _JK_AUX_ADVICE) if jk else
                     ("auxiliary basis", _AUX_ADVICE))
+    check_basis_files(spec, [atom[0] for atom in mol._atom], what)
     try:
         with quiet_pyscf():
             auxmol = df.addons.make_auxmol(_quiet_copy(mol), spec)

@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 import re
 import warnings
 
@@ -32,6 +33,7 @@ __all__ = [
     "basis_record",
     "build_mole",
     "describe_shells",
+    "check_basis_files",
     "ecp_record",
     "element_of",
     "first_line",
@@ -304,6 +306,8 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
 
 def _basis_problem(exc: Exception, basis) -> str:
     text = first_line(exc)
+    if isinstance(basis, str) and os.path.isfile(basis):
+        return f"PySCF could not read this basis file ({text})"
     if text.startswith("Basis set not found for"):
         return text.replace("Basis set not found for", "has no functions for element")
     return f"unknown basis name (PySCF: {text}); check the spelling, e.g. cc-pvdz or def2-svp"
@@ -311,6 +315,11 @@ def _basis_problem(exc: Exception, basis) -> str:
 
 def _build(mol, basis, source: str) -> gto.Mole:
     """``mol.build()`` quietly, spin inferred (the caller checks it); PySCF errors -> InputError."""
+    try:
+        labels = [a[0] for a in gto.format_atom(mol.atom, unit=1)]
+    except Exception:  # noqa: BLE001 - a malformed geometry: the build below names it
+        labels = []
+    check_basis_files(mol.basis, labels, "basis")
     verbose, mol.verbose, mol.spin = mol.verbose, 0, None
     if not mol.ecp:  # Mole.build keeps a copied Mole's old ECP when the new one is empty
         mol._ecp, mol._ecpbas = {}, np.zeros((0, gto.BAS_SLOTS), dtype=np.int32)
@@ -335,6 +344,55 @@ def ghost_basis(basis, labels):
     extra = {label: basis[element_of(label)] for label in labels
              if label not in basis and element_of(label) in basis}
     return {**basis, **extra}
+
+
+def _entry_for(basis, label: str):
+    """The basis entry PySCF gives the atom ``label``: the name, or its dict entry (by label,
+    element or 'default')."""
+    if not isinstance(basis, dict):
+        return basis
+    for key in (label, element_of(label), "default"):
+        if key in basis:
+            return basis[key]
+    return None
+
+
+def check_basis_files(basis, labels, what: str) -> None:
+    """Every atom whose basis entry is a file path finds its element's block in that file.
+    PySCF reads a file in NWChem's format (each element's block after a ``#BASIS SET`` line)
+    and, when that finds nothing, in CP2K's, which takes every function of an NWChem file for
+    any element: a file of H and C functions gave oxygen all of them without a word. So the
+    element must be found by the NWChem reader, or under a CP2K header (the element, a name,
+    then a line with the number of sets)."""
+    from pyscf.gto.basis import parse_nwchem
+
+    for element in sorted({element_of(label) for label in labels}):
+        entry = next((_entry_for(basis, label) for label in labels
+                      if element_of(label) == element), None)
+        if not isinstance(entry, str) or not os.path.isfile(entry):
+            continue
+        try:
+            found = parse_nwchem.search_seg(entry, element)
+            with open(entry, errors="replace") as handle:
+                lines = [line.split() for line in handle]
+        except (OSError, UnicodeError, ValueError) as exc:
+            raise InputError(f"{what} file {entry!r}: {first_line(exc)}") from None
+        if found:
+            try:
+                with quiet_pyscf():
+                    parse_nwchem.load(entry, element)
+            except Exception as exc:  # noqa: BLE001 - PySCF's parser evaluates the numbers
+                raise InputError(f"{what} file {entry!r}: PySCF could not read its {element} "
+                                 f"block ({type(exc).__name__}: {first_line(exc)})") from None
+            continue
+        cp2k = any(tokens[:1] == [element] and len(tokens) >= 2 and len(after) == 1
+                   and after[0].isdigit() for tokens, after in zip(lines, lines[1:]))
+        if not cp2k:
+            raise InputError(
+                f"{what} file {entry!r} has no block for element {element} that PySCF can "
+                "read: in NWChem's format each element's block follows a '#BASIS SET' line "
+                "(as in files from the Basis Set Exchange); add it, or give that element "
+                "another basis (a dict per element)")
 
 
 def _check_basis_arg(basis) -> None:

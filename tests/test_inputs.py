@@ -154,3 +154,48 @@ def test_numpy_integers_are_taken_and_normalised():
 def test_a_per_spin_frozen_pair_needs_an_open_shell():
     with pytest.raises(InputError, match="per-spin pair"):
         dfmp2.run("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis="sto-3g", frozen=[[0], [0]])
+
+
+_STO3G_H_C = """BASIS "ao basis" PRINT
+#BASIS SET: (3s) -> [1s]
+H    S
+      3.42525091             0.15432897
+      0.62391373             0.53532814
+      0.16885540             0.44463454
+#BASIS SET: (6s,3p) -> [2s,1p]
+C    S
+     71.6168370              0.15432897
+     13.0450960              0.53532814
+      3.5305122              0.44463454
+C    SP
+      2.9412494             -0.09996723             0.15591627
+      0.6834831              0.39951283             0.60768372
+      0.2222899              0.70011547             0.39195739
+END
+"""
+
+
+def test_a_basis_file_must_hold_every_element(tmp_path):
+    """PySCF reads a file without the element in CP2K's format, which hands oxygen the file's
+    functions: water ran with carbon's and hydrogen's, 2 Eh off, before this was refused."""
+    path = tmp_path / "hc.nw"
+    path.write_text(_STO3G_H_C)
+    methane = build_mole("C 0 0 0; H 0 0 1.09; H 1.03 0 -0.36; H -0.51 0.89 -0.36; "
+                         "H -0.51 -0.89 -0.36", basis=str(path))
+    reference = gto.M(atom=methane.atom, basis="sto-3g", verbose=0)
+    assert methane.nao_nr() == reference.nao_nr() == 9
+    with pytest.raises(InputError, match=r"basis file '.*hc.nw' has no block for element O"):
+        build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis=str(path))
+    with pytest.raises(InputError, match=r"auxiliary basis file '.*hc.nw' has no block for "
+                                         r"element O"):
+        dfmp2.run("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis="sto-3g",
+                  auxbasis=str(path))
+    undelimited = tmp_path / "undelimited.nw"  # every element would get every function
+    undelimited.write_text(_STO3G_H_C.replace("#BASIS SET: (6s,3p) -> [2s,1p]\n", ""))
+    with pytest.raises(InputError, match="no block for element C .*'#BASIS SET' line"):
+        build_mole("C 0 0 0; H 0 0 1.1; H 0 0 -1.1; H 0 1.1 0; H 0 -1.1 0",
+                   basis=str(undelimited))
+    broken = tmp_path / "broken.nw"
+    broken.write_text(_STO3G_H_C.replace("3.42525091", "3.4x525091"))
+    with pytest.raises(InputError, match=r"broken.nw': PySCF could not read its H block"):
+        build_mole("H 0 0 0; H 0 0 0.74", basis=str(broken))
