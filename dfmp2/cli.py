@@ -479,7 +479,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     who = "" if ranks is None else f" (rank {ranks.rank} of {ranks.world_size})"
     if label:  # a batch entry: its error line names it
         who = f" ({label})" if not who else who[:-1] + f", {label})"
-    unwritable = _output_error(json_path, plot_path) if leader else None
+    unwritable = (_output_error(json_path, plot_path, options.get("chkfile"), geometry)
+                  if leader else None)
     if ranks is not None:  # rank 0 alone writes; every rank stops with it
         from .distributed import current
         from .errors import DFMP2Error
@@ -585,11 +586,23 @@ def _check_json_path(path) -> None:
         raise _fail(str(error))
 
 
-def _output_error(json_path, plot_path) -> InputError | None:
+def _output_error(json_path, plot_path, chkfile=None, geometry=None) -> InputError | None:
     """Before any work: the :class:`InputError` that writing the JSON or the plot would meet
-    (None when both can be written)."""
+    (None when both can be written), or that of two outputs, or an output and the input file,
+    being one file (the later write would destroy the other)."""
     from ._files import check_writable_file
 
+    owners: dict[str, str] = {}
+    if isinstance(geometry, (str, os.PathLike)) and os.path.isfile(geometry):
+        owners[os.path.realpath(geometry)] = f"the input {os.fspath(geometry)!r}"
+    for flag, path in (("--json", json_path), ("--plot", plot_path), ("--chkfile", chkfile)):
+        if path is None or path == "-":
+            continue
+        key = os.path.realpath(path)
+        if key in owners:
+            return InputError(f"{flag} {path!r} is the same file as {owners[key]}: one would "
+                              "overwrite the other; give each its own path")
+        owners[key] = f"{flag}'s file"
     try:
         if json_path is not None and json_path != "-":
             check_writable_file(json_path, "JSON")

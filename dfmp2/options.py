@@ -148,7 +148,8 @@ class Options:
         if self.ecp is not None and (not isinstance(self.ecp, str) or not self.ecp.strip()):
             raise InputError(f"ecp must be an ECP name or 'none', got {self.ecp!r}")
         if self.frozen is not None and self.frozen_core:
-            raise InputError("give either frozen_core or frozen, not both")
+            raise InputError("give either frozen_core (--frozen-core) or frozen (--frozen), not "
+                             "both")
         if isinstance(self.frozen, (list, tuple)) and len(self.frozen) == 2 and all(
                 isinstance(f, (list, tuple)) for f in self.frozen):
             _check_indices(self.frozen[0])

@@ -15,6 +15,7 @@ from conftest import INPUTS
 from tolerances import TOL_FP64, TOL_IDENTITY, TOL_PRINTED
 
 WATER = str(INPUTS / "water.xyz")
+WATER_XYZ = (INPUTS / "water.xyz").read_text()
 
 
 def _invoke(*args):
@@ -125,7 +126,16 @@ ERROR_CASES = {
                          "too small"),
     "frozen too many": (lambda p: ["run", WATER, "--frozen", "5"], "freezes all 5"),
     "frozen and frozen core": (lambda p: ["run", WATER, "--frozen", "1", "--frozen-core"],
-                               "not both"),
+                               "--frozen-core) or frozen (--frozen), not both"),
+    "json overwrites the input": (
+        lambda p: ["run", _write(p, WATER_XYZ, "mol.xyz"), "--json", str(p / "mol.xyz")],
+        "--json '{p}/mol.xyz' is the same file as the input"),
+    "json and plot one file": (
+        lambda p: ["run", WATER, "--json", str(p / "x.png"), "--plot", str(p / "x.png")],
+        "--plot '{p}/x.png' is the same file as --json's file"),
+    "json and chkfile one file": (
+        lambda p: ["run", WATER, "--json", str(p / "c.out"), "--chkfile", str(p / "c.out")],
+        "--chkfile '{p}/c.out' is the same file as --json's file"),
 }
 
 
@@ -137,7 +147,9 @@ def test_error_is_one_line_exit_1(tmp_path, case):
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert expected in lines[0]
+    assert expected.format(p=tmp_path) in lines[0]
+    if case == "json overwrites the input":
+        assert (tmp_path / "mol.xyz").read_text() == WATER_XYZ
 
 
 @pytest.mark.parametrize("args", [
