@@ -95,9 +95,16 @@ def make_scf(mol, options: Options):
     reference = options.resolved_reference
     xc = options.scaling.xc
     if xc is None:
-        return {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
-    mf = {"rhf": dft.RKS, "uhf": dft.UKS}[reference](mol, xc=xc)
-    grid_settings(mf.grids, options.grid)
+        mf = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF}[reference](mol)
+    else:
+        mf = {"rhf": dft.RKS, "uhf": dft.UKS}[reference](mol, xc=xc)
+        grid_settings(mf.grids, options.grid)
+    # PySCF's constructor opens a named scratch chkfile in its TMPDIR, which a killed process
+    # would leave behind; dfmp2 writes only --chkfile (when converged), so it goes at once
+    scratch = getattr(mf, "_chkfile", None)
+    if hasattr(scratch, "close"):
+        scratch.close()
+    mf._chkfile, mf.chkfile = None, None
     return mf
 
 

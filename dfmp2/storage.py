@@ -9,6 +9,7 @@ A DF-SCF's fitted AO tensor that does not fit in memory lives in a :class:`Matri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import tempfile
@@ -129,7 +130,9 @@ class StreamedB:
 
 class H5Store:
     """Both tensors in a temporary HDF5 file (h5py) under ``directory`` (default: the system's
-    temporary directory), removed by :meth:`close` even after an error.
+    temporary directory). The file is unlinked as soon as it is open (HDF5 keeps working on its
+    descriptor), so nothing is left in ``directory`` whatever ends the process, SIGKILL
+    included; where the OS refuses that, :meth:`close` removes it, even after an error.
 
     ``register``, when given, is called with the store before its file exists: the caller's
     ``finally`` then closes every registered store, so an interruption (a signal turned into an
@@ -154,6 +157,8 @@ class H5Store:
             self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
             self._b = self._file.create_dataset("B", (nocc, nvir, naux_fit),
                                                 dtype=self._np_dtype)
+            with contextlib.suppress(OSError):  # else close() removes it
+                os.unlink(self.path)
         except BaseException:
             self.close()
             raise

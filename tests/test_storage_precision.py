@@ -61,6 +61,40 @@ def test_forced_outcore_cleans_up_after_an_error(water4_scf, tmp_path, monkeypat
     assert glob.glob(str(tmp_path / "*")) == []
 
 
+def test_no_named_file_exists_while_the_run_works(water4_scf, tmp_path, monkeypatch):
+    """The HDF5 file is unlinked once open, so a killed process (SIGKILL, the OOM killer)
+    leaves nothing in the scratch directory: seen from inside the pair stage, which reads B
+    from it."""
+    from dfmp2.storage import H5Store
+
+    seen, read_b = [], H5Store.read_b
+
+    def watched(self, i0, i1):
+        seen.append(os.listdir(tmp_path))
+        return read_b(self, i0, i1)
+
+    monkeypatch.setattr(H5Store, "read_b", watched)
+    ooc = dfmp2.DFMP2(water4_scf, force_outcore=True, scratch_dir=str(tmp_path)).run()
+    assert ooc.result.method.blocks["storage"] == "hdf5"
+    assert seen and all(listing == [] for listing in seen)
+
+
+def test_the_scf_opens_no_scratch_chkfile(tmp_path, monkeypatch):
+    """PySCF's SCF constructor opens a named temporary chkfile in its TMPDIR; dfmp2's SCF
+    closes it at once (a killed run left one per run)."""
+    from pyscf import lib
+
+    from dfmp2.options import Options
+    from dfmp2.scf import make_scf
+
+    monkeypatch.setattr(lib.param, "TMPDIR", str(tmp_path))
+    for reference, xc in (("rhf", None), ("uhf", None), ("rohf", None), ("rhf", "B2PLYP")):
+        mol = build_mole("O 0 0 0; H 0 0 0.97", basis="sto-3g", charge=-1 if reference ==
+                         "rhf" else 0, spin=0 if reference == "rhf" else 1)
+        mf = make_scf(mol, Options(reference=reference, xc=xc))
+        assert mf.chkfile is None and os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("precision, tol", [("mixed", TOL_PRECISION), ("fp32", TOL_FP32)])
 def test_reduced_precision_error_is_small(water4_scf, precision, tol):
     ref = dfmp2.DFMP2(water4_scf, backend="pytorch").run()
