@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import numpy as np
 from pyscf import df, dft, gto, lib, scf
@@ -160,10 +161,24 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None:  # written once, converged
-        scf.chkfile.dump_scf(mf.mol, options.chkfile, mf.e_tot, mf.mo_energy, mf.mo_coeff,
-                             mf.mo_occ)
-        lib.chkfile.save(options.chkfile, CHK_XC_KEY, _functional_of(mf))
+        write_chkfile(mf, options.chkfile)
         mf.chkfile = options.chkfile
+
+
+def write_chkfile(mf, path: str) -> None:
+    """Save the converged SCF (and its functional, :data:`CHK_XC_KEY`) to ``path`` without a
+    moment when ``path`` holds half a checkpoint: written into a copy beside it (whatever else
+    the file held is kept), which then replaces it."""
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        if os.path.exists(path):
+            shutil.copyfile(path, partial)
+        scf.chkfile.dump_scf(mf.mol, partial, mf.e_tot, mf.mo_energy, mf.mo_coeff, mf.mo_occ)
+        lib.chkfile.save(partial, CHK_XC_KEY, _functional_of(mf))
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
 
 
 #: A mixed-precision SCF (``--scf-precision mixed``) builds K in float64 from the cycle after
@@ -491,7 +506,25 @@ def restart_guess(mf, chkfile: str | None):
     if differs is not None:
         raise InputError(f"chkfile {chkfile!r} holds another calculation ({differs}); remove it "
                          "or choose another --chkfile")
+    damaged = _damaged_orbitals(mo_coeff, mo_occ, mf.mol.nao_nr(), 2 if unrestricted else 1)
+    if damaged is not None:
+        raise InputError(f"chkfile {chkfile!r} is damaged ({damaged}); remove it or choose "
+                         "another --chkfile")
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
+
+
+def _damaged_orbitals(mo_coeff: np.ndarray, mo_occ: np.ndarray, nao: int,
+                      nspin: int) -> str | None:
+    """What is wrong with a chkfile's saved orbitals for a molecule of ``nao`` functions, or
+    None: (nspin, nao, nmo) / (nao, nmo) coefficients, occupations of the same length, every
+    number finite."""
+    shape = (nao,) if nspin == 1 else (nspin, nao)
+    if mo_coeff.shape[:-1] != shape or mo_occ.shape != mo_coeff.shape[:-2] + mo_coeff.shape[-1:]:
+        return (f"scf/mo_coeff {mo_coeff.shape} and scf/mo_occ {mo_occ.shape} do not fit "
+                f"{nao} basis functions")
+    if not (np.isfinite(mo_coeff).all() and np.isfinite(mo_occ).all()):
+        return "its orbitals hold NaN or infinite numbers"
+    return None
 
 
 #: Where dfmp2 records the SCF's functional in its chkfile ("HF" for an HF reference).

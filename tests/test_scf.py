@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -32,6 +33,26 @@ def test_chkfile_restart_skips_a_converged_scf(tmp_path):
     assert again.scf.restart == f"initial guess from chkfile {chk}" and again.scf.cycles == 1
     assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
     assert "initial guess from chkfile" in again.summary()
+
+
+def test_a_damaged_chkfile_is_refused_and_a_rewrite_keeps_other_data(tmp_path):
+    import h5py
+    import numpy as np
+    from pyscf import lib
+
+    chk = str(tmp_path / "water.chk")
+    dfmp2.run(WATER, chkfile=chk, basis="sto-3g")
+    lib.chkfile.save(chk, "user/note", "kept")
+    dfmp2.run(WATER, chkfile=chk, basis="sto-3g")  # rewritten through a copy beside it
+    assert lib.chkfile.load(chk, "user/note") in (b"kept", "kept")
+    assert sorted(os.listdir(tmp_path)) == ["water.chk"]  # no partial copy left
+    for damage, why in ((np.zeros((3, 3)), "do not fit 7 basis functions"),
+                        (np.full((7, 7), np.nan), "NaN or infinite")):
+        with h5py.File(chk, "a") as f:
+            del f["scf/mo_coeff"]
+            f["scf/mo_coeff"] = damage
+        with pytest.raises(InputError, match=f"is damaged .*{why}"):
+            dfmp2.run(WATER, chkfile=chk, basis="sto-3g")
 
 
 @pytest.mark.parametrize("kwargs, differs", [
