@@ -49,6 +49,9 @@ DEFAULT_BASIS = "cc-pvdz"
 #: Atoms closer than this (Angstrom) are refused: a duplicated line or a unit mix-up, never a
 #: molecule (the shortest bond, H2, is 0.74 A).
 MIN_DISTANCE = 0.1
+#: Coordinates beyond this (Angstrom) are refused: a unit mix-up or a corrupted file, never a
+#: molecule (integrals and the distance search overflow long before float64 does).
+MAX_COORDINATE = 1e5
 _PYSCF_ADVICE = r"(Basis|ECP) may be available in basis-set-exchange"
 
 
@@ -234,6 +237,14 @@ def _check_coordinates(labels, coords, source: str) -> None:
         raise InputError(
             f"{source}: atom {atom + 1} ({labels[atom]}) has the non-finite coordinate "
             f"{'xyz'[axis]} = {coords[atom, axis]}; give its position in Angstrom"
+        )
+    far = np.argwhere(np.abs(coords) > MAX_COORDINATE)
+    if far.size:
+        atom, axis = far[0]
+        raise InputError(
+            f"{source}: atom {atom + 1} ({labels[atom]}) has the coordinate "
+            f"{'xyz'[axis]} = {coords[atom, axis]:g} Å, beyond {MAX_COORDINATE:g} Å; give its "
+            "position in Angstrom"
         )
     pairs = cKDTree(coords).query_pairs(MIN_DISTANCE, output_type="ndarray")
     if not len(pairs):

@@ -110,6 +110,10 @@ ERROR_CASES = {
     "bad coordinate": (
         lambda p: ["run", _write(p, "2\nc\nO 0 0 0\nH 0 0.9 x\n")], "line 4: coordinates"),
     "too few atoms": (lambda p: ["run", _write(p, "3\nc\nO 0 0 0\nH 0 0 1\n")], "line 5"),
+    "huge coordinate": (
+        lambda p: ["run", _write(p, "2\nc\nH 1e308 0 0\nH -1e308 0 0\n")],
+        "atom 1 (H) has the coordinate x = 1e+308 Å, beyond 100000 Å"),
+    "huge coordinate in an atom string": (lambda p: ["run", "H; H 1 1e200"], "beyond 100000 Å"),
     "unknown element": (
         lambda p: ["run", _write(p, "2\nc\nO 0 0 0\nXq 0 0 1\n")], "line 4: unknown element 'Xq'"),
     "unknown basis": (lambda p: ["run", WATER, "--basis", "cc-pvqq"], "basis 'cc-pvqq'"),
