@@ -190,6 +190,7 @@ def test_cli_double_hybrid_quiet_prints_its_total(tmp_path):
     (["--xc", "nonsense", "--os-scale", "1", "--ss-scale", "1"], "PySCF cannot parse"),
     (["--grid", "3"], "it needs --xc"),
     (["--xc", "b2plyp", "--grid", "99,300"], "not a Lebedev grid size"),
+    (["--xc", "b2plyp", "--grid", "20000,302"], "more than 1000 (PySCF's finest level uses"),
     (["--xc", "b2plyp", "--grid", "12"], "PySCF's levels are 0-9"),
     (["--xc", "b2plyp", "--grid", "fine"], "give a level 0-9"),
     (["--xc", "b2plyp", "--reference", "rohf", "--spin", "2"], "ROKS orbitals are not"),
