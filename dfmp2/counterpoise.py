@@ -68,11 +68,13 @@ def _int_list(name: str, value, count: int | None = None) -> tuple[int, ...]:
 
 
 def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
-                    spins=None) -> Fragments:
+                    spins=None, spin: int | None = None) -> Fragments:
     """The fragments of a complex of ``natom`` atoms: ``counts`` atom counts in file order
     (e.g. "3,3"), summing to ``natom``, at least two; ``charges`` (default all 0, then summing
     to the complex's ``charge``) and ``spins`` 2S (default 0 or 1 by each fragment's electron
-    count). ``electrons[k]`` is the electron count of fragment k's atoms when neutral."""
+    count), which must couple to the complex's ``spin`` 2S when given (|S1 - S2| <= S <= S1 +
+    S2 for two fragments). ``electrons[k]`` is the electron count of fragment k's atoms when
+    neutral."""
     sizes = _int_list("--fragments", counts)
     if len(sizes) < 2 or any(n < 1 for n in sizes):
         raise InputError(f"--fragments {counts!r}: give at least two positive atom counts in "
@@ -92,9 +94,17 @@ def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
     s = _int_list("--fragment-spins", spins, n) if spins is not None else tuple(
         e % 2 for e in counts_e)
     for k, (e, two_s) in enumerate(zip(counts_e, s)):
-        if two_s < 0 or (e - two_s) % 2 or two_s > e:
-            raise InputError(f"fragment {k + 1}: {e} electrons cannot have 2S = {two_s}; give "
-                             "--fragment-spins with matching parity")
+        why = ("2S cannot be negative" if two_s < 0 else
+               f"that is more unpaired electrons than its {e}" if two_s > e else
+               "2S must have the parity of the electron count" if (e - two_s) % 2 else None)
+        if why:
+            raise InputError(f"fragment {k + 1}: {e} electrons cannot have 2S = {two_s} ({why}); "
+                             "give --fragment-spins that fit")
+    low, high = max(0, 2 * max(s) - sum(s)), sum(s)
+    if spin is not None and not low <= spin <= high:
+        raise InputError(f"fragment spins 2S = {','.join(map(str, s))} couple to a total 2S "
+                         f"from {low} to {high}, not to the complex's 2S = {spin}; give "
+                         "--fragment-spins (or --spin) that match")
     return Fragments(sizes, q, s)
 
 
@@ -148,7 +158,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
                                  for i in range(start, min(mol.natm, start + n)))))
         start += n
     frags = parse_fragments(fragments, mol.natm, electrons, int(mol.charge), fragment_charges,
-                            fragment_spins)
+                            fragment_spins, int(mol.spin))
     # every fragment's molecule is built (and checked) before any SCF: no complex result is
     # computed only to be lost to a fragment that cannot be built
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]

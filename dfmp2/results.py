@@ -502,8 +502,11 @@ def versions() -> dict:
 
 def _interaction_lines(inter: dict) -> list[str]:
     """The counterpoise section of the summary: the fragments, then E_int per level."""
-    frags = ", ".join(f"atoms {f['atoms'][0] + 1}-{f['atoms'][1]} (charge {f['charge']:+d}, "
-                      f"multiplicity {f['multiplicity']})" for f in inter["fragments"])
+    def atoms(first: int, stop: int) -> str:
+        return f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
+
+    frags = ", ".join(f"{atoms(*f['atoms'])} (charge {f['charge']:+d}, multiplicity "
+                      f"{f['multiplicity']})" for f in inter["fragments"])
     lines = [f"  Counterpoise-corrected interaction energy, {len(inter['fragments'])} fragments "
              f"in the complex's basis: {frags}"]
     for level, label in inter["levels"].items():

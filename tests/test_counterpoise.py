@@ -73,7 +73,16 @@ def test_three_fragments_and_charged_ones():
     ({"fragments": "5,x"}, "expected whole numbers"),
     ({"fragments": "5,5", "fragment_charges": "1,0"}, "sum to 1; the complex's charge is 0"),
     ({"fragments": "5,5", "fragment_charges": "0,0,0"}, "3 values for 2 fragments"),
-    ({"fragments": "5,5", "fragment_spins": "1,0"}, "fragment 1: 24 electrons cannot have 2S = 1"),
+    ({"fragments": "5,5", "fragment_spins": "1,0"},
+     r"fragment 1: 24 electrons cannot have 2S = 1 \(2S must have the parity"),
+    ({"fragments": "5,5", "fragment_spins": "-2,0"}, r"2S = -2 \(2S cannot be negative"),
+    ({"fragments": "5,5", "fragment_spins": "26,0"}, "more unpaired electrons than its 24"),
+    # 2S = 2 and 0 couple to 2 only: the singlet complex's fragments were accepted, E(int)
+    # 176 kcal/mol off
+    ({"fragments": "5,5", "fragment_spins": "2,0"},
+     "couple to a total 2S from 2 to 2, not to the complex's 2S = 0"),
+    ({"fragments": "5,5", "spin": 2}, "2S = 0,0 couple to a total 2S from 0 to 0, not to the "
+                                      "complex's 2S = 2"),
 ])
 def test_wrong_fragments_are_one_line(kwargs, message):
     fragments = kwargs.pop("fragments")
@@ -104,3 +113,12 @@ def test_cli_counterpoise_prints_and_records(tmp_path, formic):
                           (["--counterpoise"], "--counterpoise needs --fragments")):
         failed = CliRunner().invoke(main, ["run", FORMIC, *args])
         assert failed.exit_code == 1 and message in failed.output
+
+
+def test_a_one_atom_fragment_is_named_as_one():
+    from dfmp2.results import _interaction_lines
+
+    line = _interaction_lines({"levels": {}, "fragments": [
+        {"atoms": [0, 1], "charge": 1, "multiplicity": 1},
+        {"atoms": [1, 4], "charge": 0, "multiplicity": 1}]})[0]
+    assert "atom 1 (charge +1, multiplicity 1), atoms 2-4 (charge +0" in line
