@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import inspect
 
-from pyscf import df
+from pyscf import df, gto
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
 from .molecule import (
+    basis_entry,
     basis_record,
     check_basis_files,
     check_every_atom_has_functions,
@@ -19,6 +20,7 @@ from .molecule import (
     element_of,
     first_line,
     ghost_basis,
+    is_ghost_label,
     quiet_pyscf,
 )
 
@@ -53,13 +55,40 @@ def resolve_auxbasis(mol, auxbasis=None):
     if auxbasis is not None:
         return ghost_basis(auxbasis, [a[0] for a in mol._atom])
     try:
-        with quiet_pyscf():
-            return df.make_auxbasis(_quiet_copy(mol), mp2fit=True)
+        return default_auxbasis(mol, mp2fit=True)
     except _AUX_ERRORS as exc:
         raise InputError(
             f"no default RI auxiliary basis for basis {_basis_text(mol)} "
             f"(PySCF: {type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
         ) from None
+
+
+def default_auxbasis(mol, mp2fit: bool):
+    """PySCF's fitting partner of mol's orbital basis (``df.make_auxbasis``: the MP2-fit or the
+    JK-fit set), with a ghost atom's generated even-tempered set made as the real element's.
+    PySCF generates those shells from the nuclear charge, which is zero for a ghost: ghost I in
+    def2-SVP got 12 s shells where I has 50 of s to i, so a counterpoise fragment was not fitted
+    in the complex's fitting basis (E(int) 2e-6 Eh off)."""
+    with quiet_pyscf():
+        spec = df.make_auxbasis(_quiet_copy(mol), mp2fit=mp2fit)
+    if not isinstance(spec, dict):
+        return spec
+    real: dict[str, object] = {}
+    for label in [a[0] for a in mol._atom]:
+        if label in spec and not isinstance(spec[label], str) and is_ghost_label(label):
+            element = element_of(label)
+            if element not in real:
+                atom = gto.Mole()  # the element alone, real, in the ghost's basis and ECP
+                atom.atom = [(element, (0.0, 0.0, 0.0))]
+                atom.basis = {element: basis_entry(mol.basis, label)}
+                ecp = basis_entry(mol.ecp, element) if isinstance(mol.ecp, dict) else None
+                atom.ecp = {element: ecp} if ecp else {}
+                atom.spin, atom.verbose = None, 0
+                with quiet_pyscf():
+                    atom.build(dump_input=False, parse_arg=False)
+                    real[element] = df.make_auxbasis(atom, mp2fit=mp2fit)[element]
+            spec = {**spec, label: real[element]}
+    return spec
 
 
 def _basis_text(mol) -> str:

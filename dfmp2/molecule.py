@@ -33,11 +33,13 @@ __all__ = [
     "basis_record",
     "build_mole",
     "describe_shells",
+    "basis_entry",
     "check_basis_files",
     "ecp_record",
     "element_of",
     "first_line",
     "ghost_basis",
+    "is_ghost_label",
     "molecule_record",
     "parse_geometry",
     "quiet_pyscf",
@@ -357,7 +359,7 @@ def ghost_basis(basis, labels):
     return {**basis, **extra}
 
 
-def _entry_for(basis, label: str):
+def basis_entry(basis, label: str):
     """The basis entry PySCF gives the atom ``label``: the name, or its dict entry (by label,
     element or 'default')."""
     if not isinstance(basis, dict):
@@ -378,7 +380,7 @@ def check_basis_files(basis, labels, what: str) -> None:
     from pyscf.gto.basis import parse_nwchem
 
     for element in sorted({element_of(label) for label in labels}):
-        entry = next((_entry_for(basis, label) for label in labels
+        entry = next((basis_entry(basis, label) for label in labels
                       if element_of(label) == element), None)
         if not isinstance(entry, str) or not os.path.isfile(entry):
             continue
@@ -472,7 +474,7 @@ def _warn_missing_ecps(mol) -> None:
         )
 
 
-def _is_ghost_label(label: str) -> bool:
+def is_ghost_label(label: str) -> bool:
     return label.upper().startswith(("GHOST", "X-"))
 
 
@@ -490,7 +492,7 @@ def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
         if charge is not None:
             mol.charge = int(charge)
         if ecp is not None:
-            real = sorted({element_of(label) for label in labels if not _is_ghost_label(label)})
+            real = sorted({element_of(label) for label in labels if not is_ghost_label(label)})
             mol.ecp = {e: name for e, (name, _) in _ecp_table(mol.basis, ecp, real).items()}
         spin = given.spin if spin is None else int(spin)
         mol = _build(mol, mol.basis, source)

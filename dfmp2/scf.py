@@ -14,7 +14,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from .blocking import jk_square_fits, usable_bytes
 from .errors import ConvergenceError, InputError
 from .functionals import grid_settings
-from .integrals import make_auxmol
+from .integrals import default_auxbasis, make_auxmol
 from .jk import DFJK, plan_tensor
 from .molecule import element_of, first_line, quiet_pyscf
 from .options import Options
@@ -30,8 +30,7 @@ def jk_auxbasis(mol, options: Options):
     """The JK-fit basis of a DF-SCF: the user's choice or PySCF's partner of the orbital basis."""
     if options.scf_auxbasis:
         return options.scf_auxbasis
-    with quiet_pyscf():
-        return df.make_auxbasis(mol, mp2fit=False)
+    return default_auxbasis(mol, mp2fit=False)
 
 
 def plan_scf(mol, options: Options):

@@ -122,3 +122,23 @@ def test_a_one_atom_fragment_is_named_as_one():
         {"atoms": [0, 1], "charge": 1, "multiplicity": 1},
         {"atoms": [1, 4], "charge": 0, "multiplicity": 1}]})[0]
     assert "atom 1 (charge +1, multiplicity 1), atoms 2-4 (charge +0" in line
+
+
+@pytest.mark.parametrize("ghost", ["ghost-I", "X-I"])
+def test_a_ghost_gets_the_generated_fitting_set_of_its_real_element(ghost):
+    """def2-SVP-RI has no iodine: PySCF generates an even-tempered set from the nuclear charge,
+    which is zero for a ghost (12 s shells instead of 50 of s to i), so a fragment's ghost atom
+    was not fitted as in the complex."""
+    from dfmp2.integrals import make_auxmol
+    from dfmp2.molecule import build_mole
+    from dfmp2.options import Options
+    from dfmp2.scf import jk_auxbasis
+
+    with_ghost = build_mole(f"H 0 0 0; H 0 0 0.74; {ghost} 0 0 3.5", basis="def2-svp")
+    real = build_mole("H 0 0 0; H 0 0 0.74; I 0 0 3.5", basis="def2-svp", spin=1)
+    for jk in (False, True):
+        aux = [make_auxmol(m, jk_auxbasis(m, Options()) if jk else None, jk=jk)
+               for m in (with_ghost, real)]
+        shells = [[(a.bas_angular(b), tuple(a.bas_exp(b))) for b in range(a.nbas)
+                   if a.bas_atom(b) == 2] for a in aux]
+        assert len(shells[0]) > 12 and shells[0] == shells[1]
