@@ -332,8 +332,8 @@ def _batch_entries(arguments) -> list[tuple[str, object]]:
         if path.suffix.lower() == ".xyz" and path.is_file():
             try:
                 frames = read_xyz_frames(path)
-            except DFMP2Error as exc:
-                raise _fail(exc) from None
+            except DFMP2Error:  # its own run names the problem; the other entries still run
+                frames = []
             if len(frames) > 1:
                 entries += [(f"{path.stem}#{k}", frame) for k, frame in enumerate(frames, 1)]
                 continue

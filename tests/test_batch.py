@@ -65,6 +65,17 @@ def test_a_failing_entry_does_not_stop_the_others(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["2.json"]
 
 
+def test_a_malformed_file_fails_its_own_entry_only(tmp_path):
+    bad = tmp_path / "bad.xyz"
+    bad.write_text(FRAMES + "2\nshort\nH 0 0 0\n")  # its third frame is truncated
+    result = CliRunner().invoke(main, ["run", str(bad), str(INPUTS / "water.xyz"), "--json",
+                                       str(tmp_path / "{index}.json"), "--basis", "sto-3g"])
+    assert result.exit_code == 1
+    assert "line 15: expected 2 atom lines" in result.output
+    assert "failed (its error is above)" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2.json", "bad.xyz"]
+
+
 def test_several_results_need_several_json_files(tmp_path):
     result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
                                        str(INPUTS / "methane.xyz"), "--json",
