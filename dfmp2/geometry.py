@@ -119,6 +119,8 @@ def _finite(field: str, value: float | None, where: str) -> None:
 
 
 def _atom_line(line: str, where: str):
+    if "\ufffd" in line:  # what _read_lines made of bytes that are not UTF-8
+        raise InputError(f"{where}: the atom line is not UTF-8 text: {line.strip()!r}")
     fields = _fields(line)
     if len(fields) != 4:
         raise InputError(f"{where}: expected 'Element x y z', got {line.strip()!r}")
@@ -166,15 +168,21 @@ def _zmatrix_entry(fields: list[str], k: int, where: str):
 def _read_lines(path: Path) -> list[str]:
     if path.is_dir():
         raise InputError(f"{str(path)!r} is a directory, not an xyz file; name the file in it")
+    if path.exists() and not path.is_file():
+        raise InputError(f"geometry file {str(path)!r} is not a regular file (a device or a "
+                         "pipe); give an xyz file")
     if not path.is_file():
         raise InputError(
             f"geometry file {str(path)!r} does not exist; give an xyz path or an atom string "
             f"such as {_EXAMPLE}"
         )
     try:
-        return path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    except OSError as exc:
         raise InputError(f"cannot read geometry file {str(path)!r}: {exc}") from None
+    # line by line: a comment line in another encoding (Latin-1 "Ångström") is only text, and
+    # an atom line that is not UTF-8 is named by its own parser with its line number
+    return [raw.decode("utf-8", errors="replace") for raw in data.splitlines()]
 
 
 def read_xyz(path: str | os.PathLike) -> Geometry:

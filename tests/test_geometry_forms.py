@@ -180,6 +180,21 @@ def test_directory_empty_and_missing_arguments_have_their_own_messages(tmp_path)
             build_mole(blank)
     with pytest.raises(InputError, match="does not exist"):
         build_mole(str(tmp_path / "no such file.xyz"))
+    with pytest.raises(InputError, match="'/dev/null' is not a regular file"):
+        build_mole("/dev/null")
+
+
+def test_a_comment_line_in_another_encoding_is_only_text(tmp_path):
+    """A Latin-1 comment ("Ångström") used to refuse the whole file; an atom line that is not
+    UTF-8 is refused with its line number."""
+    path = tmp_path / "latin.xyz"
+    atoms = b"O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
+    path.write_bytes(b"\xef\xbb\xbf3\nwater in \xc5ngstr\xf6m\n" + atoms)  # a BOM as well
+    geometry = read_xyz(path)
+    assert [label for label, _ in geometry.atoms] == ["O", "H", "H"]
+    path.write_bytes(b"3\nwater\n" + atoms.replace(b"H 0 -", b"H\xc5 0 -"))
+    with pytest.raises(InputError, match="latin.xyz line 5: the atom line is not UTF-8"):
+        read_xyz(path)
 
 
 def test_unknown_element_and_bad_numbers_name_the_line(tmp_path):
