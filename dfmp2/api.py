@@ -127,6 +127,7 @@ def _setup(geometry, options: dict, comm):
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp)
     check_reference_spin(mol, opts.resolved_reference)
+    _warn_beyond_physical_memory(opts.max_memory)
     auxmol = make_auxmol(mol, opts.auxbasis)
     world = comm.world_size if comm is not None else 1
     if comm is not None and opts.pair_energies:
@@ -139,6 +140,19 @@ def _setup(geometry, options: dict, comm):
     la = _dispatcher(opts)
     resolve_device(opts.device, la.backend, comm is not None, opts.device_memory)  # refused now
     return opts, mol, auxmol, plan, la
+
+
+def _warn_beyond_physical_memory(max_memory_mb: int) -> None:
+    """A WARNING when ``max_memory`` exceeds this machine's memory: the planner would keep in
+    memory what does not fit there (the OS then swaps or kills the run)."""
+    try:
+        physical_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / MB
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+        return
+    if max_memory_mb > physical_mb:
+        log.warning("--max-memory %d MB is more than this machine's %.0f MB of memory: what the "
+                    "plan keeps in memory may not fit; give at most what the run may use",
+                    max_memory_mb, physical_mb)
 
 
 def _plan_both(mol, auxmol, opts: Options, world: int) -> RunPlan:

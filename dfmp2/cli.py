@@ -249,6 +249,7 @@ _D = Options.default
                    "of a node has a CUDA device, xla with torch-xla on a Neuron device, else "
                    "gloo).")
 @click.option("--dist-timeout", type=click.FloatRange(min=1.0), default=3600.0,
+              callback=lambda _ctx, param, value: _finite(param, value),
               show_default=True,
               help="Under torchrun: seconds a rank waits in a collective (the other ranks wait "
                    "for rank 0's SCF within it) before the run ends with an error.")
@@ -584,6 +585,13 @@ def _check_json_path(path) -> None:
     error = _output_error(path, None)
     if error is not None:
         raise _fail(str(error))
+
+
+def _finite(param, value):
+    """A float option's value, refused as a usage error when NaN (click's ranges let it by)."""
+    if value is not None and value != value:
+        raise click.BadParameter("nan is not a number of seconds", param=param)
+    return value
 
 
 def _output_error(json_path, plot_path, chkfile=None, geometry=None) -> InputError | None:

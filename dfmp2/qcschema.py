@@ -146,10 +146,14 @@ def schema_version(data: dict) -> int:
     """1 or 2, from ``schema_name``/``schema_version`` (v1: ``qcschema_input``; v2:
     ``qcschema_atomic_input``)."""
     name, version = data.get("schema_name"), data.get("schema_version")
-    if name in ("qcschema_input", None) and version in (1, None) and "model" in data:
+    v1_names = name in ("qcschema_input", None) and version in (1, None)
+    if v1_names and "model" in data:
         return 1
     if name == "qcschema_atomic_input" or version == 2 or "specification" in data:
         return 2
+    if v1_names:
+        raise InputError("QCSchema v1 AtomicInput without 'model': give model.method and "
+                         "model.basis (e.g. {\"method\": \"mp2\", \"basis\": \"cc-pvdz\"})")
     raise InputError(f"not a QCSchema AtomicInput: schema_name {name!r}, schema_version "
                      f"{version!r} (expected qcschema_input v1 or qcschema_atomic_input v2)")
 

@@ -160,6 +160,9 @@ def test_malformed_inputs_name_the_problem(tmp_path):
         qcschema.read_input(bad)
     with pytest.raises(InputError, match="not a QCSchema AtomicInput"):
         qcschema.read_input({"schema_name": "qcschema_output", "schema_version": 1})
+    without_model = {k: v for k, v in v1_input().items() if k != "model"}
+    with pytest.raises(InputError, match="v1 AtomicInput without 'model': give model.method"):
+        qcschema.read_input(without_model)
     with pytest.raises(InputError, match="invalid QCSchema v1 AtomicInput"):
         qcschema.read_input({**v1_input(), "molecule": {"symbols": ["O"]}})
     with pytest.raises(InputError, match="cannot read QCSchema input"):

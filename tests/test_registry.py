@@ -229,3 +229,14 @@ def test_cholesky_and_eigh_fits_agree():
         return torch.einsum("iaQ,jbQ->iajb", b, b)
 
     assert torch.allclose(ovov(by_chol), ovov(by_eigh), atol=TOL_MATRIX_REL)
+
+
+def test_an_unavailable_simulator_asked_for_by_name_is_a_warning(caplog):
+    from dfmp2.linalg.registry import probe_nki
+
+    policy = DispatchPolicy("auto", nki_simulator=True)
+    mode, _reason = probe_nki(policy)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        la = Dispatcher(policy)
+    warned = "--simulator: the NKI simulator cannot run" in caplog.text
+    assert (la.backend, warned) == (("pytorch", True) if mode is None else ("nki", False))

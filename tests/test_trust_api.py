@@ -452,3 +452,13 @@ def test_the_formula_is_in_hill_order_with_or_without_hydrogen(atom, formula):
     from dfmp2.api import _molecule_info
 
     assert _molecule_info(gto.M(atom=atom, basis="sto-3g", verbose=0)).formula == formula
+
+
+def test_a_memory_budget_beyond_the_machine_gets_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", max_memory=10**9)
+    assert "more than this machine's" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", max_memory=100)
+    assert "more than this machine's" not in caplog.text

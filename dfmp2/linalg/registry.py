@@ -269,6 +269,10 @@ class Dispatcher(_NamedOps):
         else:
             self.backend = "pytorch"
             self.resolution = f"auto: NKI unavailable ({reason}); using pytorch"
+            if self.policy.nki_simulator:  # asked for by name: say that it did not run
+                log.warning("--simulator: the NKI simulator cannot run (%s); the run uses "
+                            "pytorch (--backend nki or --require-nki make this an error)",
+                            reason)
         log.info("backend %s", self.resolution)
 
     # -- dispatch ---------------------------------------------------------------------------
