@@ -149,10 +149,18 @@ def _warn_beyond_physical_memory(max_memory_mb: int) -> None:
         physical_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / MB
     except (ValueError, OSError, AttributeError):  # not a POSIX system that says
         return
+    where = "this machine's"
+    try:  # a container's own limit (cgroup v2), where there is one and it is lower
+        with open("/sys/fs/cgroup/memory.max") as limit:
+            text = limit.read().strip()
+        if text.isdigit() and int(text) / MB < physical_mb:
+            physical_mb, where = int(text) / MB, "this container's"
+    except OSError:
+        pass
     if max_memory_mb > physical_mb:
-        log.warning("--max-memory %d MB is more than this machine's %.0f MB of memory: what the "
-                    "plan keeps in memory may not fit; give at most what the run may use",
-                    max_memory_mb, physical_mb)
+        log.warning("max_memory (--max-memory) %d MB is more than %s %.0f MB of memory: what "
+                    "the plan keeps in memory may not fit; give at most what the run may use",
+                    max_memory_mb, where, physical_mb)
 
 
 def _plan_both(mol, auxmol, opts: Options, world: int) -> RunPlan:
@@ -516,12 +524,13 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
 
     Always, for each spin of an unrestricted reference: ``mo_coeff`` orthonormal in the overlap
     metric (largest |C^T S C - 1| element below :data:`ORTHONORMALITY_TOL`), occupations in
-    aufbau order. With ``fock``: the occupied-occupied and virtual-virtual blocks of the Fock
-    matrix in the MO basis are diagonal and equal to ``mo_energy``, to a tolerance tied to the
-    SCF's convergence (ten times its orbital-gradient threshold, at least 1e-6 Eh). ROHF
-    orbitals are not canonical for the UHF-form Fock matrices MP2 needs: dfmp2
-    semicanonicalises them itself, so only orthonormality is checked. A loosely converged SCF
-    gets a WARNING that states the expected error."""
+    aufbau order. With ``fock`` (orbitals not from dfmp2's own SCF), to a tolerance of ten times
+    the SCF's orbital-gradient threshold kept within :data:`CANONICAL_TOL_MIN` and
+    :data:`CANONICAL_TOL_MAX`: the two-electron integrals of an exact-integral SCF are the
+    molecule's (:func:`check_two_electron_integrals`); the Fock matrix in the MO basis is
+    diagonal with ``mo_energy`` on its diagonal (occupied-occupied, virtual-virtual and
+    occupied-virtual blocks); for ROHF, whose orbitals dfmp2 semicanonicalises itself, the ROHF
+    orbital gradient is below the tolerance. A loosely converged SCF gets a WARNING."""
     unrestricted = isinstance(mf, pyscf_scf.uhf.UHF)
     spins = (0, 1) if unrestricted else (None,)
     s = mf.get_ovlp()
@@ -560,8 +569,11 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
         return "orthonormal (orbitals from dfmp2's own SCF)"
     check_two_electron_integrals(mf)
     tol = min(max(CANONICAL_TOL_MIN, 10 * grad_tol), CANONICAL_TOL_MAX)
-    advice = (f"(tolerance {tol:.0e}, from the SCF's gradient threshold); pass the converged "
-              "SCF's own canonical orbitals")
+    source = ("ten times the SCF's gradient threshold" if tol == 10 * grad_tol else
+              f"ten times the SCF's gradient threshold {grad_tol:.0e}, kept within "
+              f"{CANONICAL_TOL_MIN:.0e}-{CANONICAL_TOL_MAX:.0e}")
+    advice = (f"(tolerance {tol:.0e}: {source}); pass the SCF's own canonical orbitals, "
+              "converged")
     if isinstance(mf, pyscf_scf.rohf.ROHF):
         gradient = np.asarray(mf.get_grad(mf.mo_coeff, mf.mo_occ))
         if gradient.size and np.abs(gradient).max() > tol:
@@ -856,10 +868,14 @@ class DFMP2:
                              "give one of them")
         return from_df
 
-    def kernel(self, with_t2: bool = False, **options):
+    def kernel(self, *orbitals, with_t2: bool = False, **options):
         """Compute and return ``(e_corr, None)``. PySCF returns ``(e_corr, t2)``; dfmp2 computes
         energies only, so ``with_t2=False`` (PySCF's energy-only call) is accepted and
-        ``with_t2=True`` refused."""
+        ``with_t2=True`` refused; PySCF's positional orbitals are refused (the SCF object's
+        own are used)."""
+        if orbitals:
+            raise InputError("DFMP2.kernel takes no orbitals: dfmp2 uses the SCF object's own "
+                             "(mo_energy, mo_coeff); set them on the SCF object instead")
         if with_t2:
             raise InputError("dfmp2 computes DF-MP2 energies only, never the t2 amplitudes; "
                              "call kernel() or kernel(with_t2=False)")

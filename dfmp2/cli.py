@@ -7,6 +7,7 @@ The only place that reads ``DFMP2_*`` environment variables (through click's ``e
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -248,7 +249,7 @@ _D = Options.default
               help="Under torchrun: the torch.distributed backend (auto: nccl when each rank "
                    "of a node has a CUDA device, xla with torch-xla on a Neuron device, else "
                    "gloo).")
-@click.option("--dist-timeout", type=click.FloatRange(min=1.0), default=3600.0,
+@click.option("--dist-timeout", type=click.FloatRange(min=1.0, max=1e9), default=3600.0,
               callback=lambda _ctx, param, value: _finite(param, value),
               show_default=True,
               help="Under torchrun: seconds a rank waits in a collective (the other ranks wait "
@@ -588,9 +589,10 @@ def _check_json_path(path) -> None:
 
 
 def _finite(param, value):
-    """A float option's value, refused as a usage error when NaN (click's ranges let it by)."""
-    if value is not None and value != value:
-        raise click.BadParameter("nan is not a number of seconds", param=param)
+    """A float option's value, refused as a usage error when NaN (click's ranges let it by) or
+    infinite."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param=param)
     return value
 
 

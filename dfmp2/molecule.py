@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 from pyscf import gto
+from pyscf.data.elements import ELEMENTS
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from .errors import InputError
@@ -371,41 +372,66 @@ def basis_entry(basis, label: str):
 
 
 def check_basis_files(basis, labels, what: str) -> None:
-    """Every atom whose basis entry is a file path finds its element's block in that file.
-    PySCF reads a file in NWChem's format (each element's block after a ``#BASIS SET`` line)
-    and, when that finds nothing, in CP2K's, which takes every function of an NWChem file for
-    any element: a file of H and C functions gave oxygen all of them without a word. So the
-    element must be found by the NWChem reader, or under a CP2K header (the element, a name,
-    then a line with the number of sets)."""
-    from pyscf.gto.basis import parse_nwchem
-
-    for element in sorted({element_of(label) for label in labels}):
-        entry = next((basis_entry(basis, label) for label in labels
-                      if element_of(label) == element), None)
-        if not isinstance(entry, str) or not os.path.isfile(entry):
+    """Every atom whose basis entry is a file path finds its element's block in that file, as
+    PySCF looks it up: after a ``#BASIS SET`` line, in NWChem's or CP2K's format. Where that
+    finds nothing PySCF takes every function of the file, which is right for a file of one
+    element without labels and wrong for a file of labelled elements: a file of H and C
+    functions gave oxygen all of them without a word. So a labelled file must hold the element
+    where PySCF finds it."""
+    checked = set()
+    for label in labels:
+        element, entry = element_of(label), basis_entry(basis, label)
+        if not isinstance(entry, str) or not os.path.isfile(entry) or (entry, element) in checked:
+            continue
+        checked.add((entry, element))
+        found, problem = _file_block(entry, element)
+        if found:
             continue
         try:
-            found = parse_nwchem.search_seg(entry, element)
             with open(entry, errors="replace") as handle:
-                lines = [line.split() for line in handle]
-        except (OSError, UnicodeError, ValueError) as exc:
-            raise InputError(f"{what} file {entry!r}: {first_line(exc)}") from None
-        if found:
-            try:
-                with quiet_pyscf():
-                    parse_nwchem.load(entry, element)
-            except Exception as exc:  # noqa: BLE001 - PySCF's parser evaluates the numbers
-                raise InputError(f"{what} file {entry!r}: PySCF could not read its {element} "
-                                 f"block ({type(exc).__name__}: {first_line(exc)})") from None
-            continue
-        cp2k = any(tokens[:1] == [element] and len(tokens) >= 2 and len(after) == 1
-                   and after[0].isdigit() for tokens, after in zip(lines, lines[1:]))
-        if not cp2k:
+                labelled = [line.split()[0] for line in handle if _labelled(line)]
+        except OSError as exc:
+            raise InputError(f"{what} file {entry!r}: {exc.strerror}") from None
+        if problem is not None and (not labelled or element in labelled):
+            raise InputError(f"{what} file {entry!r}: PySCF could not read its {element} "
+                             f"block ({problem})")
+        if labelled:
             raise InputError(
-                f"{what} file {entry!r} has no block for element {element} that PySCF can "
-                "read: in NWChem's format each element's block follows a '#BASIS SET' line "
-                "(as in files from the Basis Set Exchange); add it, or give that element "
-                "another basis (a dict per element)")
+                f"{what} file {entry!r} has no block for element {element} that PySCF finds: "
+                "it reads an element's block after a '#BASIS SET' line (as in files from the "
+                "Basis Set Exchange in NWChem's format); add one, or give that element another "
+                "basis (a dict per element)")
+
+
+def _file_block(path: str, element: str) -> tuple[bool, str | None]:
+    """(found, problem): whether PySCF's NWChem or CP2K reader finds and reads ``element``'s
+    block in the file (its search by ``#BASIS SET`` lines), and the last reading error."""
+    from pyscf.gto.basis import parse_cp2k, parse_nwchem
+
+    problem = None
+    for reader in (parse_nwchem, parse_cp2k):
+        try:
+            with quiet_pyscf():
+                if reader.load(path, element):
+                    return True, None
+        except BasisNotFoundError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - PySCF's readers evaluate the numbers
+            problem = f"{type(exc).__name__}: {first_line(exc)}"
+    return False, problem
+
+
+def _labelled(line: str) -> bool:
+    """A line that names an element's block: the element, then a shell or a basis name (``O
+    S``, ``O DZVP-GTH``); a line of a shell letter alone (``S``) is not one."""
+    tokens = line.split()
+    if len(tokens) < 2 or tokens[0].capitalize() not in ELEMENTS[1:]:
+        return False
+    try:
+        float(tokens[1].replace("D", "E").replace("d", "e"))
+    except ValueError:
+        return True
+    return False
 
 
 def _check_basis_arg(basis) -> None:

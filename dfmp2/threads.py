@@ -1,10 +1,12 @@
 """How many threads a run may use: every thread pool of the process held to one count for a block
 of code, and put back afterwards (:func:`limit`).
 
-A workflow engine that runs several jobs side by side in one process or on one node (QCEngine's
-``ncores``, :mod:`dfmp2.qcengine_harness`) gives each job a share of the cores. The environment
+A workflow engine that runs several jobs side by side on one node (QCEngine's ``ncores``,
+:mod:`dfmp2.qcengine_harness`) gives each job's process a share of the cores. The environment
 variables that size the pools (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``) are read once, when
-each library loads, so inside a running process each pool is set through its library's own call:
+each library loads, so inside a running process each pool is set through its library's own call.
+The counts belong to the process (PySCF's OpenMP count to the calling thread): one run at a
+time holds a limit, and two runs on threads of one process cannot have different ones.
 
 - torch's intra-op pool (its products and copies, and MKL's threads): ``torch.set_num_threads``;
 - PySCF's OpenMP threads (libcint's integrals, its compiled gathers): ``pyscf.lib.num_threads``;

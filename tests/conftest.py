@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import glob
+import os
 from pathlib import Path
 
 import pytest
 
 INPUTS = Path(__file__).resolve().parent.parent / "inputs"
+
+
+def open_files_under(directory, pids=None) -> list[str]:
+    """Paths under ``directory`` that the processes ``pids`` (default: every process this user
+    may inspect) hold open, deleted ones included (Linux ``/proc``): a run's scratch files are
+    unlinked as soon as they are open, so this is where they can be seen."""
+    prefix = os.path.realpath(directory) + os.sep
+    fd_dirs = ([f"/proc/{pid}/fd" for pid in pids] if pids is not None
+               else glob.glob("/proc/[0-9]*/fd"))
+    found = []
+    for fd_dir in fd_dirs:
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:  # gone, or not ours
+            continue
+        for name in names:
+            try:
+                target = os.readlink(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                found.append(target.removesuffix(" (deleted)"))
+    return found
 
 
 @pytest.fixture

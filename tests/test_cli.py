@@ -159,6 +159,7 @@ def test_error_is_one_line_exit_1(tmp_path, case):
 @pytest.mark.parametrize("args", [
     ["run"], ["run", WATER, "--backend", "tpu"], ["run", WATER, "--frozen", "-1"],
     ["run", WATER, "--scf-type", "fast"], ["frobnicate"], ["run", WATER, "--dist-timeout", "nan"],
+    ["run", WATER, "--dist-timeout", "inf"],
     ["run", WATER, "--threads", "0"],
 ])
 def test_usage_errors_exit_2(args):

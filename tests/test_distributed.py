@@ -21,7 +21,7 @@ from dfmp2.energy import pair_weights
 from dfmp2.errors import ResourceError
 from dfmp2.geometry import read_xyz_frames
 
-from conftest import INPUTS
+from conftest import INPUTS, open_files_under
 from tolerances import TOL_DISTRIBUTED
 
 WATER = str(INPUTS / "water.xyz")
@@ -289,10 +289,12 @@ def test_torchrun_signal_removes_every_ranks_files(tmp_path):
         cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
-        while len(list(scratch.iterdir())) < 2 and time.monotonic() < deadline \
-                and proc.poll() is None:
+        def h5_files():
+            return {p for p in open_files_under(scratch) if p.endswith(".h5")}
+
+        while len(h5_files()) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-        assert len(list(scratch.iterdir())) == 2, "both ranks' files should exist by now"
+        assert len(h5_files()) == 2, "both ranks' files should be open"
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -302,7 +304,7 @@ def test_torchrun_signal_removes_every_ranks_files(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("error")]
     assert sorted(lines) == [f"error (rank {r} of 2): interrupted by SIGTERM; temporary files "
                              "removed; exit status 143" for r in (0, 1)]
-    assert list(scratch.iterdir()) == []
+    assert list(scratch.iterdir()) == [] and open_files_under(scratch) == []
 
 
 # -- failing ranks (spawned processes calling dfmp2.run on their own gloo group) --------------

@@ -199,3 +199,48 @@ def test_a_basis_file_must_hold_every_element(tmp_path):
     broken.write_text(_STO3G_H_C.replace("3.42525091", "3.4x525091"))
     with pytest.raises(InputError, match=r"broken.nw': PySCF could not read its H block"):
         build_mole("H 0 0 0; H 0 0 0.74", basis=str(broken))
+
+
+_CP2K_H_C = """H  TEST-BASIS
+ 1
+ 1 0 0 3 1
+  3.42525091  0.15432897
+  0.62391373  0.53532814
+  0.16885540  0.44463454
+C  TEST-BASIS
+ 2
+ 1 0 0 3 1
+ 71.6168370  0.15432897
+ 13.0450960  0.53532814
+  3.5305122  0.44463454
+ 2 0 1 3 1 1
+  2.9412494 -0.09996723 0.15591627
+  0.6834831  0.39951283 0.60768372
+  0.2222899  0.70011547 0.39195739
+"""
+
+
+def test_basis_files_are_checked_where_pyscf_looks(tmp_path):
+    """PySCF finds an element's block after a '#BASIS SET' line, in NWChem's or CP2K's format;
+    otherwise it takes the whole file, which is right only for a file without element labels
+    (carbon got hydrogen's one s shell from this CP2K file)."""
+    import os
+
+    import pyscf
+
+    cp2k = tmp_path / "hc.cp2k"
+    cp2k.write_text(_CP2K_H_C)
+    with pytest.raises(InputError, match="no block for element C that PySCF finds"):
+        build_mole("C 0 0 0; O 0 0 1.128", basis={"C": str(cp2k), "O": "sto-3g"})
+    delimited = tmp_path / "hc-delimited.cp2k"
+    delimited.write_text("#BASIS SET\n" + _CP2K_H_C.replace("C  TEST", "#BASIS SET\nC  TEST"))
+    mol = build_mole("C 0 0 0; H 0 0 1.1; H 0 0 -1.1; H 0 1.1 0; H 0 -1.1 0",
+                     basis=str(delimited))
+    assert mol.nao_nr() == 9  # C 1s 2s 2p, four H 1s
+    gth = os.path.join(os.path.dirname(pyscf.__file__), "pbc", "gto", "basis", "gth-dzvp.dat")
+    assert build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis=gth).nao_nr() == 23
+    unlabelled = tmp_path / "o.nw"
+    unlabelled.write_text("S\n  3.42525091  0.15432897\n  0.62391373  0.53532814\n")
+    mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59",
+                     basis={"O": str(unlabelled), "H": "sto-3g"}, charge=8)
+    assert mol.nao_nr() == 3

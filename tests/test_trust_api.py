@@ -143,7 +143,8 @@ def test_a_loose_gradient_threshold_does_not_open_the_check(water_rhf, caplog):
     rotated = _modified(water_rhf, mo_coeff=_rotated(water_rhf.mo_coeff, 6, 7, 0.6))
     rotated.conv_tol_grad = 0.1
     with caplog.at_level(logging.WARNING, logger="dfmp2"), \
-            pytest.raises(OrbitalError, match=r"virtual-virtual.*tolerance 1e-03"):
+            pytest.raises(OrbitalError, match=r"virtual-virtual.*tolerance 1e-03: ten times the "
+                                              r"SCF's gradient threshold 1e-01, kept within"):
         dfmp2.DFMP2(rotated, backend="pytorch").run()
     assert "conv_tol_grad = 1e-01 only" in caplog.text
 
@@ -325,6 +326,8 @@ def test_pyscf_energy_only_kernel_call_and_unknown_settings(water_rhf):
     assert t2 is None and e_corr == pt.e_corr
     with pytest.raises(InputError, match="energies only, never the t2 amplitudes"):
         pt.kernel(with_t2=True)
+    with pytest.raises(InputError, match="takes no orbitals"):
+        pt.kernel(water_rhf.mo_energy, water_rhf.mo_coeff)  # PySCF's positional form
     with pytest.raises(InputError, match="no setting 'nonsense'") as info:
         pt.kernel(nonsense=1)
     listed = str(info.value).split("(")[-1].rstrip(")").split(", ")

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import dfmp2
 from dfmp2.cli import main
 
-from conftest import INPUTS
+from conftest import INPUTS, open_files_under
 from tolerances import TOL_OTHER_PROCESS, TOL_SCF_PIN
 
 WATER = str(INPUTS / "water.xyz")
@@ -149,9 +149,10 @@ def test_signal_removes_the_temporary_file_and_exits_128_plus_n(tmp_path, sig):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         preexec_fn=_default_signals)  # not the ignored ones of a CI job run in the background
     deadline = time.monotonic() + 240
-    while not glob.glob(str(tmp_path / "*.h5")):
-        assert proc.poll() is None, "the run ended before its HDF5 file appeared"
+    while not [p for p in open_files_under(tmp_path, [proc.pid]) if p.endswith(".h5")]:
+        assert proc.poll() is None, "the run ended before it opened its HDF5 file"
         assert time.monotonic() < deadline
+        assert not glob.glob(str(tmp_path / "*.h5"))  # open, but no name left to a SIGKILL
         time.sleep(0.002)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
