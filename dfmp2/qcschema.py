@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -296,6 +297,13 @@ def _mole(molecule):
 
     geometry = molecule.geometry.reshape(-1, 3)
     real = list(molecule.real) if molecule.real is not None else [True] * len(geometry)
+    for k, xyz in enumerate(geometry):
+        if not all(math.isfinite(float(x)) for x in xyz):
+            raise InputError(f"molecule.geometry: atom {k + 1} ({molecule.symbols[k]}) has a "
+                             f"coordinate that is not a finite number ({list(map(float, xyz))})")
+    if not any(real):
+        raise InputError("molecule.real marks every atom a ghost: there are no electrons to "
+                         "correlate")
     atoms = [((symbol.capitalize() if is_real else GHOST_PREFIX + symbol.capitalize()),
               tuple(float(x) for x in xyz))
              for symbol, xyz, is_real in zip(molecule.symbols, geometry, real)]

@@ -160,6 +160,11 @@ def test_malformed_inputs_name_the_problem(tmp_path):
         qcschema.read_input(bad)
     with pytest.raises(InputError, match="not a QCSchema AtomicInput"):
         qcschema.read_input({"schema_name": "qcschema_output", "schema_version": 1})
+    nan = {**WATER, "geometry": [float("nan"), *WATER["geometry"][1:]]}
+    with pytest.raises(InputError, match=r"molecule.geometry: atom 1 \(O\) has a coordinate"):
+        qcschema.read_input(v1_input(molecule=nan))
+    with pytest.raises(InputError, match="molecule.real marks every atom a ghost"):
+        qcschema.read_input(v1_input(molecule={**WATER, "real": [False] * 3}))
     without_model = {k: v for k, v in v1_input().items() if k != "model"}
     with pytest.raises(InputError, match="v1 AtomicInput without 'model': give model.method"):
         qcschema.read_input(without_model)
