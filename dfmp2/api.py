@@ -9,6 +9,8 @@ ignored.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import logging
 import os
 import shutil
@@ -88,8 +90,29 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
     afterwards (:func:`dfmp2.threads.limit`; None: as they are), recorded in the result's CPU
     BLAS record.
     """
+    _check_callbacks(progress, environment)
     with limit_threads(threads):
         return _run(geometry, progress, environment, options)
+
+
+def _check_callbacks(progress, environment) -> None:
+    """Before any work: ``progress`` takes (stage, done, total), ``environment`` is a dict that
+    JSON can write (the result carries it into its summary and its JSON)."""
+    if progress is not None:
+        try:
+            inspect.signature(progress).bind("stage", 0, 1)
+        except TypeError:
+            raise InputError("progress must be a function of (stage, done, total), got "
+                             f"{progress!r}") from None
+        except ValueError:  # a builtin without a signature: called as it is
+            pass
+    if environment is not None:
+        if not isinstance(environment, dict):
+            raise InputError(f"environment must be a dict of what was set, got {environment!r}")
+        try:
+            json.dumps(environment)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"environment must be JSON data: {exc}") from None
 
 
 def _run(geometry, progress, environment: dict | None, options: dict) -> Result:
@@ -445,7 +468,8 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         metric_condition=condition, stage_precision=stages,
         int3c2e_expcutoff=float(mol._env[gto.PTR_EXPCUTOFF] or INT3C_EXPCUTOFF),
         blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
-        max_memory_mb=opts.max_memory, note=note, scaling=scaling.as_dict())
+        max_memory_mb=opts.max_memory, note=note, scaling=scaling.as_dict(),
+        cartesian=bool(mol.cart))
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
                           nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None,

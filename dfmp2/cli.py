@@ -202,7 +202,7 @@ _D = Options.default
 @click.option("--conv-tol-grad", type=click.FloatRange(min=0, min_open=True),
               default=_D("conv_tol_grad"),
               help="SCF orbital-gradient threshold [default: 1e-7; 1e-6 with --xc, where a "
-                   "stall on the grid's noise is accepted up to sqrt(--conv-tol)].")
+                   "stall on the grid's noise is accepted up to sqrt(conv_tol), 1e-11 by default].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
@@ -305,6 +305,11 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
         ranks = init_from_environment(os.environ, dist_backend, dist_timeout)
     except DFMP2Error as exc:
         raise _fail(exc) from None
+    unused = sorted(f"--{name.replace('_', '-')}" for name in explicit
+                    & {"dist_backend", "dist_timeout"})
+    if ranks is None and unused:
+        logging.getLogger("dfmp2.cli").warning(
+            "%s apply under torchrun only; this run is one process", " and ".join(unused))
     from .threads import limit
 
     try:
@@ -371,6 +376,10 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                 raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
                             "needs its own file; give a directory or a path with {name} or "
                             "{index}")
+        if flag == "--plot":  # its file type and place, checked once for every entry
+            first = _output_error(None, _batch_json(path, entries[0][0], 1, suffix))
+            if first is not None:
+                raise _fail(first)
         writes: dict[str, str] = {}  # file -> the entry that writes it
         for index, (name, _geometry) in enumerate(entries, 1):
             target = _batch_json(path, name, index, suffix)

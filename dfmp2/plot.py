@@ -43,7 +43,7 @@ def check_plot_path(path: str) -> None:
     finally:
         plt.close(figure)
     if kind not in types:
-        raise InputError(f"--plot {path!r}: matplotlib cannot write a {kind or 'nameless'} "
+        raise InputError(f"plot {path!r} (--plot): matplotlib cannot write a {kind or 'nameless'} "
                          f"file; use one of .{', .'.join(sorted(types))}")
     check_writable_file(path, "plot")
 
@@ -68,6 +68,7 @@ def plot_pair_energies(result, path: str) -> None:
 
     if result.pair_energies is None:
         raise InputError("the result has no pair energies: run with pair_energies=True")
+    check_plot_path(path)  # what the command checks before any work, here before drawing
     plt = _pyplot()
     blocks = result.pair_energies["blocks"]
     inter = result.interaction
@@ -86,6 +87,10 @@ def plot_pair_energies(result, path: str) -> None:
         ax.set_xlabel("occupied orbital j (active, by energy)")
         ax.set_ylabel("occupied orbital i")
         _ticks(ax, rows, cols)
+    if not blocks and inter is None:  # no active pair (no virtual or occupied orbital)
+        axes[0].axis("off")
+        axes[0].text(0.5, 0.5, result.method.note or "no active electron pairs: E(corr) = 0",
+                     ha="center", va="center", wrap=True)
     if inter is not None:
         _interaction_panel(axes[-1], inter, result.scf.kind.upper())
     figure.suptitle(f"{result.molecule.formula}: MP2 pair energies (unscaled, "

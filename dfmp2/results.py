@@ -112,7 +112,9 @@ class Method:
     ``metric_condition`` its condition estimate; ``stage_precision`` where each pipeline stage
     computed and why (``{stage: {"placement", "reason"}}``); ``note`` explains a zero
     correlation energy (no active pairs); ``scaling`` what the scaled energy is (label, scales,
-    source; :class:`dfmp2.functionals.Scaling`), its scales also in ``os_scale``/``ss_scale``."""
+    source; :class:`dfmp2.functionals.Scaling`), its scales also in ``os_scale``/``ss_scale``;
+    ``cartesian`` whether the orbital basis ran with Cartesian functions (PySCF's ``cart``: 6 d,
+    10 f, ... per shell, another energy than the spherical default)."""
 
     reference: str
     basis_name: str | None
@@ -134,6 +136,7 @@ class Method:
     stage_precision: dict = field(default_factory=dict)
     note: str | None = None
     scaling: dict = field(default_factory=dict)
+    cartesian: bool = False
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,8 @@ class Result:
         lines = [
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
             f"{_count(mo.natom - mo.nghost, 'atom')}{ghosts}  {s.nbasis} basis functions",
-            f"  basis      {_per_element(m.basis)}",
+            f"  basis      {_per_element(m.basis)}"
+            + ("  (Cartesian functions)" if m.cartesian else ""),
             f"  auxiliary  {_per_element(m.auxbasis)}  ({s.naux} functions"
             + (f", {s.naux_dropped} dropped" if s.naux_dropped else "") + ")",
         ]

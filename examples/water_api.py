@@ -1,4 +1,4 @@
-"""DF-MP2 on water from Python: all-electron and frozen-core, with the JSON result."""
+"""DF-MP2 on water from Python: all-electron and frozen-core, each summary printed."""
 
 from pathlib import Path
 

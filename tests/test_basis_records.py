@@ -95,3 +95,17 @@ def test_molecule_record_is_a_valid_qcschema_molecule(text, charge, spin):
     assert qc.molecular_charge == charge and qc.molecular_multiplicity == spin + 1
     # qcelemental rounds coordinates to 8 decimals (Bohr)
     assert abs(qc.geometry.ravel() - mol.atom_coords(unit="Bohr").ravel()).max() < TOL_8DP
+
+
+def test_a_cartesian_basis_is_recorded():
+    """cart=True runs 6 d functions per shell (another energy); only the basis-function count
+    used to hint at it."""
+    import dfmp2
+
+    atom = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
+    cart = dfmp2.run(gto.M(atom=atom, basis="cc-pvdz", cart=True), backend="pytorch")
+    spherical = dfmp2.run(gto.M(atom=atom, basis="cc-pvdz"), backend="pytorch")
+    assert (cart.method.cartesian, spherical.method.cartesian) == (True, False)
+    assert cart.to_dict()["extras"]["method"]["cartesian"] is True
+    assert "cc-pvdz  (Cartesian functions)" in cart.summary()
+    assert "Cartesian" not in spherical.summary()

@@ -263,3 +263,12 @@ def test_the_scf_record_names_its_gradient_threshold_and_a_small_rate(tmp_path):
     scf = json.loads((tmp_path / "w.json").read_text())["extras"]["scf"]
     assert scf["conv_tol_grad"] == 1e-8 and scf["conv_tol"] == 1e-11
     assert (_rate(0.3149), _rate(9.96), _rate(68.4)) == ("0.31", "10", "68")
+
+
+def test_torchrun_options_on_one_process_say_so():
+    result = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--dist-backend",
+                                       "gloo", "--dist-timeout", "5"])
+    assert result.exit_code == 0, result.output
+    assert "--dist-backend and --dist-timeout apply under torchrun only" in result.stderr
+    plain = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g"])
+    assert "torchrun" not in plain.stderr

@@ -136,11 +136,13 @@ def test_cli_pair_energies_and_plot(tmp_path):
     (["--plot", "{tmp}/x.foo"], "matplotlib cannot write a foo file"),
     (["--plot", "{tmp}/missing/x.png"], "cannot write plot"),
     (["--plot", "{tmp}/x.png", str(INPUTS / "methane.xyz")], "each result needs its own file"),
+    (["--plot", "{tmp}/{index}.xyz", str(INPUTS / "methane.xyz")],
+     "plot '{tmp}/1.xyz' (--plot): matplotlib cannot write a xyz file"),
 ])
 def test_bad_plot_paths_fail_before_any_work(tmp_path, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     cli = CliRunner().invoke(main, ["run", WATER, *args])
-    assert cli.exit_code == 1 and message in cli.output
+    assert cli.exit_code == 1 and message.replace("{tmp}", str(tmp_path)) in cli.output
     assert "Traceback" not in cli.output and len(cli.output.strip().splitlines()) == 1
 
 
@@ -232,3 +234,15 @@ def test_the_transform_of_a_ranks_shells_into_hdf5_stores(tmp_path):
     finally:
         for store in stores:
             store.close()
+
+
+def test_the_python_plot_checks_its_path_and_draws_an_empty_case(tmp_path):
+    from dfmp2.plot import plot_pair_energies
+
+    helium = dfmp2.run("He 0 0 0", basis="sto-3g", pair_energies=True)
+    for bad in ("he.xyz", str(tmp_path)):
+        with pytest.raises(InputError, match="matplotlib cannot write"):
+            plot_pair_energies(helium, bad)
+    png = tmp_path / "he.png"
+    plot_pair_energies(helium, str(png))  # no pairs: the picture says why
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -121,7 +121,8 @@ def test_overrides_replace_every_keyword_of_their_setting():
     assert changed.input["keywords"] == {"df_basis_scf": "cc-pvdz-jkfit", "frozen": 2,
                                          "max_memory": 1000, "scf_type": "conv"}
     dfmp2.Options(**{k: v for k, v in changed.options.items()})
-    with pytest.raises(InputError, match=r"either frozen_core \(--frozen-core\) or frozen"):  # both: refused
+    # both: refused
+    with pytest.raises(InputError, match=r"either frozen_core \(--frozen-core\) or frozen"):
         dfmp2.Options(**qcschema.with_overrides(job, {"frozen": 2, "frozen_core": True}).options)
     unnamed = qcschema.with_overrides(qcschema.read_input(v1_input()), {"max_memory": 1000})
     assert unnamed.input["keywords"] == {} and unnamed.options["max_memory"] == 1000

@@ -215,7 +215,8 @@ def test_near_whole_occupations_are_refused_with_the_hint(water_rhf):
     smeared.mo_occ = water_rhf.mo_occ.copy()
     smeared.mo_occ[4] -= 3.7e-15
     smeared.mo_occ[5] += 3.7e-15
-    with pytest.raises(OrbitalError, match=r"it holds 3.7e-15, 1.99999999999999.*whole numbers to 3.\de-15 .*numpy.rint"):
+    with pytest.raises(OrbitalError, match=r"it holds 3.7e-15, 1.99999999999999.*whole "
+                                           r"numbers to 3.\de-15 .*numpy.rint"):
         dfmp2.DFMP2(smeared, backend="pytorch").run()
 
 
@@ -465,3 +466,19 @@ def test_a_memory_budget_beyond_the_machine_gets_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", max_memory=100)
     assert "more than this machine's" not in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"progress": 5}, "progress must be a function of"),
+    ({"progress": lambda: None}, "progress must be a function of"),
+    ({"environment": "x"}, "environment must be a dict"),
+    ({"environment": {"k": object()}}, "environment must be JSON data"),
+])
+def test_callbacks_and_records_are_checked_before_any_work(kwargs, message, monkeypatch):
+    """A progress callback that cannot be called and an environment record the result could
+    not print or write used to fail after the SCF, or after the whole run."""
+    import dfmp2.api
+
+    monkeypatch.setattr(dfmp2.api, "build_mole", lambda *a, **k: pytest.fail("work began"))
+    with pytest.raises(InputError, match=message):
+        dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", **kwargs)
