@@ -110,7 +110,7 @@ def _check_callbacks(progress, environment) -> None:
         if not isinstance(environment, dict):
             raise InputError(f"environment must be a dict of what was set, got {environment!r}")
         try:
-            json.dumps(environment)
+            json.dumps(environment, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise InputError(f"environment must be JSON data: {exc}") from None
 
@@ -172,18 +172,42 @@ def _warn_beyond_physical_memory(max_memory_mb: int) -> None:
         physical_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / MB
     except (ValueError, OSError, AttributeError):  # not a POSIX system that says
         return
-    where = "this machine's"
-    try:  # a container's own limit (cgroup v2), where there is one and it is lower
-        with open("/sys/fs/cgroup/memory.max") as limit:
-            text = limit.read().strip()
-        if text.isdigit() and int(text) / MB < physical_mb:
-            physical_mb, where = int(text) / MB, "this container's"
+    available, where = physical_mb, f"this machine's {physical_mb:.0f} MB of memory"
+    limit_mb = _cgroup_limit_mb()
+    if limit_mb is not None and limit_mb < physical_mb:
+        available, where = limit_mb, f"the {limit_mb:.0f} MB limit of this process's cgroup"
+    if max_memory_mb > available:
+        log.warning("max_memory (--max-memory) %d MB is more than %s: what the plan keeps in "
+                    "memory may not fit; give at most what the run may use", max_memory_mb,
+                    where)
+
+
+def _cgroup_limit_mb(cgroup_list: str = "/proc/self/cgroup",
+                     root: str = "/sys/fs/cgroup") -> float | None:
+    """The memory limit (MB) of this process's cgroup (a container, a Slurm or systemd job), v2
+    or v1, as ``cgroup_list`` places it under ``root``; None where there is none or it cannot be
+    read."""
+    try:
+        with open(cgroup_list) as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
     except OSError:
-        pass
-    if max_memory_mb > physical_mb:
-        log.warning("max_memory (--max-memory) %d MB is more than %s %.0f MB of memory: what "
-                    "the plan keeps in memory may not fit; give at most what the run may use",
-                    max_memory_mb, where, physical_mb)
+        return None
+    candidates = []
+    for _id, controllers, path in (e for e in entries if len(e) == 3):
+        if controllers == "":  # v2: the unified hierarchy
+            candidates += [f"{root}{path}/memory.max", f"{root}/memory.max"]
+        elif "memory" in controllers.split(","):  # v1
+            candidates += [f"{root}/memory{path}/memory.limit_in_bytes",
+                           f"{root}/memory/memory.limit_in_bytes"]
+    for candidate in candidates:
+        try:
+            with open(os.path.normpath(candidate)) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # 'max' (v2) or a huge number (v1): no limit
+            return int(text) / MB
+    return None
 
 
 def _plan_both(mol, auxmol, opts: Options, world: int) -> RunPlan:
@@ -897,7 +921,7 @@ class DFMP2:
         energies only, so ``with_t2=False`` (PySCF's energy-only call) is accepted and
         ``with_t2=True`` refused; PySCF's positional orbitals are refused (the SCF object's
         own are used)."""
-        if orbitals:
+        if any(value is not None for value in orbitals):  # PySCF's None: the SCF's own
             raise InputError("DFMP2.kernel takes no orbitals: dfmp2 uses the SCF object's own "
                              "(mo_energy, mo_coeff); set them on the SCF object instead")
         if with_t2:

@@ -309,7 +309,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
                     & {"dist_backend", "dist_timeout"})
     if ranks is None and unused:
         logging.getLogger("dfmp2.cli").warning(
-            "%s apply under torchrun only; this run is one process", " and ".join(unused))
+            "%s %s under torchrun only; this run is one process", " and ".join(unused),
+            "apply" if len(unused) > 1 else "applies")
     from .threads import limit
 
     try:

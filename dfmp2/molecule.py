@@ -342,9 +342,11 @@ def _build(mol, basis, source: str) -> gto.Mole:
             mol.build(dump_input=False, parse_arg=False)
     except BasisNotFoundError as exc:
         raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
-    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AssertionError,
+            SyntaxError) as exc:  # PySCF asserts on some basis names and evals basis numbers
         raise InputError(
-            f"{source}: PySCF could not build the molecule: {first_line(exc)}"
+            f"{source}: PySCF could not build the molecule: {type(exc).__name__}: "
+            f"{first_line(exc) or 'no message'}"
         ) from None
     mol.verbose = verbose
     return mol
@@ -372,53 +374,70 @@ def basis_entry(basis, label: str):
 
 
 def check_basis_files(basis, labels, what: str) -> None:
-    """Every atom whose basis entry is a file path finds its element's block in that file, as
-    PySCF looks it up: after a ``#BASIS SET`` line, in NWChem's or CP2K's format. Where that
-    finds nothing PySCF takes every function of the file, which is right for a file of one
-    element without labels and wrong for a file of labelled elements: a file of H and C
-    functions gave oxygen all of them without a word. So a labelled file must hold the element
-    where PySCF finds it."""
+    """Every atom whose basis entry is a file path (PySCF's ``unc`` prefix and ``@`` contraction
+    suffix aside) gets its own element's functions from it. PySCF reads an element's block
+    from the element's line to the next ``#BASIS SET`` line (NWChem's or CP2K's format), and
+    where it finds none, the whole file: right for a file of one element, wrong for a file of
+    several, whose functions then all go to the element (water ran 2 Eh off with a file of H
+    and C functions, and carbon got hydrogen's s shell from a CP2K file without those lines).
+    So the lines PySCF takes must name no other element."""
     checked = set()
     for label in labels:
-        element, entry = element_of(label), basis_entry(basis, label)
-        if not isinstance(entry, str) or not os.path.isfile(entry) or (entry, element) in checked:
+        element, path = element_of(label), _basis_file(basis_entry(basis, label))
+        if path is None or (path, element) in checked:
             continue
-        checked.add((entry, element))
-        found, problem = _file_block(entry, element)
-        if found:
-            continue
+        checked.add((path, element))
         try:
-            with open(entry, errors="replace") as handle:
-                labelled = [line.split()[0] for line in handle if _labelled(line)]
-        except OSError as exc:
-            raise InputError(f"{what} file {entry!r}: {exc.strerror}") from None
-        if problem is not None and (not labelled or element in labelled):
-            raise InputError(f"{what} file {entry!r}: PySCF could not read its {element} "
-                             f"block ({problem})")
-        if labelled:
+            with quiet_pyscf():
+                gto.basis.load(path, element)  # what the build will do with it
+            with open(path, errors="replace") as handle:
+                text = handle.read()
+        except Exception as exc:  # noqa: BLE001 - PySCF's readers evaluate the numbers
+            raise InputError(f"{what} file {path!r}: PySCF could not read the {element} "
+                             f"functions in it ({type(exc).__name__}: {first_line(exc)})"
+                             ) from None
+        block = _found_block(path, element)
+        taken = block if block is not None else text.splitlines()
+        others = sorted({line.split()[0].capitalize() for line in taken if _labelled(line)}
+                        - {element})
+        if others and block is not None:
             raise InputError(
-                f"{what} file {entry!r} has no block for element {element} that PySCF finds: "
+                f"{what} file {path!r}: the block PySCF finds for {element} runs on into the "
+                f"functions of {', '.join(others)} (no '#BASIS SET' line between them); add "
+                "one before each element's block")
+        if others:
+            raise InputError(
+                f"{what} file {path!r} has no block for element {element} that PySCF finds: "
                 "it reads an element's block after a '#BASIS SET' line (as in files from the "
                 "Basis Set Exchange in NWChem's format); add one, or give that element another "
                 "basis (a dict per element)")
 
 
-def _file_block(path: str, element: str) -> tuple[bool, str | None]:
-    """(found, problem): whether PySCF's NWChem or CP2K reader finds and reads ``element``'s
-    block in the file (its search by ``#BASIS SET`` lines), and the last reading error."""
+def _basis_file(entry) -> str | None:
+    """The file a basis entry names, as PySCF reads the name (an ``@`` contraction suffix and
+    an ``unc`` prefix stripped), or None when it names none."""
+    if not isinstance(entry, str):
+        return None
+    name = entry.split("@")[0]
+    if name[:3].lower() == "unc" and not os.path.isfile(name) and os.path.isfile(name[3:]):
+        name = name[3:]
+    return name if os.path.isfile(name) else None
+
+
+def _found_block(path: str, element: str) -> list[str] | None:
+    """The lines of ``element``'s block that PySCF's search finds in the file (after a ``#BASIS
+    SET`` line, NWChem's format first, then CP2K's), or None when it finds none and reads the
+    whole file."""
     from pyscf.gto.basis import parse_cp2k, parse_nwchem
 
-    problem = None
     for reader in (parse_nwchem, parse_cp2k):
         try:
-            with quiet_pyscf():
-                if reader.load(path, element):
-                    return True, None
+            block = reader.search_seg(path, element)
         except BasisNotFoundError:
             continue
-        except Exception as exc:  # noqa: BLE001 - PySCF's readers evaluate the numbers
-            problem = f"{type(exc).__name__}: {first_line(exc)}"
-    return False, problem
+        if block:
+            return block
+    return None
 
 
 def _labelled(line: str) -> bool:

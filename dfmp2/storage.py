@@ -154,11 +154,11 @@ class H5Store:
             register(self)
         try:
             self._file = h5py.File(self.path, "x")  # exclusive: never another run's file
+            with contextlib.suppress(OSError):  # else close() removes it
+                os.unlink(self.path)
             self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
             self._b = self._file.create_dataset("B", (nocc, nvir, naux_fit),
                                                 dtype=self._np_dtype)
-            with contextlib.suppress(OSError):  # else close() removes it
-                os.unlink(self.path)
         except BaseException:
             self.close()
             raise

@@ -197,7 +197,7 @@ def test_a_basis_file_must_hold_every_element(tmp_path):
                    basis=str(undelimited))
     broken = tmp_path / "broken.nw"
     broken.write_text(_STO3G_H_C.replace("3.42525091", "3.4x525091"))
-    with pytest.raises(InputError, match=r"broken.nw': PySCF could not read its H block"):
+    with pytest.raises(InputError, match=r"broken.nw': PySCF could not read the H functions"):
         build_mole("H 0 0 0; H 0 0 0.74", basis=str(broken))
 
 
@@ -244,3 +244,30 @@ def test_basis_files_are_checked_where_pyscf_looks(tmp_path):
     mol = build_mole("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59",
                      basis={"O": str(unlabelled), "H": "sto-3g"}, charge=8)
     assert mol.nao_nr() == 3
+
+
+def test_basis_files_pyscf_would_misread_are_refused_and_the_rest_read(tmp_path):
+    """The block PySCF takes for an element runs to the next '#BASIS SET' line, or is the whole
+    file: it must name no other element. PySCF's 'unc' prefix and '@' suffix name the file."""
+    undelimited = tmp_path / "undelimited.nw"
+    undelimited.write_text(_STO3G_H_C.replace("#BASIS SET: (6s,3p) -> [2s,1p]\n", ""))
+    with pytest.raises(InputError, match="the block PySCF finds for H runs on into the "
+                                         "functions of C"):
+        build_mole("H 0 0 0; H 0 0 0.74", basis=str(undelimited))  # H got 6 functions each
+    hc = tmp_path / "hc.nw"
+    hc.write_text(_STO3G_H_C)
+    water = "O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59"
+    for name in (f"unc{hc}", f"{hc}@1s"):
+        with pytest.raises(InputError, match="has no block for element O"):
+            build_mole(water, basis=name)
+    assert build_mole("H 0 0 0; H 0 0 0.74", basis=f"unc{hc}").nao_nr() == 6  # 3 primitives
+    typo = tmp_path / "typo.nw"
+    typo.write_text("S\n  3.42525091  0.15432897\n  0.6239x1373  0.53532814\n")
+    with pytest.raises(InputError, match="typo.nw': PySCF could not read the H functions"):
+        build_mole("H 0 0 0; H 0 0 0.74", basis=str(typo))
+    one = tmp_path / "h.cp2k"  # one element, CP2K's format, no '#BASIS SET' line: read whole
+    one.write_text(_CP2K_H_C.split("C  TEST")[0])
+    assert build_mole("H 0 0 0; H 0 0 0.74", basis=str(one)).nao_nr() == 2
+    lower = tmp_path / "h-lower.nw"
+    lower.write_text(_STO3G_H_C.split("#BASIS SET: (6s")[0].replace("H    S", "h    S"))
+    assert build_mole("H 0 0 0; H 0 0 0.74", basis=str(lower)).nao_nr() == 2

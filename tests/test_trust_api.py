@@ -329,6 +329,7 @@ def test_pyscf_energy_only_kernel_call_and_unknown_settings(water_rhf):
         pt.kernel(with_t2=True)
     with pytest.raises(InputError, match="takes no orbitals"):
         pt.kernel(water_rhf.mo_energy, water_rhf.mo_coeff)  # PySCF's positional form
+    assert pt.kernel(None, None)[0] == e_corr  # PySCF's None: the SCF's own orbitals
     with pytest.raises(InputError, match="no setting 'nonsense'") as info:
         pt.kernel(nonsense=1)
     listed = str(info.value).split("(")[-1].rstrip(")").split(", ")
@@ -473,6 +474,7 @@ def test_a_memory_budget_beyond_the_machine_gets_a_warning(caplog):
     ({"progress": lambda: None}, "progress must be a function of"),
     ({"environment": "x"}, "environment must be a dict"),
     ({"environment": {"k": object()}}, "environment must be JSON data"),
+    ({"environment": {"k": float("nan")}}, "environment must be JSON data"),
 ])
 def test_callbacks_and_records_are_checked_before_any_work(kwargs, message, monkeypatch):
     """A progress callback that cannot be called and an environment record the result could
@@ -482,3 +484,27 @@ def test_callbacks_and_records_are_checked_before_any_work(kwargs, message, monk
     monkeypatch.setattr(dfmp2.api, "build_mole", lambda *a, **k: pytest.fail("work began"))
     with pytest.raises(InputError, match=message):
         dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", **kwargs)
+
+
+def test_the_memory_limit_of_a_cgroup_is_found(tmp_path, monkeypatch, caplog):
+    from dfmp2.api import _cgroup_limit_mb
+
+    listing = tmp_path / "cgroup"
+    root = tmp_path / "sys"
+    (root / "job" / "7").mkdir(parents=True)
+    (root / "job" / "7" / "memory.max").write_text(f"{512 * 2**20}\n")
+    listing.write_text("0::/job/7\n")  # v2, a Slurm-like job path
+    assert _cgroup_limit_mb(str(listing), str(root)) == 512
+    (root / "job" / "7" / "memory.max").write_text("max\n")
+    assert _cgroup_limit_mb(str(listing), str(root)) is None
+    (root / "memory" / "slurm").mkdir(parents=True)
+    (root / "memory" / "slurm" / "memory.limit_in_bytes").write_text(f"{300 * 2**20}\n")
+    listing.write_text("9:name=systemd:/\n4:cpu,memory:/slurm\n")  # v1
+    assert _cgroup_limit_mb(str(listing), str(root)) == 300
+    assert _cgroup_limit_mb(str(tmp_path / "none"), str(root)) is None
+    import dfmp2.api
+
+    monkeypatch.setattr(dfmp2.api, "_cgroup_limit_mb", lambda: 50.0)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", max_memory=100)
+    assert "more than the 50 MB limit of this process's cgroup" in caplog.text

@@ -3,7 +3,6 @@ wrong number, signals from a batch scheduler, a JSON file that cannot be written
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -149,13 +148,17 @@ def test_signal_removes_the_temporary_file_and_exits_128_plus_n(tmp_path, sig):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         preexec_fn=_default_signals)  # not the ignored ones of a CI job run in the background
     deadline = time.monotonic() + 240
-    while not [p for p in open_files_under(tmp_path, [proc.pid]) if p.endswith(".h5")]:
-        assert proc.poll() is None, "the run ended before it opened its HDF5 file"
-        assert time.monotonic() < deadline
-        assert not glob.glob(str(tmp_path / "*.h5"))  # open, but no name left to a SIGKILL
-        time.sleep(0.002)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    try:  # its HDF5 file is unlinked once open: seen among the process's open files
+        while not [p for p in open_files_under(tmp_path, [proc.pid]) if p.endswith(".h5")]:
+            assert proc.poll() is None, "the run ended before it opened its HDF5 file"
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 128 + sig, (proc.returncode, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and f"interrupted by {sig.name}" in lines[0], err
