@@ -151,8 +151,8 @@ def check_scf_object(mf) -> tuple[str, str | None]:
     if held != mol.nelectron:
         raise OrbitalError(
             f"the SCF's occupations hold {held:g} electrons but mf.mol has {mol.nelectron} "
-            f"(charge {mol.charge}): the molecule changed after the SCF; run the SCF of this "
-            "molecule")
+            f"(charge {mol.charge}): the molecule changed after the SCF, or mf.nelec overrode "
+            "its electron count; give the molecule its charge and spin and run its SCF")
     return kind, xc
 
 
