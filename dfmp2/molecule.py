@@ -320,8 +320,6 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
 
 def _basis_problem(exc: Exception, basis) -> str:
     text = first_line(exc)
-    if isinstance(basis, str) and os.path.isfile(basis):
-        return f"PySCF could not read this basis file ({text})"
     if text.startswith("Basis set not found for"):
         return text.replace("Basis set not found for", "has no functions for element")
     return f"unknown basis name (PySCF: {text}); check the spelling, e.g. cc-pvdz or def2-svp"

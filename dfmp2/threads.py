@@ -23,6 +23,8 @@ import ctypes
 import os
 from contextlib import contextmanager
 
+from .errors import InputError
+
 __all__ = ["limit", "counts", "openblas_libraries", "available"]
 
 #: The C functions ``openblas_get_num_threads`` and ``openblas_set_num_threads`` under the names
@@ -99,7 +101,7 @@ def limit(threads: int | None):
         yield
         return
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+        raise InputError(f"threads must be a whole number >= 1, got {threads!r}")
     import torch
     from pyscf import lib
 

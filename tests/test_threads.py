@@ -14,6 +14,7 @@ from pyscf import lib
 import dfmp2
 from dfmp2 import threads
 from dfmp2.cli import main
+from dfmp2.errors import InputError
 
 from conftest import INPUTS
 from tolerances import TOL_OUTCORE
@@ -63,7 +64,7 @@ def test_limit_holds_every_pool_and_restores_it(two_threads):
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
 def test_limit_refuses_what_is_not_a_count(bad):
-    with pytest.raises(ValueError, match="threads must be a whole number >= 1"), \
+    with pytest.raises(InputError, match="threads must be a whole number >= 1"), \
             threads.limit(bad):
         pass
 
