@@ -202,7 +202,7 @@ _D = Options.default
 @click.option("--conv-tol-grad", type=click.FloatRange(min=0, min_open=True),
               default=_D("conv_tol_grad"),
               help="SCF orbital-gradient threshold [default: 1e-7; 1e-6 with --xc, where a "
-                   "stall on the grid's noise is accepted up to sqrt(conv_tol), 1e-11 by default].")
+                   "stall on the grid's noise is accepted up to 3.2e-6].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",

@@ -72,8 +72,13 @@ class Options:
     conv_tol, conv_tol_grad, max_cycle : SCF convergence (tight by default: the MP2 energy
         inherits the SCF's orbital error; conv_tol_grad None: 1e-7 for HF, 1e-6 for a KS
         reference, whose pruned DFT grid leaves a gradient noise of a few 1e-7 on open shells;
-        a KS SCF stalled on that noise above 1e-6 is accepted up to sqrt(conv_tol), PySCF's
-        default, with a warning; a given conv_tol_grad is never relaxed).
+        a KS SCF stalled on that noise above 1e-6 is accepted up to
+        :data:`dfmp2.scf.KS_STALL_LIMIT` (or sqrt(conv_tol) when smaller) with a warning; a
+        given conv_tol_grad is never relaxed). conv_tol 1e-10 by default: the orbital gradient
+        is what converges the orbitals (below 1e-7 the energy is within about g^2 of its
+        stationary value), and a total energy of about 1000 Eh moves by 1e-11 to 3e-11 from
+        cycle to cycle by rounding alone once it has settled ((H2O)16+ cc-pVDZ, UHF), so a
+        1e-11 test there stops on whichever cycle the rounding happens to allow.
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
         molecule, basis and reference already there is the initial guess (a converged one costs
         one iteration); one of another calculation is refused.
@@ -110,7 +115,7 @@ class Options:
     pair_energies: bool = False
     device: str = "auto"
     device_memory: int | None = None
-    conv_tol: float = 1e-11
+    conv_tol: float = 1e-10
     conv_tol_grad: float | None = None
     max_cycle: int = 100
     chkfile: str | None = None

@@ -312,6 +312,10 @@ STALL_CYCLES = 8
 STALL_GAIN = 0.9
 #: Macro iterations of PySCF's second-order solver after a stall before DIIS takes over again.
 NEWTON_CYCLES = 10
+#: The largest orbital gradient at which a Kohn-Sham SCF stalled on its grid's noise is
+#: accepted as converged under the default KS threshold (:func:`_ks_noise_bound`; smaller when
+#: sqrt(conv_tol) is): sqrt(1e-11), PySCF's own default threshold for that energy tolerance.
+KS_STALL_LIMIT = 3.2e-6
 
 
 class _Stalled(Exception):
@@ -362,12 +366,13 @@ def _ks_noise_bound(options: Options, stalled: _Stalled) -> float | None:
     """The orbital gradient up to which a stalled Kohn-Sham SCF is accepted as converged, or
     None when it is not: only under the default KS threshold (``--conv-tol-grad`` not given),
     only from a DIIS cycle (which has the Fock matrix of its density), and only up to
-    PySCF's own default threshold ``sqrt(conv_tol)``. A DFT grid is not invariant under
+    :data:`KS_STALL_LIMIT` or PySCF's own default threshold ``sqrt(conv_tol)``, whichever is
+    smaller. A DFT grid is not invariant under
     rotations, so a degenerate state (OH's 2-Pi) leaves its orbital gradient on a floor that
     depends on which way rounding broke the symmetry: 1.08e-6 and 1.45e-6 over the default
     1e-6 on one Intel Xeon with two orderings of K's products, a few 1e-7 on an AMD EPYC, the
     energy falling by 1e-11 per cycle or less."""
-    bound = float(np.sqrt(options.conv_tol))
+    bound = min(KS_STALL_LIMIT, float(np.sqrt(options.conv_tol)))
     if (options.xc is None or options.conv_tol_grad is not None or stalled.fock is None
             or not stalled.gradient <= bound):
         return None
@@ -386,11 +391,10 @@ def _settle_stall(mf, options: Options, stalled: _Stalled, what: str) -> str:
     mf.mo_energy, mf.mo_coeff = mf.canonicalize(stalled.mo_coeff, stalled.mo_occ, stalled.fock)
     mf.converged, mf.e_tot, mf.mo_occ = True, stalled.energy, stalled.mo_occ
     log.warning("the %s stalled at |g| = %.2e over the default KS threshold %.0e (the DFT "
-                "grid's noise); accepted as converged under sqrt(conv_tol) = %.1e, PySCF's "
-                "default threshold (give --conv-tol-grad to insist)", _label(mf, options),
-                stalled.gradient, mf.conv_tol_grad, bound)
+                "grid's noise); accepted as converged under %.1e (give --conv-tol-grad to "
+                "insist)", _label(mf, options), stalled.gradient, mf.conv_tol_grad, bound)
     return (f"stalled at |g| = {stalled.gradient:.1e} and accepted (default KS threshold "
-            f"{mf.conv_tol_grad:.0e}, the grid's noise; under sqrt(conv_tol) = {bound:.1e})")
+            f"{mf.conv_tol_grad:.0e}, the grid's noise; under {bound:.1e})")
 
 
 def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:

@@ -191,7 +191,8 @@ def test_a_failing_second_order_solver_is_a_convergence_error(monkeypatch):
 
 def _stall_in_the_window(conv_tol, conv_tol_grad, max_cycle):
     """A stand-in for dfmp2.scf._stall_watch that declares a stall at the first cycle whose
-    gradient is over the threshold but under sqrt(conv_tol) (a DFT grid's noise floor)."""
+    gradient is over the threshold but under sqrt(conv_tol) (a DFT grid's noise floor; the
+    test lifts dfmp2.scf.KS_STALL_LIMIT so that this window is the accepted one)."""
     from dfmp2 import scf
 
     def watch(cycle, change, gradient, envs):
@@ -222,6 +223,7 @@ def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_thres
         return False, 0.0, None, mo_coeff, mo_occ  # no step taken: DIIS again
 
     monkeypatch.setattr(scf, "_stall_watch", _stall_in_the_window)
+    monkeypatch.setattr(scf, "KS_STALL_LIMIT", 1.0)  # the window up to sqrt(conv_tol) = 3.2e-4
     monkeypatch.setattr(newton_ah, "kernel", second_order)
     accepted = dfmp2.run(WATER, **kwargs)
     assert accepted.scf.converged and "and accepted (default KS threshold 1e-06" in \
@@ -232,6 +234,29 @@ def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_thres
     for refused in ({**kwargs, "conv_tol_grad": 1e-6}, {"conv_tol": 1e-7}):
         with pytest.raises(ConvergenceError, match=r"stalled at \|g\| = "):
             dfmp2.run(WATER, **refused)
+
+
+def test_a_stalled_ks_scf_is_accepted_up_to_the_smaller_of_the_limit_and_sqrt_conv_tol():
+    """The default conv_tol (1e-10) would give sqrt(conv_tol) = 1e-5: the bound stays at
+    KS_STALL_LIMIT; a tighter conv_tol tightens it; a given conv_tol_grad, an HF reference or a
+    stall without a Fock matrix (a second-order step) is never accepted."""
+    from dfmp2 import scf
+    from dfmp2.options import Options
+
+    envs = {"e_tot": -1.0, "mo_coeff": None, "mo_occ": None, "fock": object()}
+
+    def bound(gradient, **options):
+        return scf._ks_noise_bound(Options(**options), scf._Stalled(5, gradient, envs))
+
+    assert Options().conv_tol == 1e-10
+    assert bound(3e-6, xc="b2plyp") == scf.KS_STALL_LIMIT == 3.2e-6
+    assert bound(4e-6, xc="b2plyp") is None
+    assert bound(1.5e-6, xc="b2plyp", conv_tol=1e-12) is None
+    assert bound(0.9e-6, xc="b2plyp", conv_tol=1e-12) == pytest.approx(1e-6)
+    assert bound(2e-6, xc="b2plyp", conv_tol_grad=1e-6) is None
+    assert bound(2e-6) is None
+    assert scf._ks_noise_bound(Options(xc="b2plyp"), scf._Stalled(5, 2e-6, {**envs, "fock": None})
+                               ) is None
 
 
 METHANE = str(INPUTS / "methane.xyz")
