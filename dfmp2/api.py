@@ -336,7 +336,7 @@ def check_chkfile(path: str | None) -> None:
     """Before the SCF: a new checkpoint file can be created where ``path`` says, or an existing
     one rewritten."""
     if path is not None:
-        check_writable_file(path, "chkfile")
+        check_writable_file(path, "chkfile", replaced=True)
 
 
 def scratch_bytes(plan: RunPlan, naux: int, world_size: int = 1) -> int:

@@ -522,9 +522,19 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
                 k: v for k, v in options.items() if k in explicit})  # echoed in its result
+            given_chkfile = options.get("chkfile")
             options = {**job.options,  # and what the command adds (--counterpoise, --plot's)
                        **{k: v for k, v in options.items() if k.startswith("_")},
                        **({"pair_energies": True} if plot_path is not None else {})}
+            if options.get("chkfile") not in (None, given_chkfile):  # the input's keyword
+                clash = (_output_error(json_path, plot_path, options["chkfile"], geometry)
+                         if leader else None)
+                if ranks is not None:
+                    from .distributed import current
+
+                    current().agree(clash, "the output checks")
+                elif clash is not None:
+                    raise clash
             geometry = job.mole
         counterpoise = options.pop("_counterpoise", None)
         try:

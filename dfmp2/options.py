@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import MISSING, dataclass, fields
 
 from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
@@ -195,11 +196,24 @@ class Options:
             if not isinstance(self.conv_tol_grad, numbers.Real) or _is_bool(self.conv_tol_grad):
                 raise InputError(f"conv_tol_grad must be a number, got {self.conv_tol_grad!r}")
             object.__setattr__(self, "conv_tol_grad", float(self.conv_tol_grad))
-        if not (0 < self.conv_tol < 1e-3 and 0 < self.resolved_conv_tol_grad < 1e-1):
-            raise InputError(
-                f"SCF tolerances out of range: conv_tol={self.conv_tol}, "
-                f"conv_tol_grad={self.conv_tol_grad}"
-            )
+        if not 0 < self.conv_tol < 1e-3:
+            raise InputError(f"conv_tol (the SCF's energy tolerance) must be above 0 and below "
+                             f"1e-3 Eh, got {self.conv_tol}")
+        if not 0 < self.resolved_conv_tol_grad < 1e-1:
+            raise InputError(f"conv_tol_grad (--conv-tol-grad, the SCF's orbital-gradient "
+                             f"threshold) must be above 0 and below 0.1, got "
+                             f"{self.conv_tol_grad}")
+        for name in ("scf_auxbasis", "auxbasis"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise InputError(f"{name} (--{name.replace('_', '-')}) must be a basis-set name "
+                                 f"or file, got {value!r}; leave it out for the default")
+        if self.chkfile is not None:
+            if not isinstance(self.chkfile, (str, os.PathLike)) or isinstance(
+                    os.fspath(self.chkfile), bytes) or not os.fspath(self.chkfile):
+                raise InputError(f"chkfile must be a file path (str or os.PathLike), got "
+                                 f"{self.chkfile!r}")
+            object.__setattr__(self, "chkfile", os.fspath(self.chkfile))
 
     @property
     def resolved_reference(self) -> str:

@@ -149,25 +149,31 @@ def _converge(mf, options: Options, progress, dm0) -> None:
                   f"{sum(jk.k_calls.values())} builds, then float64")
     elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
         mf.jk += ("; float64 throughout: --scf-precision mixed starts in float32, and this SCF "
-                  "started from a chkfile's converged orbitals")
+                  "started from a chkfile's orbitals")
     if not mf.converged:
         raise ConvergenceError(
             f"the {_label(mf, options)} did not converge in "
-            f"{options.max_cycle} cycles (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
+            f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
             "check the geometry" + (
                 "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
                 "or a looser --conv-tol-grad" if options.xc is not None else "")
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None:  # written once, converged
-        write_chkfile(mf, options.chkfile)
-        mf.chkfile = options.chkfile
+        try:
+            write_chkfile(mf, options.chkfile)
+            mf.chkfile = options.chkfile
+        except OSError as exc:  # checked before the SCF; a full disk now loses no result
+            log.warning("could not write the chkfile %r (%s); the run goes on without it",
+                        options.chkfile, exc.strerror or first_line(exc))
 
 
 def write_chkfile(mf, path: str) -> None:
     """Save the converged SCF (and its functional, :data:`CHK_XC_KEY`) to ``path`` without a
     moment when ``path`` holds half a checkpoint: written into a copy beside it (whatever else
-    the file held is kept), which then replaces it."""
+    the file held is kept), which then replaces it; a symbolic link keeps pointing at the file
+    it names, which is the one rewritten."""
+    path = os.path.realpath(path)
     partial = f"{path}.{os.getpid()}.partial"
     try:
         if os.path.exists(path):
@@ -471,7 +477,7 @@ def _same_system(mol, saved) -> str | None:
     if mol.nao_nr() != saved.nao_nr() or gto.same_basis_set(mol, saved) is False:
         return "another basis"
     if (mol.charge, mol.spin) != (saved.charge, saved.spin):
-        return f"charge {saved.charge:+d} and 2S = {saved.spin}"
+        return f"its charge {saved.charge:+d} and 2S = {saved.spin}"
     if mol.nelectron != saved.nelectron:
         return "another ECP"
     return None
@@ -487,15 +493,13 @@ def restart_guess(mf, chkfile: str | None):
     if not os.path.exists(chkfile):
         return None, f"new chkfile {chkfile}"
     from pyscf import lib as pyscf_lib
-    from pyscf.scf import chkfile as pyscf_chk
 
     try:
-        saved_mol, saved = pyscf_chk.load_scf(chkfile)
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+        saved_mol, mo_coeff, mo_occ = read_checkpoint(chkfile)
+    except Exception as exc:  # h5py's and json's errors, a record of the wrong shape
         raise InputError(f"chkfile {chkfile!r} cannot be read as a PySCF SCF checkpoint "
                          f"({first_line(exc)}); remove it or choose another --chkfile") from None
     differs = _same_system(mf.mol, saved_mol)
-    mo_coeff, mo_occ = np.asarray(saved["mo_coeff"]), np.asarray(saved["mo_occ"])
     unrestricted = isinstance(mf, scf.uhf.UHF)
     if differs is None and (mo_coeff.ndim == 3) != unrestricted:
         differs = "another reference (restricted vs unrestricted)"
@@ -514,6 +518,48 @@ def restart_guess(mf, chkfile: str | None):
         raise InputError(f"chkfile {chkfile!r} is damaged ({damaged}); remove it or choose "
                          "another --chkfile")
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
+
+
+#: The fields of a PySCF checkpoint's molecule record that ``pyscf.gto.loads`` passes to
+#: ``eval`` (Python source in the file); :func:`read_checkpoint` leaves them out.
+_EVALUATED_MOL_FIELDS = ("atom", "basis", "ecp", "pseudo")
+
+
+def read_checkpoint(chkfile: str):
+    """(molecule, mo_coeff, mo_occ) of a PySCF SCF checkpoint without running any of its text:
+    PySCF's own reader passes parts of the molecule record to ``eval`` (and all of it when it
+    is not JSON), so a file could run code. The molecule is rebuilt from the record's JSON
+    fields (its libcint tables, the atoms and basis as PySCF parsed them, charge and 2S), which
+    is what :func:`_same_system` compares. Raises KeyError for a missing record, ValueError
+    for one that is not JSON, OSError for a file that is not HDF5."""
+    import json
+
+    import h5py
+
+    with h5py.File(chkfile, "r") as handle:
+        if "mol" not in handle:
+            raise KeyError("no molecule record 'mol'")
+        text = handle["mol"][()]
+        group = handle.get("scf")
+        if not isinstance(group, h5py.Group):
+            raise KeyError("no SCF record 'scf'")
+        missing = [key for key in ("mo_coeff", "mo_occ") if not isinstance(group.get(key),
+                                                                             h5py.Dataset)]
+        if missing:
+            raise KeyError(f"no {' or '.join('scf/' + key for key in missing)}")
+        mo_coeff, mo_occ = np.asarray(group["mo_coeff"][()]), np.asarray(group["mo_occ"][()])
+    record = json.loads(text.decode() if isinstance(text, bytes) else str(text))
+    if not isinstance(record, dict):
+        raise ValueError("the molecule record is not a JSON object")
+    mol = gto.Mole()
+    mol.__dict__.update({k: v for k, v in record.items() if k not in _EVALUATED_MOL_FIELDS})
+    mol._atm = np.asarray(mol._atm, dtype=np.int32).reshape(-1, gto.ATM_SLOTS)
+    mol._bas = np.asarray(mol._bas, dtype=np.int32).reshape(-1, gto.BAS_SLOTS)
+    mol._env = np.asarray(mol._env, dtype=np.double)
+    mol._ecpbas = np.asarray(mol._ecpbas, dtype=np.int32).reshape(-1, gto.BAS_SLOTS)
+    if len(mol._atom) != mol.natm:
+        raise ValueError(f"the molecule record lists {len(mol._atom)} atoms for {mol.natm}")
+    return mol, mo_coeff, mo_occ
 
 
 def _damaged_orbitals(mo_coeff: np.ndarray, mo_occ: np.ndarray, nao: int,

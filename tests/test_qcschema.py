@@ -191,6 +191,22 @@ def test_cli_reads_a_schema_file_and_writes_its_version(tmp_path, frozen_core):
         assert abs(float(result.output.split()[-1]) - direct.e_tot) <= TOL_OUTCORE
 
 
+def test_a_chkfile_keyword_that_is_the_json_output_is_refused_before_the_run(tmp_path,
+                                                                            monkeypatch):
+    """The input's chkfile keyword meets the same checks as --chkfile: one of them would
+    overwrite the other."""
+    from dfmp2 import api
+
+    out = tmp_path / "out.json"
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v1_input({"chkfile": str(out)})))
+    monkeypatch.setattr(api, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))
+    result = CliRunner().invoke(main, ["run", str(path), "--json", str(out)])
+    assert result.exit_code != 0 and not out.exists()
+    assert "--chkfile" in result.output and "same file" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_cli_options_given_win_over_keywords(tmp_path):
     path = tmp_path / "in.json"
     path.write_text(json.dumps(v1_input({"precision": "fp64", "freeze_core": True})))

@@ -75,6 +75,91 @@ def test_unwritable_chkfile_is_refused_before_the_scf(tmp_path):
         dfmp2.run(WATER, chkfile=str(tmp_path))
 
 
+def test_a_chkfile_that_is_no_scf_checkpoint_is_refused_and_its_text_never_runs(tmp_path):
+    """A molecule record alone (PySCF saves one before its first cycle), an SCF record without
+    occupations, a record that is not JSON, and Python source in the molecule's fields: one
+    line each, and nothing in the file is run (PySCF's own reader passes those fields to
+    eval)."""
+    import h5py
+    from pyscf import gto, lib
+
+    mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+    marker = tmp_path / "ran"
+    code = f"(__import__('pathlib').Path({str(marker)!r}).touch(), [])[1]"
+    good = str(tmp_path / "good.chk")
+    dfmp2.run(WATER, chkfile=good, basis="sto-3g")
+    cases = {}
+    cases["no SCF record 'scf'"] = str(tmp_path / "mol-only.chk")
+    lib.chkfile.save_mol(mol, cases["no SCF record 'scf'"])
+    cases["no scf/mo_occ"] = str(tmp_path / "no-occ.chk")
+    with h5py.File(good) as src, h5py.File(cases["no scf/mo_occ"], "w") as dst:
+        dst["mol"] = src["mol"][()]
+        dst["scf/mo_coeff"] = src["scf/mo_coeff"][()]
+    cases["Expecting"] = str(tmp_path / "code.chk")  # json's message for text that is not JSON
+    with h5py.File(good) as src, h5py.File(cases["Expecting"], "w") as dst:
+        dst["mol"] = code
+        dst["scf/mo_coeff"], dst["scf/mo_occ"] = src["scf/mo_coeff"][()], src["scf/mo_occ"][()]
+    for why, path in cases.items():
+        with pytest.raises(InputError, match=f"cannot be read as a PySCF SCF checkpoint .*{why}"):
+            dfmp2.run(WATER, chkfile=path, basis="sto-3g")
+    with h5py.File(good, "a") as f:  # code where PySCF keeps the atoms and basis as given
+        record = json.loads(f["mol"][()])
+        record.update(atom=code, basis=code, ecp=code)
+        del f["mol"]
+        f["mol"] = json.dumps(record)
+    again = dfmp2.run(WATER, chkfile=good, basis="sto-3g")  # the parsed tables are the record
+    assert again.scf.cycles == 1 and not marker.exists()
+
+
+def test_a_chkfile_path_that_cannot_take_the_checkpoint_is_refused_before_the_scf(
+        tmp_path, monkeypatch):
+    """A FIFO (the check would block), and a directory that takes no new file (the checkpoint
+    is written beside the file and renamed over it): refused before the SCF."""
+    import tempfile
+
+    from dfmp2 import _files, api
+
+    monkeypatch.setattr(api, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))
+    fifo = tmp_path / "fifo.chk"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        dfmp2.run(WATER, chkfile=str(fifo))
+    existing = tmp_path / "old.chk"
+    existing.write_bytes(b"")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_files.tempfile, "NamedTemporaryFile", read_only)
+    with pytest.raises(InputError, match="its directory .* takes no new file"):
+        dfmp2.run(WATER, chkfile=str(existing))
+    monkeypatch.setattr(_files.tempfile, "NamedTemporaryFile", tempfile.NamedTemporaryFile)
+    with pytest.raises(InputError, match="chkfile must be a file path"):
+        dfmp2.run(WATER, chkfile=3)
+
+
+def test_a_linked_chkfile_is_rewritten_through_its_link_and_a_failed_write_loses_no_result(
+        tmp_path, monkeypatch, caplog):
+    from dfmp2 import scf
+
+    target, link = tmp_path / "target.chk", tmp_path / "link.chk"
+    link.symlink_to(target)
+    first = dfmp2.run(WATER, chkfile=str(link), basis="sto-3g")
+    assert link.is_symlink() and target.is_file()
+    assert dfmp2.run(WATER, chkfile=str(link), basis="sto-3g").scf.cycles == 1
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "link.chk", "target.chk"]
+
+    def full_disk(mf, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(scf, "write_chkfile", full_disk)
+    new = tmp_path / "new.chk"
+    result = dfmp2.run(WATER, chkfile=str(new), basis="sto-3g")
+    assert result.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART) and not new.exists()
+    assert "could not write the chkfile" in caplog.text and "No space left" in caplog.text
+
+
 def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(tmp_path,
                                                                               monkeypatch):
     from dfmp2 import jk as dfmp2_df
