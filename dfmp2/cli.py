@@ -195,7 +195,8 @@ _D = Options.default
               show_default=True,
               help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")
 @click.option("--force-outcore", is_flag=True,
-              help="Keep the fitted integrals in a temporary HDF5 file even if they fit.")
+              help="Keep the fitted integrals (the MP2 step's and the DF-SCF's) in temporary "
+                   "files even if they fit in memory.")
 @click.option("--scratch-dir", type=click.Path(file_okay=False, exists=True),
               default=_D("scratch_dir"),
               help="Directory for the temporary HDF5 file [default: system temp dir].")

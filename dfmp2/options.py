@@ -49,7 +49,8 @@ class Options:
     max_memory : working-set budget in MB of the DF-SCF's J/K and of the MP2 step (in turn).
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
         (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
-    force_outcore : keep B in a temporary HDF5 file even when it fits in memory.
+    force_outcore : keep B in a temporary HDF5 file even when it fits in memory, and the
+        DF-SCF's fitted tensor in its temporary file.
     scratch_dir : directory of that file (default: the system's temporary directory).
     xc : None (HF reference, MP2) or a functional: a double hybrid's name (B2PLYP, B2GPPLYP,
         DSD-BLYP, DSD-PBEP86, ...; :data:`dfmp2.functionals.DOUBLE_HYBRIDS`) runs an RKS or

@@ -18,6 +18,7 @@ from .blocking import BlockPlan
 from .buffers import Buffers
 from .df import (
     METRIC_ON_HOST,
+    SOLVE_CONDITION,
     MetricFactor,
     PairUnpacker,
     factor_metric,
@@ -204,8 +205,18 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
 
     ``L^{-T}`` is formed once (or given as ``matrix``, e.g. already on a CUDA device); each
     block is then one ``la.trmm``, in place in the rows read (a trsm per block ran at half the
-    GEMM rate)."""
+    GEMM rate). A metric whose condition is above :data:`dfmp2.df.SOLVE_CONDITION` is solved
+    with its Cholesky factor instead, block by block (``la.trsm``), unless ``matrix`` is
+    given."""
     nocc = store.nocc
+    if matrix is None and factor.lower is not None and factor.condition is not None and (
+            factor.condition > SOLVE_CONDITION):
+        for i0 in range(0, nocc, fit_occ):
+            i1 = min(i0 + fit_occ, nocc)
+            store.write_b(i0, i1, la.trsm(factor.lower, store.read_ia_slab(i0, i1)))
+            progress("fit", i1, nocc)
+        store.finish_fit()
+        return
     matrix = fit_matrix(factor, la) if matrix is None else matrix
     la.keep_on_device(matrix)  # read by every block: a device keeps it
     for i0 in range(0, nocc, fit_occ):

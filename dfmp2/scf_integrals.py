@@ -23,6 +23,7 @@ from pyscf import lib
 from .blocking import JKPlan
 from .buffers import zeros
 from .df import (
+    SOLVE_CONDITION,
     MetricFactor,
     PairColumns,
     PairUnpacker,
@@ -52,6 +53,13 @@ __all__ = [
 
 #: Auxiliary functions per block of the DF-SCF build's int3c2e.
 JK_AUX_BLOCK = 128
+#: Eigenvalues of a JK-fit metric that Cholesky refuses are dropped below this, as PySCF's
+#: DF-SCF drops them (``pyscf.df.incore.LINEAR_DEP_THR``): the SCF's J and K are PySCF's. A
+#: range-separated hybrid's long-range metric is singular: with the MP2 step's 1e-10 instead,
+#: wB97X on two waters 30 Angstrom apart (cc-pVDZ) was 3.3e-8 Eh from PySCF's DF-SCF.
+SCF_LINDEP_THRESHOLD = 1e-7
+#: AO pairs per triangular solve of an ill-conditioned fit (:func:`_fit_in_place`).
+SOLVE_PAIRS = 4096
 #: Auxiliary functions unpacked at a time from the packed or pair-screened tensor for K (and
 #: in place, :func:`unpack_in_place`), by one thread per CPU
 #: (:class:`dfmp2.df.PairUnpacker`), into arrays reused block after block. Measured on the
@@ -59,6 +67,26 @@ JK_AUX_BLOCK = 128
 #: 1.77-1.84 s at 16 against 1.84-1.94 s at 8 and 1.86-1.99 s at 32; (H2O)16 0.89-0.94 s at 16
 #: against 1.0 s at 8. (8 in one thread was fastest for (H2O)16 on AMD EPYC Zen 4.)
 UNPACK_BLOCK = 16
+
+
+def scf_metric_factor(auxmol, la: Dispatcher) -> MetricFactor:
+    """The JK-fit metric factored for the DF-SCF's tensor (:func:`dfmp2.df.factor_metric`,
+    eigenvalues dropped as PySCF drops them, :data:`SCF_LINDEP_THRESHOLD`)."""
+    return factor_metric(torch.from_numpy(metric(auxmol)), la, lindep=SCF_LINDEP_THRESHOLD)
+
+
+def _fit_in_place(factor: MetricFactor, la: Dispatcher, ints_t: torch.Tensor,
+                  upper: torch.Tensor | None = None) -> None:
+    """``ints_t`` (pairs, naux), a view of the integrals, times ``L^{-T}`` in place: one trmm
+    with ``upper`` (:func:`dfmp2.df.fit_matrix`, made here when None), or, for a metric whose
+    condition is above :data:`SOLVE_CONDITION`, triangular solves with ``L`` by blocks of
+    :data:`SOLVE_PAIRS` pairs."""
+    if factor.condition is not None and factor.condition > SOLVE_CONDITION:
+        for r0 in range(0, ints_t.shape[0], SOLVE_PAIRS):
+            rows = ints_t[r0:r0 + SOLVE_PAIRS]
+            rows.copy_(la.trsm(factor.lower, rows))
+        return
+    la.trmm(fit_matrix(factor, la) if upper is None else upper, ints_t)
 
 
 def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
@@ -69,7 +97,7 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    factor = scf_metric_factor(auxmol, la)
     naux = factor.naux_fit
     # pages touched up front, in order, by threads: see dfmp2.buffers
     packed = zeros((naux, npair))
@@ -81,7 +109,7 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
         for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
             packed[p0:p1] = block
         # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
-        la.trmm(fit_matrix(factor, la), torch.from_numpy(packed).T)
+        _fit_in_place(factor, la, torch.from_numpy(packed).T)
     return packed
 
 
@@ -100,7 +128,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair blocks and
     every pair is kept."""
     nao = mol.nao_nr()
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    factor = scf_metric_factor(auxmol, la)
     naux = factor.naux_fit
     if factor.lower is None:
         pairs = PairColumns.every(nao)
@@ -126,7 +154,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
         columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
         # B^T = (P|mu nu)^T L^{-T}: one trmm on the (kept pairs, naux) view, in place (the
         # zero column stays zero)
-        la.trmm(fit_matrix(factor, la), torch.from_numpy(columns).T)
+        _fit_in_place(factor, la, torch.from_numpy(columns).T)
     log.info("DF-SCF integrals: %s kept", pairs.describe())
     if not square:
         return columns, pairs
@@ -203,7 +231,7 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
             f"the DF-SCF's fitted integrals need {plan.tensor_bytes / 2**20:.0f} MB on disk and "
             f"{directory!r} has {free / 2**20:.0f} MB free; free space, choose another "
             "--scratch-dir or raise --max-memory")
-    factor = factor_metric(torch.from_numpy(metric(auxmol)), la)
+    factor = scf_metric_factor(auxmol, la)
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     store = MatrixFile(factor.naux_fit, npair + 1, directory)  # narrowed once written
@@ -234,7 +262,8 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
     the offsets within p0:p1 of the block's columns. Two arrays of a range's size: the
     integrals and their copy without the zero pairs, fitted in place (by the trmm, or by the
     gemm into the integrals' array). A block is valid until the next one is requested."""
-    upper = fit_matrix(factor, la) if factor.lower is not None else None
+    solve = factor.condition is not None and factor.condition > SOLVE_CONDITION
+    upper = fit_matrix(factor, la) if factor.lower is not None and not solve else None
     spare = None
     for p0, p1, ints in iter_int3c2e_pairs(mol, auxmol, max_pairs):
         kept, block = None, ints
@@ -244,7 +273,7 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
                 spare = zeros((ints.shape[0] * max(max_pairs, ints.shape[1]),))
             block = take_columns(ints, kept, spare[: ints.shape[0] * kept.size].reshape(
                 ints.shape[0], kept.size), threads=lib.num_threads())
-        if upper is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
+        if factor.lower is None:  # J^{-1/2} restricted to the kept eigenvectors: B = V^T (P|..)
             out = None
             if screen:  # into the integrals' array, free once they are copied
                 nfit = factor.inv_sqrt.shape[1]
@@ -253,5 +282,5 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
             yield p0, p1, kept, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
                                         trans_a=True, out=out).numpy()
         else:
-            la.trmm(upper, torch.from_numpy(block).T)
+            _fit_in_place(factor, la, torch.from_numpy(block).T, upper)
             yield p0, p1, kept, block

@@ -730,3 +730,50 @@ def test_the_switch_gradient_is_the_one_readme_and_help_state():
     help_text = " ".join(CliRunner().invoke(main, ["run", "--help"]).output.split())
     assert stated + ", then float64" in help_text
     assert stated + ", then float64" in " ".join(Options.__doc__.split())
+
+
+def test_a_range_separated_hybrid_drops_the_singular_metric_as_pyscf_does():
+    """wB97X's long-range JK-fit metric is singular (Cholesky fails): its eigenvalues are
+    dropped below PySCF's threshold (1e-7, SCF_LINDEP_THRESHOLD), so the SCF is PySCF's; the
+    MP2 step's 1e-10 left it 3.3e-8 Eh away (two waters 30 Angstrom apart)."""
+    mol = gto.M(atom=WATER + "; O 30 0 0; H 30 0.76 0.59; H 30 -0.76 0.59", basis="cc-pvdz",
+                verbose=0)
+    energies = []
+    for ours in (False, True):
+        mf = dft.RKS(mol, xc="wb97x").density_fit(auxbasis=JKFIT)
+        mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-8
+        if ours:
+            mf.with_df = DFJK(mol, JKFIT, _la())
+        energies.append(mf.kernel())
+    assert energies[1] == pytest.approx(energies[0], abs=TOL_OUTCORE)
+
+
+def test_an_ill_conditioned_fitting_basis_is_solved_not_inverted():
+    """Water with an even-tempered fitting set (beta 1.3: Cholesky succeeds, condition about
+    4e17) for both the SCF and the MP2 step: the fits solve with the Cholesky factor, as
+    PySCF's do, and both energies are PySCF's (the explicit L^-T left the SCF 2.5e-6 Eh and
+    E(corr) 5.8e-9 Eh away)."""
+    from pyscf import df
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+
+    from dfmp2 import api
+    from dfmp2.df import SOLVE_CONDITION
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    etb = df.aug_etb(mol, beta=1.3)
+    result = dfmp2.run(mol, scf_auxbasis=etb, auxbasis=etb, conv_tol=1e-12, conv_tol_grad=1e-8)
+    assert result.method.metric_condition > SOLVE_CONDITION
+    mf = scf.RHF(mol).density_fit(auxbasis=etb).run(conv_tol=1e-12, conv_tol_grad=1e-8)
+    assert result.e_scf == pytest.approx(mf.e_tot, abs=TOL_OUTCORE)
+    ours = api.DFMP2(mf, auxbasis=etb).run()
+    pt = pyscf_dfmp2.DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis=etb)
+    pt.kernel(with_t2=False)
+    assert ours.e_corr == pytest.approx(pt.e_corr, abs=TOL_OUTCORE)
+
+
+def test_force_outcore_puts_the_scf_tensor_on_disk_too():
+    forced = dfmp2.run(WATER, force_outcore=True)
+    plain = dfmp2.run(WATER)
+    assert "on disk" in forced.scf.jk and "on disk" not in plain.scf.jk
+    assert forced.e_tot == pytest.approx(plain.e_tot, abs=TOL_OUTCORE)

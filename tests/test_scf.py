@@ -12,7 +12,7 @@ import dfmp2
 from dfmp2.errors import InputError
 
 from conftest import INPUTS
-from tolerances import TOL_RESTART, TOL_SCF_ACCEPTED, TOL_SCF_TIGHT
+from tolerances import TOL_EIGH_ORTHO, TOL_MATRIX_ABS, TOL_RESTART, TOL_SCF_ACCEPTED, TOL_SCF_TIGHT
 
 WATER = str(INPUTS / "water.xyz")
 
@@ -425,3 +425,34 @@ def test_a_mixed_precision_restart_says_it_ran_in_float64(tmp_path):
     again = dfmp2.run(WATER, chkfile=chk, scf_precision="mixed")
     assert again.scf.cycles == 1 and "float64 throughout" in again.scf.jk
     assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+
+
+def test_the_scf_diagonalises_through_the_registry_as_pyscf_would():
+    """dfmp2's DF-SCF diagonalises each cycle's Fock matrix with the registry's eigh (recorded
+    per call: one per cycle and PySCF's extra one after convergence), with PySCF's
+    orthogonaliser and phase convention: the same eigenvalues and vectors as PySCF's solver;
+    without the orthogonaliser, PySCF's generalised solver."""
+    import numpy as np
+    import scipy.linalg
+    from pyscf import gto
+    from pyscf.scf import hf
+
+    from dfmp2 import api, scf
+    from dfmp2.options import Options
+
+    result = dfmp2.run(WATER)
+    ops = json.loads(result.to_json())["extras"]["backend"]["ops"]
+    assert ops["eigh"]["calls"] == result.scf.cycles + 1 and ops["eigh"]["mode"] == "host"
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    s = mol.intor("int1e_ovlp")
+    h = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
+    x = hf.check_linear_dependency(s)
+    eigh = scf.registry_eigh(api._dispatcher(Options()))
+    for given in (x, None):
+        w, c = eigh(h, s, x=given)
+        w_ref, c_ref = hf.SCF._eigh(None, h, s, x=given) if given is not None else (
+            scipy.linalg.eigh(h, s)[0], hf._adjust_phase_(scipy.linalg.eigh(h, s)[1]))
+        # each vector PySCF's up to its sign (the largest component can tie between
+        # symmetry-equivalent atoms, where rounding picks the phase)
+        overlap = np.abs(np.diag(c.T @ s @ c_ref))
+        assert np.abs(w - w_ref).max() < TOL_MATRIX_ABS and np.abs(overlap - 1).max() < TOL_EIGH_ORTHO
