@@ -146,8 +146,8 @@ TOL_PSI4_DFT = 1e-6
 #: between the paper's program and this one (TOL_PSI4_DFT).
 TOL_PUBLISHED_4DP = 5e-5 + 1e-6
 #: SCF energy of a Kohn-Sham SCF accepted at a stalled orbital gradient up to sqrt(conv_tol)
-#: (3.2e-4 at conv_tol 1e-7, the test lifting dfmp2.scf.KS_STALL_LIMIT) against the same SCF run to its threshold: second order in the
-#: gradient.
+#: (3.2e-4 at conv_tol 1e-7, the test lifting dfmp2.scf.KS_STALL_LIMIT) against the same SCF
+#: run to its threshold: second order in the gradient.
 TOL_SCF_ACCEPTED = 1e-6
 #: The same run of the same code in another process (a subprocess against an in-process call):
 #: only the BLAS summation order may differ; printed with 12 decimals.
