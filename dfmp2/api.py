@@ -710,7 +710,9 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
     if square is not None and square.dtype != np.float64:  # a float32 copy: K unpacks instead
         square = None
     plain = (type(mf).get_veff in (pyscf_scf.hf.RHF.get_veff, pyscf_scf.uhf.UHF.get_veff)
-             and type(mf).get_fock in (pyscf_scf.hf.RHF.get_fock, pyscf_scf.uhf.UHF.get_fock))
+             and type(mf).get_fock in (pyscf_scf.hf.RHF.get_fock, pyscf_scf.uhf.UHF.get_fock)
+             # a potential set on the object itself (mf.get_veff = ...) is the object's too
+             and not {"get_veff", "get_fock", "get_jk", "get_j", "get_k"} & set(vars(mf)))
     if (la is None or not (isinstance(cderi, np.ndarray) or square is not None) or not plain
             or isinstance(mf, (dft.rks.KohnShamDFT, pyscf_scf.rohf.ROHF))):
         return mf.get_fock()  # solvent models and other potentials: the object's own Fock

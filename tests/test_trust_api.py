@@ -508,3 +508,24 @@ def test_the_memory_limit_of_a_cgroup_is_found(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         dfmp2.run("H 0 0 0; H 0 0 0.74", basis="sto-3g", max_memory=100)
     assert "more than the 50 MB limit of this process's cgroup" in caplog.text
+
+
+def test_a_potential_set_on_the_scf_object_itself_is_part_of_its_fock_matrix():
+    """``mf.get_veff`` replaced on a DF-RHF object (a user's added potential, here a uniform
+    shift 0.02 S, which moves every orbital energy alike): the orbital check asks the object
+    for its Fock matrix instead of building dfmp2's own, and the energy is that of the plain
+    SCF (the shift cancels in MP2)."""
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    plain = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
+    shifted = scf.RHF(mol).density_fit()
+    base, shift = shifted.get_veff, 0.02 * mol.intor("int1e_ovlp")
+
+    def get_veff(mol_=None, dm=None, *args, **kwargs):
+        v = base(mol_, dm, *args, **kwargs)
+        return v + shift  # RHF tags nothing its energy needs
+
+    shifted.get_veff = get_veff
+    shifted.run(conv_tol=1e-11)
+    ours = dfmp2.DFMP2(shifted).run()
+    assert ours.e_corr == pytest.approx(dfmp2.DFMP2(plain).run().e_corr, abs=TOL_FP64)
