@@ -70,6 +70,10 @@ CANONICAL_TOL_MIN, CANONICAL_TOL_MAX = 1e-6, 1e-3
 #: An SCF converged more loosely than this (energy change, Eh) gets a WARNING (see
 #: :func:`check_orbitals` for the measured error of E(corr)).
 LOOSE_CONV_TOL = 1e-8
+#: An overlap matrix whose smallest eigenvalue is below this makes orbitals that are not
+#: orthonormal to ORTHONORMALITY_TOL a linear-dependency problem (the refusal says so): PySCF's
+#: own threshold for dropping overlap eigenvalues (scf.hf.overlap_zero_eigenvalue_threshold).
+LINDEP_OVERLAP = 1e-6
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
 _MOLE_SETTINGS = ("basis", "charge", "spin", "ecp")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
@@ -505,7 +509,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         e_scs=e_scs, double_hybrid=_double_hybrid_record(scaling, mf, e_scs),
         pair_energies=_pair_record(ref, energies.pairs if energies is not None else None,
                                    opts.pair_energies),
-        molecule=_molecule_info(mol), scf=_scf_info(mf, prep.kind, prep.xc, prep.orbital_check),
+        molecule=_molecule_info(mol, _scf_nelec(mf)), scf=_scf_info(mf, prep.kind, prep.xc, prep.orbital_check),
         sizes=sizes, method=method, backend=backend,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
         versions=versions(), environment=environment, distributed=distributed,
@@ -592,10 +596,15 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
         dev = c.T @ s @ c - np.eye(c.shape[1])
         k = np.unravel_index(np.argmax(np.abs(dev)), dev.shape)
         if abs(dev[k]) > ORTHONORMALITY_TOL:
+            smallest = float(np.linalg.eigvalsh(s)[0])
+            advice = (f"the basis is nearly linearly dependent (smallest overlap eigenvalue "
+                      f"{smallest:.1e}): run the SCF with its linear dependencies removed "
+                      "(pyscf.scf.addons.remove_linear_dep_, or PySCF's default "
+                      "remove_overlap_zero_eigenvalue), or use a less diffuse basis"
+                      if smallest < LINDEP_OVERLAP else "pass the SCF's own canonical orbitals")
             raise OrbitalError(
                 f"{label}mo_coeff is not orthonormal: (C^T S C - 1)[{k[0]}, {k[1]}] = "
-                f"{dev[k]:.3e} (tolerance {ORTHONORMALITY_TOL:.0e}); pass the SCF's own "
-                "canonical orbitals")
+                f"{dev[k]:.3e} (tolerance {ORTHONORMALITY_TOL:.0e}); {advice}")
         occ = per_spin(mf.mo_occ, spin)
         order = occ[:-1] >= occ[1:] if occ.size else np.array([True])
         if not np.all(order):
@@ -784,7 +793,16 @@ def _hill_order(counts: dict[str, int]) -> list[str]:
                                                              if s not in ("C", "H"))
 
 
-def _molecule_info(mol) -> MoleculeInfo:
+def _scf_nelec(mf) -> tuple[int, int]:
+    """(n_alpha, n_beta) the SCF object ran with: its own ``nelec`` where set (PySCF lets it
+    override the molecule's charge and 2S), else the molecule's."""
+    return tuple(int(n) for n in getattr(mf, "nelec", None) or mf.mol.nelec)
+
+
+def _molecule_info(mol, nelec: tuple[int, int] | None = None) -> MoleculeInfo:
+    """The record of the molecule; ``nelec`` (alpha, beta), when given, is the electron count
+    and spin the SCF ran with (:func:`_scf_nelec`), and sets the multiplicity."""
+    nalpha, nbeta = mol.nelec if nelec is None else nelec
     real = [mol.atom_charge(k) > 0 or _has_ecp_core(mol, k) for k in range(mol.natm)]
     counts: dict[str, int] = {}
     for k in range(mol.natm):
@@ -794,8 +812,8 @@ def _molecule_info(mol) -> MoleculeInfo:
     order = _hill_order(counts)
     formula = "".join(f"{s}{counts[s] if counts[s] > 1 else ''}" for s in order)
     return MoleculeInfo(formula=formula, natom=mol.natm, nghost=real.count(False),
-                        charge=int(mol.charge), multiplicity=int(mol.spin) + 1,
-                        nelectron=int(mol.nelectron),
+                        charge=int(mol.charge), multiplicity=int(nalpha - nbeta) + 1,
+                        nelectron=int(nalpha + nbeta),
                         nuclear_repulsion=float(mol.energy_nuc()),
                         qcschema=molecule_record(mol))
 

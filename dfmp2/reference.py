@@ -192,10 +192,14 @@ def _check_occupations(occ: np.ndarray, allowed: tuple, label: str, kind: str) -
     values = sorted(set(occ[bad].tolist()))
     shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
     deviation = float(np.max(np.abs(occ - np.rint(occ))))
-    hint = (f"; they are whole numbers to {deviation:.1e} (smearing that left integer "
-            "occupations?): if so, set mf.mo_occ = numpy.rint(mf.mo_occ)"
-            if deviation < 1e-8 else " (fractional or smeared occupations: MP2 needs a single "
-            "determinant)")
+    if deviation >= 1e-8:
+        hint = " (fractional or smeared occupations: MP2 needs a single determinant)"
+    elif np.isin(np.rint(occ), allowed).all():
+        hint = (f"; they are whole numbers to {deviation:.1e} (smearing that left integer "
+                "occupations?): if so, set mf.mo_occ = numpy.rint(mf.mo_occ)")
+    else:  # whole numbers this reference cannot hold (1 in RHF: an open shell)
+        hint = (" (whole numbers this reference type cannot hold: singly occupied orbitals "
+                "need an open-shell UHF or ROHF object)")
     raise OrbitalError(f"mo_occ{label} of this {kind.upper()} reference must hold only "
                        f"{' and '.join(map(str, allowed))}; it holds {shown}{hint}")
 
@@ -215,7 +219,8 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
     if isinstance(frozen, (int, np.integer)):
         nocc = int(np.count_nonzero(mo_occ > 0))
         if strict and frozen >= nocc and nocc > 0:
-            raise InputError(f"frozen={frozen} freezes all {nocc} occupied orbitals")
+            raise InputError(f"{_frozen_label(frozen, frozen_core)} freezes all {nocc} occupied "
+                             "orbitals" + _CORE_HINT * frozen_core)
         mask[: int(frozen)] = False
         return mask
     if any(isinstance(k, (list, tuple, np.ndarray)) for k in frozen):
@@ -301,6 +306,18 @@ def _singles(space_fock: np.ndarray, occ: np.ndarray, vir: np.ndarray, eps: np.n
     return float(-np.sum(f_ov * f_ov / denom))
 
 
+#: What a refusal of --frozen-core adds: the core is the neutral atoms', and ions can lose it.
+_CORE_HINT = ("; the chemical core is the neutral atoms' (PySCF's table), which this ion does "
+              "not have: give --frozen N (frozen=) with fewer orbitals")
+
+
+def _frozen_label(frozen, frozen_core: bool) -> str:
+    """How a refusal names what froze the orbitals: the option the user gave."""
+    if frozen_core:
+        return f"--frozen-core (frozen_core: {frozen} core orbital{'s' * (frozen != 1)})"
+    return f"frozen={list(frozen) if isinstance(frozen, (list, tuple)) else frozen}"
+
+
 def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
     """The :class:`Reference` of a converged SCF object with the orbitals that ``frozen`` /
     ``frozen_core`` leave active (frozen per spin for open shells: see :func:`frozen_per_spin`).
@@ -330,8 +347,9 @@ def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
                                   np.flatnonzero(~occupied & active), mo_energy)
     nalpha, nbeta = (int(np.count_nonzero(s[2] > 0)) for s in spins)
     if nalpha and not any(space.nocc for space in spaces):
-        raise InputError(f"frozen={frozen} freezes every occupied orbital of both spins "
-                         f"({nalpha} alpha, {nbeta} beta)")
+        label = _frozen_label(chemcore(mol) if frozen_core else frozen, frozen_core)
+        raise InputError(f"{label} freezes every occupied orbital of both spins ({nalpha} "
+                         f"alpha, {nbeta} beta)" + _CORE_HINT * frozen_core)
     _warn_inverted(spaces)
     return Reference(kind, tuple(spaces), e_singles, nalpha, nbeta, xc)
 
@@ -355,5 +373,6 @@ def spin_contamination(mf) -> tuple[float, float] | None:
     if not isinstance(mf, pyscf_scf.uhf.UHF):
         return None
     s2, _mult = mf.spin_square()
-    s = mf.mol.spin / 2
+    nalpha, nbeta = getattr(mf, "nelec", None) or mf.mol.nelec  # the SCF's own, where set
+    s = (nalpha - nbeta) / 2
     return float(s2), float(s2 - s * (s + 1))

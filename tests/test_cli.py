@@ -129,6 +129,17 @@ ERROR_CASES = {
     "memory too small": (lambda p: ["run", str(INPUTS / "caffeine.xyz"), "--max-memory", "1"],
                          "too small"),
     "frozen too many": (lambda p: ["run", WATER, "--frozen", "5"], "freezes all 5"),
+    "frozen core of an ion without one": (
+        lambda p: ["run", "O 0 0 0", "--charge", "6", "--frozen-core"],
+        "--frozen-core (frozen_core: 1 core orbital) freezes all 1 occupied orbitals; the "
+        "chemical core is the neutral atoms'"),
+    "frozen core of an open-shell ion without one": (
+        lambda p: ["run", "O 0 0 0", "--charge", "7", "--spin", "1", "--frozen-core"],
+        "--frozen-core (frozen_core: 1 core orbital) freezes every occupied orbital of both "
+        "spins (1 alpha, 0 beta)"),
+    "conv-tol-grad too loose": (lambda p: ["run", WATER, "--conv-tol-grad", "0.5"],
+                                "conv_tol_grad (--conv-tol-grad, the SCF's orbital-gradient "
+                                "threshold) must be above 0 and below 0.1, got 0.5"),
     "frozen and frozen core": (lambda p: ["run", WATER, "--frozen", "1", "--frozen-core"],
                                "--frozen-core) or frozen (--frozen), not both"),
     "json overwrites the input": (

@@ -529,3 +529,39 @@ def test_a_potential_set_on_the_scf_object_itself_is_part_of_its_fock_matrix():
     shifted.run(conv_tol=1e-11)
     ours = dfmp2.DFMP2(shifted).run()
     assert ours.e_corr == pytest.approx(dfmp2.DFMP2(plain).run().e_corr, abs=TOL_FP64)
+
+
+def test_singly_occupied_orbitals_in_rhf_are_refused_as_an_open_shell(water_rhf):
+    opened = water_rhf.copy()
+    opened.mo_occ = water_rhf.mo_occ.copy()
+    opened.mo_occ[4], opened.mo_occ[5] = 1.0, 1.0
+    with pytest.raises(OrbitalError, match=r"it holds 1.0 \(whole numbers this reference type "
+                                           r"cannot hold: .*UHF or ROHF"):
+        dfmp2.DFMP2(opened, backend="pytorch").run()
+
+
+def test_a_spin_state_set_through_mf_nelec_is_the_one_recorded():
+    """PySCF lets ``mf.nelec`` override the molecule's 2S: O2's triplet from a molecule built
+    as a singlet is recorded as a triplet, its <S^2> against S(S+1) = 2."""
+    mol = gto.M(atom="O 0 0 0; O 0 0 1.21", basis="cc-pvdz", verbose=0)
+    mf = scf.UHF(mol)
+    mf.nelec = (9, 7)
+    mf.conv_tol = 1e-10
+    result = dfmp2.DFMP2(mf.run()).run().result
+    assert result.molecule.multiplicity == 3 and result.molecule.nelectron == 16
+    assert abs(result.scf.s2_deviation) < 0.1 and "multiplicity 3" in result.summary()
+
+
+def test_orbitals_of_a_nearly_dependent_basis_are_refused_with_what_to_do(monkeypatch):
+    """PySCF's removal of near-zero overlap eigenvalues turned off: the SCF's own orbitals are
+    not orthonormal to 1e-8 (H4 at 0.35 Angstrom in aug-cc-pVTZ, smallest eigenvalue 1.3e-9),
+    and the refusal names the basis's linear dependency, not the orbitals."""
+    from pyscf.scf import hf
+
+    monkeypatch.setattr(hf, "remove_overlap_zero_eigenvalue", False)
+    mol = gto.M(atom="H 0 0 0; H 0 0 0.35; H 0 0 0.7; H 0 0 1.05", basis="aug-cc-pvtz",
+                verbose=0)
+    mf = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
+    with pytest.raises(OrbitalError, match=r"not orthonormal.*nearly linearly dependent "
+                                           r"\(smallest overlap eigenvalue 1\.\de-09\)"):
+        dfmp2.DFMP2(mf, auxbasis="aug-cc-pvtz-ri").run()
