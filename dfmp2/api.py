@@ -797,7 +797,8 @@ def _hill_order(counts: dict[str, int]) -> list[str]:
 def _scf_nelec(mf) -> tuple[int, int]:
     """(n_alpha, n_beta) the SCF object ran with: its own ``nelec`` where set (PySCF lets it
     override the molecule's charge and 2S), else the molecule's."""
-    return tuple(int(n) for n in getattr(mf, "nelec", None) or mf.mol.nelec)
+    nelec = getattr(mf, "nelec", None)  # a tuple, or an array PySCF takes as well
+    return tuple(int(n) for n in (mf.mol.nelec if nelec is None else nelec))
 
 
 def _molecule_info(mol, nelec: tuple[int, int] | None = None) -> MoleculeInfo:
@@ -816,7 +817,7 @@ def _molecule_info(mol, nelec: tuple[int, int] | None = None) -> MoleculeInfo:
                         charge=int(mol.charge), multiplicity=int(nalpha - nbeta) + 1,
                         nelectron=int(nalpha + nbeta),
                         nuclear_repulsion=float(mol.energy_nuc()),
-                        qcschema=molecule_record(mol))
+                        qcschema=molecule_record(mol, multiplicity=int(nalpha - nbeta) + 1))
 
 
 def _has_ecp_core(mol, k: int) -> bool:

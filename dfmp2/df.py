@@ -27,6 +27,8 @@ __all__ = [
     "INT3C_EXPCUTOFF",
     "LINDEP_THRESHOLD",
     "SOLVE_CONDITION",
+    "solve_in_place",
+    "solves",
     "MAX_UNPACK_THREADS",
     "METRIC_ON_HOST",
     "MetricFactor",
@@ -354,11 +356,12 @@ class PairUnpacker:
         self.close()
 
 
-#: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails.
+#: Eigenvalues of the Coulomb metric below this are dropped when Cholesky fails, in the MP2
+#: step (the DF-SCF's tensor drops PySCF's way: dfmp2.scf_integrals.SCF_LINDEP_THRESHOLD).
 LINDEP_THRESHOLD = 1e-10
-#: Above this condition number of the metric (LAPACK's estimate after Cholesky) a host fit in
-#: float64 solves with the Cholesky factor (triangular solves by blocks, as PySCF does) instead
-#: of multiplying by ``L^{-T}`` formed once (:func:`fit_matrix`): water cc-pVDZ with an
+#: Above this condition number of the metric (LAPACK's estimate after Cholesky) the fit solves
+#: with the Cholesky factor (triangular solves by blocks of rows, as PySCF does: :func:`solves`,
+#: :func:`solve_in_place`) instead of multiplying by ``L^{-T}`` formed once (:func:`fit_matrix`): water cc-pVDZ with an
 #: even-tempered fitting set (beta 1.3, condition 4e17) had its DF-SCF energy 2.5e-6 Eh and its
 #: MP2 correlation energy 5.8e-9 Eh from PySCF's through the explicit inverse, against 1e-11
 #: or better up to a condition of 1e13 (beta 1.4).
@@ -429,6 +432,32 @@ def factor_metric(j2c: torch.Tensor, la: Dispatcher,
                             reason)
     return MetricFactor(lower, None, 0, cholesky_condition(j2c, lower), "cholesky",
                         "LAPACK potrf succeeded in fp64")
+
+
+#: Bytes of one block of rows solved at a time by :func:`solve_in_place` (its only memory
+#: beyond the rows themselves: the solve's result, copied back).
+SOLVE_BLOCK_BYTES = 16 * 2**20
+
+
+def solve_in_place(lower: torch.Tensor, rows: torch.Tensor, la) -> torch.Tensor:
+    """``rows`` (m, naux) <- ``rows @ L^{-T}`` with the Cholesky factor ``lower`` (naux, naux),
+    by ``la.trsm`` on blocks of rows of :data:`SOLVE_BLOCK_BYTES`, each copied back: the fit of a
+    metric above :data:`SOLVE_CONDITION`, in the rows' own memory (a view, contiguous or not,
+    on the host or a device; ``lower`` is moved to the rows' device). Returns ``rows``."""
+    lower = lower.to(rows.device)
+    step = max(1, SOLVE_BLOCK_BYTES // max(1, rows.shape[1] * rows.element_size()))
+    for r0 in range(0, rows.shape[0], step):
+        block = rows[r0:r0 + step]
+        block.copy_(la.trsm(lower, block))
+    return rows
+
+
+def solves(factor: MetricFactor) -> bool:
+    """Whether the fit with ``factor`` solves with its Cholesky factor (:func:`solve_in_place`)
+    instead of multiplying by ``L^{-T}`` (:func:`fit_matrix`): a metric whose condition is above
+    :data:`SOLVE_CONDITION`."""
+    return (factor.lower is not None and factor.condition is not None
+            and factor.condition > SOLVE_CONDITION)
 
 
 def cholesky_condition(a_nn: torch.Tensor, l_nn: torch.Tensor) -> float:

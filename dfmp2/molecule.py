@@ -213,16 +213,17 @@ def basis_record(mol) -> dict[str, str]:
     return {element: ", ".join(entry) for element, entry in sorted(names.items())}
 
 
-def molecule_record(mol) -> dict:
+def molecule_record(mol, multiplicity: int | None = None) -> dict:
     """The QCSchema molecule: symbols (no ghost prefix), geometry (flat, Bohr), real (False for
-    ghost atoms), molecular_charge, molecular_multiplicity; ``qcelemental.models.Molecule(**r)``
-    accepts it."""
+    ghost atoms), molecular_charge, molecular_multiplicity (``multiplicity`` when given: the
+    SCF's own, which ``mf.nelec`` can set apart from the molecule's 2S + 1);
+    ``qcelemental.models.Molecule(**r)`` accepts it."""
     return {
         "symbols": [element_of(mol.atom_symbol(k)) for k in range(mol.natm)],
         "geometry": mol.atom_coords(unit="Bohr").ravel().tolist(),
         "real": [not _is_ghost(mol, k) for k in range(mol.natm)],
         "molecular_charge": float(mol.charge),
-        "molecular_multiplicity": int(mol.spin) + 1,
+        "molecular_multiplicity": int(mol.spin) + 1 if multiplicity is None else multiplicity,
     }
 
 

@@ -18,7 +18,6 @@ from .blocking import BlockPlan
 from .buffers import Buffers
 from .df import (
     METRIC_ON_HOST,
-    SOLVE_CONDITION,
     MetricFactor,
     PairUnpacker,
     factor_metric,
@@ -26,6 +25,8 @@ from .df import (
     host_ops,
     iter_int3c2e,
     metric,
+    solve_in_place,
+    solves,
     unpack_pairs,
 )
 from .energy import CLOSED, OPPOSITE, SAME, SpinBlock, pair_weights
@@ -206,14 +207,13 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
     ``L^{-T}`` is formed once (or given as ``matrix``, e.g. already on a CUDA device); each
     block is then one ``la.trmm``, in place in the rows read (a trsm per block ran at half the
     GEMM rate). A metric whose condition is above :data:`dfmp2.df.SOLVE_CONDITION` is solved
-    with its Cholesky factor instead, block by block (``la.trsm``), unless ``matrix`` is
-    given."""
+    with its Cholesky factor instead, in the rows read (:func:`dfmp2.df.solve_in_place`, on
+    the host or the device), and ``matrix`` is not used."""
     nocc = store.nocc
-    if matrix is None and factor.lower is not None and factor.condition is not None and (
-            factor.condition > SOLVE_CONDITION):
+    if solves(factor):
         for i0 in range(0, nocc, fit_occ):
             i1 = min(i0 + fit_occ, nocc)
-            store.write_b(i0, i1, la.trsm(factor.lower, store.read_ia_slab(i0, i1)))
+            store.write_b(i0, i1, solve_in_place(factor.lower, store.read_ia_slab(i0, i1), la))
             progress("fit", i1, nocc)
         store.finish_fit()
         return
@@ -409,7 +409,7 @@ def _device_pair_energies(mol, auxmol, spaces, plan: BlockPlan, la: Dispatcher, 
     try:
         timer.run("transform", transform_on_device, mol, auxmol, [spaces[k] for k in used], la,
                   dplan.aux_block, stores, dev, progress)
-        matrix = fit_matrix(factor, la).to(dev)
+        matrix = None if solves(factor) else fit_matrix(factor, la).to(dev)
         for k, store in zip(used, stores):
             spin = "" if len(spaces) == 1 else (" alpha", " beta")[k]
             timer.run("fit", fit, store, factor, la, dplan.fit_occ,

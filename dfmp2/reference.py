@@ -373,6 +373,7 @@ def spin_contamination(mf) -> tuple[float, float] | None:
     if not isinstance(mf, pyscf_scf.uhf.UHF):
         return None
     s2, _mult = mf.spin_square()
-    nalpha, nbeta = getattr(mf, "nelec", None) or mf.mol.nelec  # the SCF's own, where set
+    nelec = getattr(mf, "nelec", None)  # the SCF's own, where set (a tuple or an array)
+    nalpha, nbeta = mf.mol.nelec if nelec is None else nelec
     s = (nalpha - nbeta) / 2
     return float(s2), float(s2 - s * (s + 1))

@@ -164,9 +164,11 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         try:
             write_chkfile(mf, options.chkfile)
             mf.chkfile = options.chkfile
-        except OSError as exc:  # checked before the SCF; a full disk now loses no result
+        except Exception as exc:  # checked before the SCF: a full disk, h5py's errors now
+            why = getattr(exc, "strerror", None) or first_line(exc)
             log.warning("could not write the chkfile %r (%s); the run goes on without it",
-                        options.chkfile, exc.strerror or first_line(exc))
+                        options.chkfile, why)
+            mf.restart = f"{mf.restart}; not written: {why}"  # the summary and the record
 
 
 def write_chkfile(mf, path: str) -> None:
@@ -272,7 +274,7 @@ def registry_eigh(la):
 
     def eigh(h, s, overwrite=False, x=None):
         if x is None or np.iscomplexobj(h) or np.iscomplexobj(x):
-            return scf.hf.SCF._eigh(None, h, s, overwrite)
+            return scf.hf.SCF._eigh(None, h, s, overwrite, x)
         xhx = x.T @ h @ x
         w, v = la.eigh(torch.from_numpy(np.ascontiguousarray(xhx)))  # its lower triangle
         return w.numpy(), scf.hf._adjust_phase_(x @ v.numpy())
@@ -342,7 +344,8 @@ STALL_GAIN = 0.9
 NEWTON_CYCLES = 10
 #: The largest orbital gradient at which a Kohn-Sham SCF stalled on its grid's noise is
 #: accepted as converged under the default KS threshold (:func:`_ks_noise_bound`; smaller when
-#: sqrt(conv_tol) is): sqrt(1e-11), PySCF's own default threshold for that energy tolerance.
+#: sqrt(conv_tol) is): sqrt(1e-11) = 3.16e-6 rounded, PySCF's own default threshold for that
+#: energy tolerance (dfmp2's default before it became 1e-10).
 KS_STALL_LIMIT = 3.2e-6
 
 
@@ -552,24 +555,24 @@ def read_checkpoint(chkfile: str):
     PySCF's own reader passes parts of the molecule record to ``eval`` (and all of it when it
     is not JSON), so a file could run code. The molecule is rebuilt from the record's JSON
     fields (its libcint tables, the atoms and basis as PySCF parsed them, charge and 2S), which
-    is what :func:`_same_system` compares. Raises KeyError for a missing record, ValueError
-    for one that is not JSON, OSError for a file that is not HDF5."""
+    is what :func:`_same_system` compares. Raises ValueError for a missing record or one that
+    is not JSON, OSError for a file that is not HDF5."""
     import json
 
     import h5py
 
     with h5py.File(chkfile, "r") as handle:
-        if "mol" not in handle:
-            raise KeyError("no molecule record 'mol'")
+        if not isinstance(handle.get("mol"), h5py.Dataset):
+            raise ValueError("no molecule record 'mol'")
         text = handle["mol"][()]
-        group = handle.get("scf")
-        if not isinstance(group, h5py.Group):
-            raise KeyError("no SCF record 'scf'")
-        missing = [key for key in ("mo_coeff", "mo_occ") if not isinstance(group.get(key),
-                                                                             h5py.Dataset)]
-        if missing:
-            raise KeyError(f"no {' or '.join('scf/' + key for key in missing)}")
-        mo_coeff, mo_occ = np.asarray(group["mo_coeff"][()]), np.asarray(group["mo_occ"][()])
+        if not isinstance(handle.get("scf"), h5py.Group):
+            raise ValueError("no SCF record 'scf'")
+    # PySCF's reader of datasets (no eval): a UHF's pair of arrays may be stored as a list
+    orbitals = {key: lib.chkfile.load(chkfile, f"scf/{key}") for key in ("mo_coeff", "mo_occ")}
+    missing = [f"scf/{key}" for key, value in orbitals.items() if value is None]
+    if missing:
+        raise ValueError(f"no {' or '.join(missing)}")
+    mo_coeff, mo_occ = (np.asarray(orbitals[key]) for key in ("mo_coeff", "mo_occ"))
     record = json.loads(text.decode() if isinstance(text, bytes) else str(text))
     if not isinstance(record, dict):
         raise ValueError("the molecule record is not a JSON object")

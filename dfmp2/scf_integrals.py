@@ -23,7 +23,6 @@ from pyscf import lib
 from .blocking import JKPlan
 from .buffers import zeros
 from .df import (
-    SOLVE_CONDITION,
     MetricFactor,
     PairColumns,
     PairUnpacker,
@@ -33,6 +32,8 @@ from .df import (
     iter_int3c2e_pairs,
     metric,
     nonzero_columns,
+    solve_in_place,
+    solves,
     take_columns,
 )
 from .errors import ResourceError
@@ -58,8 +59,6 @@ JK_AUX_BLOCK = 128
 #: range-separated hybrid's long-range metric is singular: with the MP2 step's 1e-10 instead,
 #: wB97X on two waters 30 Angstrom apart (cc-pVDZ) was 3.3e-8 Eh from PySCF's DF-SCF.
 SCF_LINDEP_THRESHOLD = 1e-7
-#: AO pairs per triangular solve of an ill-conditioned fit (:func:`_fit_in_place`).
-SOLVE_PAIRS = 4096
 #: Auxiliary functions unpacked at a time from the packed or pair-screened tensor for K (and
 #: in place, :func:`unpack_in_place`), by one thread per CPU
 #: (:class:`dfmp2.df.PairUnpacker`), into arrays reused block after block. Measured on the
@@ -79,12 +78,10 @@ def _fit_in_place(factor: MetricFactor, la: Dispatcher, ints_t: torch.Tensor,
                   upper: torch.Tensor | None = None) -> None:
     """``ints_t`` (pairs, naux), a view of the integrals, times ``L^{-T}`` in place: one trmm
     with ``upper`` (:func:`dfmp2.df.fit_matrix`, made here when None), or, for a metric whose
-    condition is above :data:`SOLVE_CONDITION`, triangular solves with ``L`` by blocks of
-    :data:`SOLVE_PAIRS` pairs."""
-    if factor.condition is not None and factor.condition > SOLVE_CONDITION:
-        for r0 in range(0, ints_t.shape[0], SOLVE_PAIRS):
-            rows = ints_t[r0:r0 + SOLVE_PAIRS]
-            rows.copy_(la.trsm(factor.lower, rows))
+    condition is above :data:`dfmp2.df.SOLVE_CONDITION`, triangular solves with ``L``
+    (:func:`dfmp2.df.solve_in_place`)."""
+    if solves(factor):
+        solve_in_place(factor.lower, ints_t, la)
         return
     la.trmm(fit_matrix(factor, la) if upper is None else upper, ints_t)
 
@@ -92,9 +89,10 @@ def _fit_in_place(factor: MetricFactor, la: Dispatcher, ints_t: torch.Tensor,
 def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
     PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
-    fits). The metric is factored as in the MP2 step: after a Cholesky factorisation one trmm
-    on the whole tensor; with ``J^{-1/2}`` (eigenvalues dropped) by AO pair blocks, so that one
-    tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
+    fits). The metric is factored as PySCF's DF-SCF factors it (:func:`scf_metric_factor`):
+    after a Cholesky factorisation one trmm by ``L^{-T}`` on the whole tensor, or triangular
+    solves where the metric is ill-conditioned (:func:`_fit_in_place`); with ``J^{-1/2}``
+    (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     factor = scf_metric_factor(auxmol, la)
@@ -108,7 +106,7 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     else:
         for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
             packed[p0:p1] = block
-        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (pairs, naux) view, in place
+        # B^T = (P|mu nu)^T L^{-T}: on the (pairs, naux) view, in place
         _fit_in_place(factor, la, torch.from_numpy(packed).T)
     return packed
 
@@ -124,7 +122,8 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     shells; every later block is checked to be zero at the others before it is stored
     compressed, and the integrals are computed again with every pair kept when one is not (a
     whole shell pair that vanishes by symmetry for the first auxiliary functions only). The fit
-    of the kept pairs is the one trmm of :func:`fitted_cderi` on fewer columns. With
+    of the kept pairs is that of :func:`fitted_cderi` (:func:`_fit_in_place`) on fewer
+    columns. With
     ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair blocks and
     every pair is kept."""
     nao = mol.nao_nr()
@@ -152,8 +151,8 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
             flat = _screened_integrals(iter_int3c2e(mol, auxmol, JK_AUX_BLOCK), pairs, naux,
                                        square)
         columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        # B^T = (P|mu nu)^T L^{-T}: one trmm on the (kept pairs, naux) view, in place (the
-        # zero column stays zero)
+        # B^T = (P|mu nu)^T L^{-T}: on the (kept pairs, naux) view, in place (the zero column
+        # stays zero)
         _fit_in_place(factor, la, torch.from_numpy(columns).T)
     log.info("DF-SCF integrals: %s kept", pairs.describe())
     if not square:
@@ -256,14 +255,13 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
                         screen: bool = False):
     """Yield ``(p0, p1, kept, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0),
     for ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
-    auxiliary function of those pairs, then ``L^{-T}`` by one in-place trmm on the (pairs,
-    naux) view, or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``, the pairs whose
+    auxiliary function of those pairs, then ``L^{-T}`` in place on the (pairs, naux) view
+    (:func:`_fit_in_place`), or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``, the pairs whose
     integrals are zero for every auxiliary function are dropped before the fit: ``kept`` gives
     the offsets within p0:p1 of the block's columns. Two arrays of a range's size: the
-    integrals and their copy without the zero pairs, fitted in place (by the trmm, or by the
-    gemm into the integrals' array). A block is valid until the next one is requested."""
-    solve = factor.condition is not None and factor.condition > SOLVE_CONDITION
-    upper = fit_matrix(factor, la) if factor.lower is not None and not solve else None
+    integrals and their copy without the zero pairs, fitted in place (by the trmm or the
+    solves, or by the gemm into the integrals' array). A block is valid until the next one is requested."""
+    upper = fit_matrix(factor, la) if factor.lower is not None and not solves(factor) else None
     spare = None
     for p0, p1, ints in iter_int3c2e_pairs(mol, auxmol, max_pairs):
         kept, block = None, ints

@@ -283,3 +283,35 @@ def test_torchrun_options_on_one_process_say_so():
     assert "--dist-backend and --dist-timeout apply under torchrun only" in result.stderr
     plain = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g"])
     assert "torchrun" not in plain.stderr
+
+
+def test_json_to_a_device_or_a_read_fifo_is_written_and_to_an_unread_fifo_refused(tmp_path):
+    """--json /dev/null (or /dev/stdout) is written as before; a FIFO nothing reads is refused
+    before the run (opening it to check would wait for a reader)."""
+    import os
+    import threading
+
+    ok = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", os.devnull,
+                                   "-q"])
+    assert ok.exit_code == 0, ok.output
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    refused = CliRunner().invoke(main, ["run", WATER, "--json", str(fifo)])
+    assert refused.exit_code == 1 and "is a FIFO that nothing reads" in refused.output
+    received = []
+
+    def reader():  # the check's open and close reads as an empty write: open again
+        while not received:
+            with open(fifo) as handle:  # waits for a writer
+                text = handle.read()
+            if text:
+                received.append(text)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    threading.Event().wait(0.5)  # the reader is waiting in open()
+    written = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(fifo),
+                                        "-q"])
+    thread.join(timeout=60)
+    assert written.exit_code == 0, written.output
+    assert '"return_result"' in "".join(received)

@@ -64,6 +64,24 @@ def test_device_path_equals_host(cpu_as_device, kwargs, budget):
         assert dev.pair_energies["blocks"].keys() == host.pair_energies["blocks"].keys()
 
 
+def test_an_ill_conditioned_fit_is_solved_on_the_device_too(cpu_as_device):
+    """A fitting set whose metric's condition is above SOLVE_CONDITION (water, even-tempered,
+    beta 1.3): the device path solves with the Cholesky factor, as the host does (its explicit
+    L^-T was 1.4e-8 Eh from the host's E(corr))."""
+    from pyscf import df, gto
+
+    from dfmp2.df import SOLVE_CONDITION
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    etb = df.aug_etb(mol, beta=1.3)
+    host = dfmp2.run(mol, device="cpu", auxbasis=etb)
+    assert host.method.metric_condition > SOLVE_CONDITION
+    cpu_as_device(ROOMY)
+    dev = dfmp2.run(mol, auxbasis=etb)
+    assert dev.backend.device["plan"]["b_placement"] == "device"  # fitted there
+    assert abs(dev.e_corr - host.e_corr) <= TOL_OUTCORE
+
+
 def test_force_outcore_keeps_b_in_the_hdf5_file_on_a_device(cpu_as_device, tmp_path):
     """--force-outcore on a device run: B is written to the host's HDF5 file and its pair
     blocks stream to the device, though B would fit there; the records say so."""

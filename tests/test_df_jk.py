@@ -765,6 +765,11 @@ def test_an_ill_conditioned_fitting_basis_is_solved_not_inverted():
     assert result.method.metric_condition > SOLVE_CONDITION
     mf = scf.RHF(mol).density_fit(auxbasis=etb).run(conv_tol=1e-12, conv_tol_grad=1e-8)
     assert result.e_scf == pytest.approx(mf.e_tot, abs=TOL_OUTCORE)
+    on_disk = dfmp2.run(mol, scf_auxbasis=etb, auxbasis=etb, conv_tol=1e-12, conv_tol_grad=1e-8,
+                        force_outcore=True)  # both tensors in files, fitted block by block
+    assert "on disk" in on_disk.scf.jk and on_disk.method.blocks["storage"] == "hdf5"
+    assert on_disk.e_scf == pytest.approx(mf.e_tot, abs=TOL_OUTCORE)
+    assert on_disk.e_corr == pytest.approx(result.e_corr, abs=TOL_OUTCORE)
     ours = api.DFMP2(mf, auxbasis=etb).run()
     pt = pyscf_dfmp2.DFMP2(mf)
     pt.with_df = df.DF(mol, auxbasis=etb)

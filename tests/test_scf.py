@@ -121,8 +121,6 @@ def test_a_chkfile_path_that_cannot_take_the_checkpoint_is_refused_before_the_sc
         tmp_path, monkeypatch):
     """A FIFO (the check would block), and a directory that takes no new file (the checkpoint
     is written beside the file and renamed over it): refused before the SCF."""
-    import tempfile
-
     from dfmp2 import _files, api
 
     monkeypatch.setattr(api, "run_scf", lambda *a, **k: pytest.fail("the SCF ran"))
@@ -136,12 +134,11 @@ def test_a_chkfile_path_that_cannot_take_the_checkpoint_is_refused_before_the_sc
     def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(_files.tempfile, "NamedTemporaryFile", read_only)
-    with pytest.raises(InputError, match="its directory .* takes no new file"):
-        dfmp2.run(WATER, chkfile=str(existing))
-    monkeypatch.setattr(_files.tempfile, "NamedTemporaryFile", tempfile.NamedTemporaryFile)
     with pytest.raises(InputError, match="chkfile must be a file path"):
         dfmp2.run(WATER, chkfile=3)
+    monkeypatch.setattr(_files, "NamedTemporaryFile", read_only)
+    with pytest.raises(InputError, match="its directory .* takes no new file"):
+        dfmp2.run(WATER, chkfile=str(existing))
 
 
 def test_a_linked_chkfile_is_rewritten_through_its_link_and_a_failed_write_loses_no_result(
@@ -164,6 +161,27 @@ def test_a_linked_chkfile_is_rewritten_through_its_link_and_a_failed_write_loses
     result = dfmp2.run(WATER, chkfile=str(new), basis="sto-3g")
     assert result.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART) and not new.exists()
     assert "could not write the chkfile" in caplog.text and "No space left" in caplog.text
+    assert result.scf.restart == f"new chkfile {new}; not written: No space left on device"
+
+
+def test_a_pyscf_checkpoint_with_its_orbitals_stored_as_a_list_is_read(tmp_path):
+    """PySCF stores a UHF's (alpha, beta) tuple as a list group (``mo_coeff__from_list__``),
+    which its own reader and dfmp2's read."""
+    import h5py
+    import numpy as np
+    from pyscf import lib
+
+    chk = str(tmp_path / "cation.chk")
+    dfmp2.run(WATER, chkfile=chk, basis="sto-3g", charge=1, spin=1)
+    with h5py.File(chk, "a") as f:
+        coeff, occ = f["scf/mo_coeff"][()], f["scf/mo_occ"][()]
+        del f["scf/mo_coeff"], f["scf/mo_occ"]
+    lib.chkfile.save(chk, "scf/mo_coeff", [coeff[0], coeff[1]])
+    lib.chkfile.save(chk, "scf/mo_occ", [occ[0], occ[1]])
+    with h5py.File(chk) as f:
+        assert "mo_coeff__from_list__" in f["scf"]
+    again = dfmp2.run(WATER, chkfile=chk, basis="sto-3g", charge=1, spin=1)
+    assert again.scf.cycles == 1 and np.isfinite(again.e_tot)
 
 
 def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(tmp_path,
@@ -436,10 +454,9 @@ def test_a_mixed_precision_restart_says_it_ran_in_float64(tmp_path):
 def test_the_scf_diagonalises_through_the_registry_as_pyscf_would():
     """dfmp2's DF-SCF diagonalises each cycle's Fock matrix with the registry's eigh (recorded
     per call: one per cycle and PySCF's extra one after convergence), with PySCF's
-    orthogonaliser and phase convention: the same eigenvalues and vectors as PySCF's solver;
-    without the orthogonaliser, PySCF's generalised solver."""
+    orthogonaliser and phase convention: the same eigenvalues and vectors as PySCF's solver,
+    also with an orthogonaliser that drops dependent combinations."""
     import numpy as np
-    import scipy.linalg
     from pyscf import gto
     from pyscf.scf import hf
 
@@ -454,10 +471,11 @@ def test_the_scf_diagonalises_through_the_registry_as_pyscf_would():
     h = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
     x = hf.check_linear_dependency(s)
     eigh = scf.registry_eigh(api._dispatcher(Options()))
-    for given in (x, None):
+    dependent = scf.scf.addons.canonical_orth_(s, thr=0.1)  # fewer columns than rows
+    assert dependent.shape[1] < dependent.shape[0]
+    for given in (x, dependent):
         w, c = eigh(h, s, x=given)
-        w_ref, c_ref = hf.SCF._eigh(None, h, s, x=given) if given is not None else (
-            scipy.linalg.eigh(h, s)[0], hf._adjust_phase_(scipy.linalg.eigh(h, s)[1]))
+        w_ref, c_ref = hf.SCF._eigh(None, h, s, x=given)
         # each vector PySCF's up to its sign (the largest component can tie between
         # symmetry-equivalent atoms, where rounding picks the phase)
         overlap = np.abs(np.diag(c.T @ s @ c_ref))
