@@ -92,7 +92,8 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     fits). The metric is factored as PySCF's DF-SCF factors it (:func:`scf_metric_factor`):
     after a Cholesky factorisation one trmm by ``L^{-T}`` on the whole tensor, or triangular
     solves where the metric is ill-conditioned (:func:`_fit_in_place`); with ``J^{-1/2}``
-    (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory. :func:`screened_cderi` keeps only the pairs that are not zero."""
+    (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory.
+    :func:`screened_cderi` keeps only the pairs that are not zero."""
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     factor = scf_metric_factor(auxmol, la)
@@ -256,11 +257,12 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
     """Yield ``(p0, p1, kept, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0),
     for ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
     auxiliary function of those pairs, then ``L^{-T}`` in place on the (pairs, naux) view
-    (:func:`_fit_in_place`), or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``, the pairs whose
-    integrals are zero for every auxiliary function are dropped before the fit: ``kept`` gives
-    the offsets within p0:p1 of the block's columns. Two arrays of a range's size: the
-    integrals and their copy without the zero pairs, fitted in place (by the trmm or the
-    solves, or by the gemm into the integrals' array). A block is valid until the next one is requested."""
+    (:func:`_fit_in_place`), or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``,
+    the pairs whose integrals are zero for every auxiliary function are dropped before the fit:
+    ``kept`` gives the offsets within p0:p1 of the block's columns. Two arrays of a range's
+    size: the integrals and their copy without the zero pairs, fitted in place (by the trmm or
+    the solves, or by the gemm into the integrals' array). A block is valid until the next one
+    is requested."""
     upper = fit_matrix(factor, la) if factor.lower is not None and not solves(factor) else None
     spare = None
     for p0, p1, ints in iter_int3c2e_pairs(mol, auxmol, max_pairs):
