@@ -360,11 +360,11 @@ class PairUnpacker:
 #: step (the DF-SCF's tensor drops PySCF's way: dfmp2.scf_integrals.SCF_LINDEP_THRESHOLD).
 LINDEP_THRESHOLD = 1e-10
 #: Above this condition number of the metric (LAPACK's estimate after Cholesky) the fit solves
-#: with the Cholesky factor (triangular solves by blocks of rows, as PySCF does: :func:`solves`,
-#: :func:`solve_in_place`) instead of multiplying by ``L^{-T}`` formed once (:func:`fit_matrix`):
-#: water cc-pVDZ with an even-tempered fitting set (beta 1.3, condition 4e17) had its DF-SCF energy 2.5e-6 Eh and its
-#: MP2 correlation energy 5.8e-9 Eh from PySCF's through the explicit inverse, against 1e-11
-#: or better up to a condition of 1e13 (beta 1.4).
+#: with the Cholesky factor (triangular solves by blocks of rows, as PySCF does:
+#: :func:`solves`, :func:`solve_in_place`) instead of multiplying by ``L^{-T}`` formed once
+#: (:func:`fit_matrix`): water cc-pVDZ with an even-tempered fitting set (beta 1.3, condition
+#: 4e17) had its DF-SCF energy 2.5e-6 Eh and its MP2 correlation energy 5.8e-9 Eh from PySCF's
+#: through the explicit inverse, against 1e-11 or better up to a condition of 1e13 (beta 1.4).
 SOLVE_CONDITION = 1e12
 
 
