@@ -794,6 +794,19 @@ def _hill_order(counts: dict[str, int]) -> list[str]:
                                                              if s not in ("C", "H"))
 
 
+def _same_atoms(mol, other) -> bool:
+    """Whether two molecules have the same atoms (labels, charges) at the same places (to
+    1e-8 Bohr), however their geometries were written."""
+    for m in (mol, other):
+        if not getattr(m, "_built", False):
+            m.build(False, False)
+    return (mol.natm == other.natm
+            and [mol.atom_symbol(k) for k in range(mol.natm)]
+            == [other.atom_symbol(k) for k in range(other.natm)]
+            and np.array_equal(mol.atom_charges(), other.atom_charges())
+            and np.allclose(mol.atom_coords(), other.atom_coords(), rtol=0, atol=1e-8))
+
+
 def _scf_nelec(mf) -> tuple[int, int]:
     """(n_alpha, n_beta) the SCF object ran with: its own ``nelec`` where set (PySCF lets it
     override the molecule's charge and 2S), else the molecule's."""
@@ -924,7 +937,7 @@ class DFMP2:
             return auxbasis
         if not isinstance(with_df, pyscf_df.DF):
             raise InputError(f"with_df must be a pyscf.df.DF object, got {type(with_df).__name__}")
-        if with_df.mol is not self.mol and with_df.mol.atom != self.mol.atom:
+        if with_df.mol is not self.mol and not _same_atoms(with_df.mol, self.mol):
             raise InputError("with_df was built for another molecule than the SCF's")
         from_df = with_df.auxbasis
         if from_df is None and auxbasis is None:  # PySCF would fit with its JK-fit default

@@ -514,12 +514,15 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         pending.check()  # a signal whose exception Python swallowed (in a __del__ or callback)
         terminal(stage, done, total)
 
+    job = None
+    # a failure is recorded in the JSON file once nothing else may be that file (the input's
+    # chkfile keyword is checked against it below)
+    record = json_path if leader else None
     try:
         from . import qcschema
         from .api import run as run_dfmp2
         from .errors import DFMP2Error
 
-        job = None
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
                 k: v for k, v in options.items() if k in explicit})  # echoed in its result
@@ -530,6 +533,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             if options.get("chkfile") not in (None, given_chkfile):  # the input's keyword
                 clash = (_output_error(json_path, plot_path, options["chkfile"], geometry)
                          if leader else None)
+                record = None if clash is not None else record
                 if ranks is not None:
                     from .distributed import current
 
@@ -554,15 +558,19 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
     except Interrupted as exc:
+        _record_failure(record, exc, job)
         raise _interrupted(exc, who) from None
     except DFMP2Error as exc:
         if pending.signum is not None:  # the error came while a signal was being delivered
-            raise _interrupted(Interrupted(pending.signum,
-                                           signal.Signals(pending.signum).name), who) from None
+            signalled = Interrupted(pending.signum, signal.Signals(pending.signum).name)
+            _record_failure(record, signalled, job)
+            raise _interrupted(signalled, who) from None
+        _record_failure(record, exc, job)
         raise _fail(exc, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
         if ranks is None or not ranks.is_collective_error(exc):
             raise
+        _record_failure(record, ranks.collective_error(exc), job)
         raise _fail(ranks.collective_error(exc), who) from None
     finally:
         restore()
@@ -703,6 +711,37 @@ def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:
     click.echo(f"error{who}: {exc}; temporary files removed; exit status {128 + exc.signum}",
                err=True)
     return click.exceptions.Exit(128 + exc.signum)
+
+
+#: The ``error_type`` of a failed run's JSON record per dfmp2 error (QCEngine's words).
+_ERROR_TYPES = {"InputError": "input_error", "OrbitalError": "input_error",
+                "ConvergenceError": "convergence_error", "ResourceError": "resource_error",
+                "Interrupted": "interrupted"}
+
+
+def _record_failure(json_path, exc: Exception, job=None) -> None:
+    """A run that failed after its output checks replaces ``json_path`` (a file, not '-') with
+    a QCSchema ``FailedOperation``-shaped record (``success`` false, the error's type and
+    message, the QCSchema input when there was one), so that a JSON file never holds an earlier
+    run's result under this run's name. A file that cannot be written now is left alone (the
+    error line says what failed)."""
+    if not json_path or json_path == "-":
+        return
+    import json
+
+    from ._version import __version__
+
+    record = {"success": False,
+              "error": {"error_type": _ERROR_TYPES.get(type(exc).__name__, "unknown_error"),
+                        "error_message": str(exc)},
+              "input_data": None if job is None else job.input,
+              "extras": {"provenance": {"creator": "dfmp2", "version": __version__,
+                                        "routine": "dfmp2"}}}
+    try:
+        with open(json_path, "w") as handle:
+            handle.write(json.dumps(record, indent=2, default=str) + "\n")
+    except OSError:
+        pass
 
 
 def _fail(message, who: str = "") -> click.exceptions.Exit:

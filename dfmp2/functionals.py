@@ -18,6 +18,7 @@ dispersion term, and their fitted mixes differ from the uncorrected ones.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -196,8 +197,8 @@ def parse_grid(value):
         return None
     if isinstance(value, bool):
         raise InputError(f"grid must be a level 0-9 or RADIAL,ANGULAR, got {value!r}")
-    if isinstance(value, int):
-        level = value
+    if isinstance(value, numbers.Integral):  # a numpy integer too
+        level = int(value)
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         return _radial_angular(value, value)
     elif isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):

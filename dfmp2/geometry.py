@@ -224,9 +224,13 @@ def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int
     try:
         natm = int(_fields(lines[start])[0])
     except ValueError:
+        json_hint = (": this is JSON; a QCSchema AtomicInput runs with "
+                     "dfmp2.run_qcschema(path) (the dfmp2 command takes it as GEOMETRY)"
+                     if start == 0 and lines[start].lstrip(_BOM).lstrip().startswith("{")
+                     else "")
         raise InputError(
-            f"{path} line {first}: expected the number of atoms, got {lines[start].strip()!r}"
-        ) from None
+            f"{path} line {first}: expected the number of atoms, got "
+            f"{lines[start].strip()[:60]!r}{json_hint}") from None
     if natm < 1:
         raise InputError(f"{path} line {first}: the number of atoms must be positive, got "
                          f"{natm}")
@@ -289,7 +293,8 @@ def parse_geometry(geometry):
     if not isinstance(geometry, str):
         raise InputError(
             f"geometry must be an xyz path, an atom string or a pyscf Mole, got "
-            f"{type(geometry).__name__}"
+            f"{type(geometry).__name__}" + ("; a QCSchema AtomicInput runs with "
+                                            "dfmp2.run_qcschema" * isinstance(geometry, dict))
         )
     if not geometry.lstrip(_BOM).strip():
         raise InputError(f"the geometry is empty; give an xyz path or an atom string such as "

@@ -137,16 +137,27 @@ class Options:
         _choice("backend", self.backend, BACKENDS)
         _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
         _choice("device", self.device, ("auto", "cpu", "cuda"))
-        if self.device_memory is not None and (
-                not isinstance(self.device_memory, int) or isinstance(self.device_memory, bool)
-                or self.device_memory <= 0):
-            raise InputError(f"device_memory must be a positive number of MB, got "
-                             f"{self.device_memory!r}")
+        if self.device_memory is not None:
+            if (not isinstance(self.device_memory, numbers.Integral)
+                    or isinstance(self.device_memory, bool) or self.device_memory <= 0):
+                raise InputError(f"device_memory must be a positive number of MB, got "
+                                 f"{self.device_memory!r}")
+            object.__setattr__(self, "device_memory", int(self.device_memory))
+            if self.device == "cpu":
+                raise InputError("--device-memory sets the budget of a CUDA device, and --device "
+                                 "cpu runs on the host; drop one of them")
         _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
         _choice("nki_target", self.nki_target, NKI_TARGETS)
         if self.backend == "pytorch" and self.nki_matmul != "fp32":
             raise InputError(f"--nki-matmul {self.nki_matmul} chooses the NKI pair kernels' "
                              "products and contradicts --backend pytorch; drop one of them")
+        if self.backend == "pytorch" and self.nki_target != "auto":
+            raise InputError(f"--nki-target {self.nki_target} chooses the Trainium generation "
+                             "of the NKI kernels and contradicts --backend pytorch; drop one of "
+                             "them")
+        if isinstance(self.scratch_dir, str) and not self.scratch_dir.strip():
+            raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or leave "
+                             "it out for the system's temporary directory")
         _choice("precision", self.precision, PRECISIONS)
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)

@@ -65,14 +65,32 @@ def _choice(name: str, value, table: dict):
 
 
 def _number(kind):
+    """A keyword's finite number (a numeric string too); for ``int``, a whole one (60.9 grid
+    points or 50.5 iterations are refused, not truncated)."""
     def convert(name: str, value):
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise InputError(f"keyword {name}={value!r}: expected a number")
         try:
-            return kind(value)
+            number = float(value)
         except ValueError:
             raise InputError(f"keyword {name}={value!r}: expected a number") from None
+        if not math.isfinite(number):
+            raise InputError(f"keyword {name}={value!r}: expected a finite number")
+        if kind is int:
+            if number != int(number):
+                raise InputError(f"keyword {name}={value!r}: expected a whole number")
+            return int(number)
+        return number
     return convert
+
+
+def _convergence(name: str, value) -> float:
+    """Psi4's convergence keywords: a threshold (1e-8), or a whole number n >= 1 meaning 1e-n
+    (Psi4's own reading of ``e_convergence 8``)."""
+    number = _number(float)(name, value)
+    if number >= 1 and number == int(number):
+        return 10.0 ** -int(number)
+    return number
 
 
 def _text(name: str, value) -> str:
@@ -97,8 +115,8 @@ PSI4_KEYWORDS = {
     "df_basis_scf": ("scf_auxbasis", _text),
     "mp2_os_scale": ("os_scale", _number(float)),
     "mp2_ss_scale": ("ss_scale", _number(float)),
-    "e_convergence": ("conv_tol", _number(float)),
-    "d_convergence": ("conv_tol_grad", _number(float)),
+    "e_convergence": ("conv_tol", _convergence),
+    "d_convergence": ("conv_tol_grad", _convergence),
     "maxiter": ("max_cycle", _number(int)),
     "dft_radial_points": ("_radial", _number(int)),  # with dft_spherical_points: grid
     "dft_spherical_points": ("_angular", _number(int)),
@@ -367,8 +385,23 @@ def run_qcschema(source, **overrides) -> dict:
 
 
 def _load(source) -> dict:
+    """The input as a dict: a dict, a QCSchema model object (qcelemental's AtomicInput, v1 or
+    v2), JSON text, or the path of a JSON file."""
     if isinstance(source, dict):
         return source
+    for dump in ("model_dump", "dict"):  # a pydantic model: v2's method, then v1's
+        if callable(getattr(source, dump, None)) and not isinstance(source, (str, bytes)):
+            try:
+                return _load(source.serialize("json") if hasattr(source, "serialize")
+                             else getattr(source, dump)())
+            except InputError:
+                raise
+            except Exception as exc:  # an object that only looks like a model
+                raise InputError(f"QCSchema input {type(source).__name__}: cannot be read "
+                                 f"({_first_lines(exc, 1)})") from None
+    if not isinstance(source, (str, bytes, os.PathLike)):
+        raise InputError(f"QCSchema input must be an AtomicInput (a dict, a qcelemental model, "
+                         f"JSON text or a JSON file's path), got {type(source).__name__}")
     text = source
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
         try:

@@ -20,6 +20,7 @@ time holds a limit, and two runs on threads of one process cannot have different
 from __future__ import annotations
 
 import ctypes
+import numbers
 import os
 from contextlib import contextmanager
 
@@ -100,8 +101,9 @@ def limit(threads: int | None):
     if threads is None:
         yield
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
         raise InputError(f"threads must be a whole number >= 1, got {threads!r}")
+    threads = int(threads)  # a numpy integer too
     import torch
     from pyscf import lib
 

@@ -315,3 +315,19 @@ def test_json_to_a_device_or_a_read_fifo_is_written_and_to_an_unread_fifo_refuse
     thread.join(timeout=60)
     assert written.exit_code == 0, written.output
     assert '"return_result"' in "".join(received)
+
+
+def test_a_failed_run_replaces_an_earlier_json_with_its_failure(tmp_path):
+    """A run that fails after its output checks leaves a QCSchema FailedOperation-shaped record
+    in its --json file, never an earlier run's result under its name."""
+    import json
+
+    out = tmp_path / "out.json"
+    ok = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(out), "-q"])
+    assert ok.exit_code == 0 and json.loads(out.read_text())["success"] is True
+    failed = CliRunner().invoke(main, ["run", WATER, "--max-cycle", "2", "--json", str(out)])
+    assert failed.exit_code == 1 and "did not converge" in failed.output
+    record = json.loads(out.read_text())
+    assert record["success"] is False and record["input_data"] is None
+    assert record["error"]["error_type"] == "convergence_error"
+    assert "did not converge" in record["error"]["error_message"]

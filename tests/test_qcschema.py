@@ -317,3 +317,34 @@ def test_import_dfmp2_registers_in_either_order_and_loads_nothing_heavy(order):
     light, registered = proc.stdout.split()
     assert registered == "True"
     assert light == ("True" if order == "dfmp2 first" else "False")
+
+
+def test_a_failed_schema_run_writes_a_failed_operation_with_its_input(tmp_path):
+    out = tmp_path / "out.json"
+    out.write_text('{"success": true, "return_result": -1.0}')  # an earlier run's
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v1_input({"maxiter": 2})))
+    result = CliRunner().invoke(main, ["run", str(path), "--json", str(out)])
+    assert result.exit_code == 1
+    record = json.loads(out.read_text())
+    assert record["success"] is False and record["error"]["error_type"] == "convergence_error"
+    assert record["input_data"]["keywords"] == {"maxiter": 2}
+    v1.FailedOperation(**record)  # the schema's own shape
+
+
+def test_keywords_take_whole_and_finite_numbers_and_psi4s_convergence_exponents():
+    assert qcschema.keyword_options({"e_convergence": 8, "d_convergence": "6"}) == {
+        "conv_tol": 1e-8, "conv_tol_grad": 1e-6}
+    assert qcschema.keyword_options({"e_convergence": 1e-9}) == {"conv_tol": 1e-9}
+    for keywords, why in (({"maxiter": float("inf")}, "a finite number"),
+                          ({"maxiter": 50.5}, "a whole number"),
+                          ({"dft_radial_points": 60.9}, "a whole number")):
+        with pytest.raises(InputError, match=why):
+            qcschema.keyword_options(keywords)
+
+
+def test_a_qcelemental_model_is_an_input_and_other_objects_are_refused():
+    result = dfmp2.run_qcschema(v1.AtomicInput(**v1_input()))
+    assert result["success"] is True
+    with pytest.raises(InputError, match="must be an AtomicInput .* got list"):
+        dfmp2.run_qcschema([1, 2])

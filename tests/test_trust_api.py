@@ -569,3 +569,49 @@ def test_orbitals_of_a_nearly_dependent_basis_are_refused_with_what_to_do(monkey
     with pytest.raises(OrbitalError, match=r"not orthonormal.*nearly linearly dependent "
                                            r"\(smallest overlap eigenvalue 1\.\de-09\)"):
         dfmp2.DFMP2(mf, auxbasis="aug-cc-pvtz-ri").run()
+
+
+def test_with_df_of_the_same_atoms_written_another_way_is_taken():
+    """PySCF's idiom ``pt.with_df = df.DF(mol, ...)`` with a Mole of the same atoms given as
+    arrays or as a string: the same molecule (its atom input is not compared); moved atoms
+    are another."""
+    mol = gto.M(atom=[("O", np.zeros(3)), ("H", np.array([0, 0.757, 0.587])),
+                      ("H", np.array([0, -0.757, 0.587]))], basis="sto-3g", verbose=0)
+    mf = scf.RHF(mol).run(conv_tol=1e-11)
+    same = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+    pt = dfmp2.DFMP2(mf)
+    pt.with_df = df.DF(same, auxbasis="def2-svp-ri")
+    assert pt.run().e_corr == pytest.approx(
+        dfmp2.DFMP2(mf, auxbasis="def2-svp-ri").run().e_corr, abs=TOL_FP64)
+    moved = gto.M(atom="O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.6", basis="sto-3g", verbose=0)
+    pt.with_df = df.DF(moved, auxbasis="def2-svp-ri")
+    with pytest.raises(InputError, match="with_df was built for another molecule"):
+        pt.run()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"device": "cpu", "device_memory": 100}, "--device-memory sets the budget of a CUDA"),
+    ({"backend": "pytorch", "nki_target": "trn2"}, "--nki-target trn2 .* contradicts"),
+    ({"scratch_dir": " "}, "scratch_dir .* is empty"),
+    ({"threads": np.int64(0)}, "threads must be a whole number >= 1"),
+])
+def test_settings_that_would_change_nothing_are_refused(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        dfmp2.run(WATER, basis="sto-3g", **kwargs)
+
+
+def test_numpy_integers_are_numbers_everywhere():
+    from dfmp2.options import Options
+
+    options = Options(device_memory=np.int64(100), xc="b2plyp", grid=np.int64(2))
+    assert options.device_memory == 100 and type(options.device_memory) is int
+    assert dfmp2.run(WATER, basis="sto-3g", threads=np.int64(1)).e_corr < 0
+
+
+def test_a_qcschema_file_given_to_run_points_to_run_qcschema(tmp_path):
+    path = tmp_path / "inp.json"
+    path.write_text('{"schema_name": "qcschema_input"}\n')
+    with pytest.raises(InputError, match=r"this is JSON; .* dfmp2.run_qcschema\(path\)"):
+        dfmp2.run(str(path))
+    with pytest.raises(InputError, match="got dict; a QCSchema AtomicInput runs with"):
+        dfmp2.run({"schema_name": "qcschema_input"})
