@@ -878,6 +878,7 @@ class DFMP2:
         self.options = options
         self.result: Result | None = None
         self.e_corr = self.e_corr_os = self.e_corr_ss = self.e_singles = None
+        self._checked(dict(options), frozen, auxbasis)  # refused here, not at run()
 
     def __setattr__(self, name: str, value) -> None:
         if name in self._OWN:
@@ -904,6 +905,24 @@ class DFMP2:
             return object.__getattribute__(self, name)
         raise AttributeError(f"DFMP2 has no attribute {name!r}")
 
+    def _checked(self, options: dict, frozen, auxbasis) -> Options:
+        """The :class:`Options` of a run with ``options`` (the MP2 step's settings only: one
+        line for an unknown name, a molecule's or an SCF's setting, or a bad value)."""
+        unknown = sorted(set(options) - Options.field_names() - {"frozen", "auxbasis"})
+        if unknown:
+            raise InputError(f"DFMP2 has no setting {', '.join(map(repr, unknown))}; its "
+                             f"settings are the MP2 step's options "
+                             f"({', '.join(self._settings())})")
+        refused = sorted(set(options) & set(_MOLE_SETTINGS))
+        scf_only = sorted(set(options) & set(_SCF_SETTINGS))
+        if scf_only:
+            raise InputError(f"{', '.join(scf_only)}: {_SCF_OWN}")
+        if refused:
+            verb = "belongs" if len(refused) == 1 else "belong"
+            raise InputError(f"{', '.join(refused)} {verb} to the SCF's molecule; build the "
+                             "Mole and SCF with them (DFMP2 cannot change them)")
+        return Options.from_kwargs(frozen=frozen, auxbasis=auxbasis, **options)
+
     @staticmethod
     def _settings() -> list[str]:
         """The options a DFMP2 object applies (not the molecule's or the SCF's)."""
@@ -923,6 +942,12 @@ class DFMP2:
         return self._computed().e_scs
 
     emp2 = property(lambda self: self.e_corr)
+    #: PySCF's MP2 attributes read from the SCF object (dfmp2 uses its orbitals as they are).
+    mo_coeff = property(lambda self: self._scf.mo_coeff)
+    mo_energy = property(lambda self: self._scf.mo_energy)
+    mo_occ = property(lambda self: self._scf.mo_occ)
+    #: Whether an energy has been computed (PySCF's MP2 sets it after its kernel).
+    converged = property(lambda self: self.result is not None)
 
     def _computed(self) -> Result:
         if self.result is None:
@@ -963,22 +988,9 @@ class DFMP2:
             raise InputError("dfmp2 computes DF-MP2 energies only, never the t2 amplitudes; "
                              "call kernel() or kernel(with_t2=False)")
         merged = {**self.options, **options}
-        unknown = sorted(set(merged) - Options.field_names() - {"frozen", "auxbasis"})
-        if unknown:
-            raise InputError(f"DFMP2 has no setting {', '.join(map(repr, unknown))}; its "
-                             f"settings are the MP2 step's options "
-                             f"({', '.join(self._settings())})")
-        refused = sorted(set(merged) & set(_MOLE_SETTINGS))
-        scf_only = sorted(set(merged) & set(_SCF_SETTINGS))
-        if scf_only:
-            raise InputError(f"{', '.join(scf_only)}: {_SCF_OWN}")
-        if refused:
-            verb = "belongs" if len(refused) == 1 else "belong"
-            raise InputError(f"{', '.join(refused)} {verb} to the SCF's molecule; build the "
-                             "Mole and SCF with them (DFMP2 cannot change them)")
         frozen = merged.pop("frozen", self.frozen)
         auxbasis = self._auxbasis(merged.pop("auxbasis", self.auxbasis))
-        opts = Options.from_kwargs(frozen=frozen, auxbasis=auxbasis, **merged)
+        opts = self._checked(merged, frozen, auxbasis)
         self.result = compute(self._scf, opts)
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os

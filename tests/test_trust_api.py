@@ -615,3 +615,15 @@ def test_a_qcschema_file_given_to_run_points_to_run_qcschema(tmp_path):
         dfmp2.run(str(path))
     with pytest.raises(InputError, match="got dict; a QCSchema AtomicInput runs with"):
         dfmp2.run({"schema_name": "qcschema_input"})
+
+
+def test_dfmp2_refuses_its_settings_when_built_and_reads_pyscfs_attributes(water_rhf):
+    for kwargs, message in (({"bogus": 1}, "DFMP2 has no setting 'bogus'"),
+                            ({"basis": "sto-3g"}, "basis belongs to the SCF's molecule"),
+                            ({"max_memory": "x"}, "max_memory must be an integer")):
+        with pytest.raises(InputError, match=message):
+            dfmp2.DFMP2(water_rhf, **kwargs)  # at construction, not at run()
+    pt = dfmp2.DFMP2(water_rhf)
+    assert pt.converged is False and pt.mo_coeff is water_rhf.mo_coeff
+    assert pt.mo_energy is water_rhf.mo_energy and pt.mo_occ is water_rhf.mo_occ
+    assert pt.run().converged is True
