@@ -268,9 +268,9 @@ def registry_eigh(la):
     orthogonaliser ``x`` (x^T S x = 1, linear dependencies dropped), is ``x^T h x``
     diagonalised, its eigenvectors back-transformed and given PySCF's phase (largest
     component positive). Without ``x`` (or complex), PySCF's generalised solver as before.
-    PySCF's own call, SciPy's ``eigh`` on its bundled OpenBLAS, took 0.09-0.34 s per (H2O)16
-    cc-pVDZ Fock matrix against 0.04 s for torch's on the Intel Xeon (family 6, model 167),
-    single calls under load; ``benchmarks/`` has the SCF's figures."""
+    PySCF's own call, SciPy's ``eigh`` on its bundled OpenBLAS, took 1.14-1.38 s for the 15
+    diagonalisations of an (H2O)16 cc-pVDZ SCF against 0.84-1.11 s through this one on the
+    Intel Xeon (family 6, model 167; two runs each, alternating: docs/performance.md)."""
 
     def eigh(h, s, overwrite=False, x=None):
         if x is None or np.iscomplexobj(h) or np.iscomplexobj(x):
