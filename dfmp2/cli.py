@@ -720,12 +720,13 @@ _ERROR_TYPES = {"InputError": "input_error", "OrbitalError": "input_error",
 
 
 def _record_failure(json_path, exc: Exception, job=None) -> None:
-    """A run that failed after its output checks replaces ``json_path`` (a file, not '-') with
+    """A run that failed after its output checks replaces a file already at ``json_path`` with
     a QCSchema ``FailedOperation``-shaped record (``success`` false, the error's type and
-    message, the QCSchema input when there was one), so that a JSON file never holds an earlier
-    run's result under this run's name. A file that cannot be written now is left alone (the
-    error line says what failed)."""
-    if not json_path or json_path == "-":
+    message, the QCSchema input when there was one), so that it never holds an earlier run's
+    result under this run's name; where there was no file, none is made (the error line says
+    what failed), nor is a device or FIFO written. A file that cannot be written now is left
+    alone."""
+    if not json_path or json_path == "-" or not os.path.isfile(json_path):
         return
     import json
 
