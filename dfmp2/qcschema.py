@@ -200,6 +200,12 @@ def read_input(source) -> SchemaJob:
         as_v1 = model.dict()
     if driver != "energy":
         raise InputError(f"driver {driver!r}: dfmp2 computes energies (driver 'energy')")
+    protocol = (as_v1.get("protocols") or {}).get("wavefunction") or "none"
+    wavefunction = str(getattr(protocol, "value", protocol))  # an enum in the model's dict
+    if wavefunction != "none":
+        raise InputError(f"protocols.wavefunction {wavefunction!r}: dfmp2 returns no "
+                         "wavefunction (its result has energies only); give 'none' or leave it "
+                         "out")
     method = (method or "").strip().lower()
     by_method = method_options(method)
     if not isinstance(basis, str) or not basis.strip():
@@ -354,6 +360,8 @@ def result_dict(result, job: SchemaJob) -> dict:
     })
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method
+    for key, value in (given.get("extras") or {}).items():  # the input's extras pass through,
+        data["extras"].setdefault(key, value)  # as QCEngine passes them (dfmp2's own win)
     for key in ("id", "protocols"):
         if given.get(key) is not None:
             data[key] = given[key]

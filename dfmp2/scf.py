@@ -526,6 +526,8 @@ def restart_guess(mf, chkfile: str | None):
                          f"({first_line(exc)}); remove it or choose another --chkfile") from None
     differs = _same_system(mf.mol, saved_mol)
     unrestricted = isinstance(mf, scf.uhf.UHF)
+    if differs is None and mo_coeff.ndim == 2 and mo_coeff.shape[0] == 2 * mf.mol.nao_nr():
+        differs = "another reference (generalised, GHF: spin orbitals over twice the basis)"
     if differs is None and (mo_coeff.ndim == 3) != unrestricted:
         differs = "another reference (restricted vs unrestricted)"
     if differs is None and not unrestricted and mf.mol.spin > 0 and not np.any(mo_occ == 1):

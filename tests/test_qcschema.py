@@ -348,3 +348,12 @@ def test_a_qcelemental_model_is_an_input_and_other_objects_are_refused():
     assert result["success"] is True
     with pytest.raises(InputError, match="must be an AtomicInput .* got list"):
         dfmp2.run_qcschema([1, 2])
+
+
+def test_input_extras_pass_through_and_a_wavefunction_protocol_is_refused():
+    result = dfmp2.run_qcschema(v1_input(extras={"tag": "abc"}))
+    assert result["extras"]["tag"] == "abc" and "method" in result["extras"]
+    with pytest.raises(InputError, match=r"protocols.wavefunction 'all': dfmp2 returns no "
+                                         r"wavefunction"):
+        dfmp2.run_qcschema(v1_input(protocols={"wavefunction": "all"}))
+    assert dfmp2.run_qcschema(v1_input(protocols={"wavefunction": "none"}))["success"]

@@ -61,6 +61,18 @@ def test_a_damaged_chkfile_is_refused_and_a_rewrite_keeps_other_data(tmp_path):
             dfmp2.run(WATER, chkfile=chk, basis="sto-3g")
 
 
+def test_a_ghf_chkfile_is_refused_as_another_reference(tmp_path):
+    from pyscf import gto, scf
+
+    chk = str(tmp_path / "ghf.chk")
+    ghf = scf.GHF(gto.M(atom=WATER, basis="sto-3g", verbose=0))
+    ghf.chkfile = chk
+    ghf.run()
+    with pytest.raises(InputError, match=r"another calculation \(another reference "
+                                         r"\(generalised, GHF"):
+        dfmp2.run(WATER, chkfile=chk, basis="sto-3g")
+
+
 @pytest.mark.parametrize("kwargs, differs", [
     ({"basis": "sto-3g"}, "another basis"),
     ({"charge": 1, "spin": 1}, "charge +0 and 2S = 0"),
