@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import sys
 
@@ -713,12 +714,6 @@ def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:
     return click.exceptions.Exit(128 + exc.signum)
 
 
-#: The ``error_type`` of a failed run's JSON record per dfmp2 error (QCEngine's words).
-_ERROR_TYPES = {"InputError": "input_error", "OrbitalError": "input_error",
-                "ConvergenceError": "convergence_error", "ResourceError": "resource_error",
-                "Interrupted": "interrupted"}
-
-
 def _record_failure(json_path, exc: Exception, job=None) -> None:
     """A run that failed after its output checks replaces a file already at ``json_path`` with
     a QCSchema ``FailedOperation``-shaped record (``success`` false, the error's type and
@@ -730,10 +725,13 @@ def _record_failure(json_path, exc: Exception, job=None) -> None:
         return
     import json
 
-    from ._version import __version__
+    from .qcengine_harness import ERRORS
 
+    # QCEngine's error_type of the exception dfmp2's error becomes there: InputError is
+    # input_error, and so on
+    kind = ERRORS.get(type(exc).__name__, "UnknownError")
     record = {"success": False,
-              "error": {"error_type": _ERROR_TYPES.get(type(exc).__name__, "unknown_error"),
+              "error": {"error_type": re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower(),
                         "error_message": str(exc)},
               "input_data": None if job is None else job.input,
               "extras": {"provenance": {"creator": "dfmp2", "version": __version__,

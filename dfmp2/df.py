@@ -27,6 +27,7 @@ __all__ = [
     "INT3C_EXPCUTOFF",
     "LINDEP_THRESHOLD",
     "SOLVE_CONDITION",
+    "fit_in_place",
     "solve_in_place",
     "solves",
     "MAX_UNPACK_THREADS",
@@ -450,6 +451,17 @@ def solve_in_place(lower: torch.Tensor, rows: torch.Tensor, la) -> torch.Tensor:
         block = rows[r0:r0 + step]
         block.copy_(la.trsm(lower, block))
     return rows
+
+
+def fit_in_place(factor: MetricFactor, la, rows: torch.Tensor,
+                 upper: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows`` (m, naux), a view of the integrals, <- ``rows @ L^{-T}`` in place, for a
+    Cholesky ``factor``: triangular solves with ``L`` where :func:`solves` says so
+    (:func:`solve_in_place`), else one ``la.trmm`` with ``upper`` (:func:`fit_matrix`, made here
+    when None). Returns ``rows``."""
+    if solves(factor):
+        return solve_in_place(factor.lower, rows, la)
+    return la.trmm(fit_matrix(factor, la) if upper is None else upper, rows)
 
 
 def solves(factor: MetricFactor) -> bool:

@@ -21,11 +21,11 @@ from .df import (
     MetricFactor,
     PairUnpacker,
     factor_metric,
+    fit_in_place,
     fit_matrix,
     host_ops,
     iter_int3c2e,
     metric,
-    solve_in_place,
     solves,
     unpack_pairs,
 )
@@ -207,27 +207,22 @@ def fit(store, factor: MetricFactor, la: Dispatcher, fit_occ: int,
     ``L^{-T}`` is formed once (or given as ``matrix``, e.g. already on a CUDA device); each
     block is then one ``la.trmm``, in place in the rows read (a trsm per block ran at half the
     GEMM rate). A metric whose condition is above :data:`dfmp2.df.SOLVE_CONDITION` is solved
-    with its Cholesky factor instead, in the rows read (:func:`dfmp2.df.solve_in_place`, on
-    the host or the device), and ``matrix`` is not used."""
+    with its Cholesky factor instead, in the rows read (:func:`dfmp2.df.fit_in_place`, on the
+    host or the device), and ``matrix`` is not used."""
     nocc = store.nocc
-    if solves(factor):
-        for i0 in range(0, nocc, fit_occ):
-            i1 = min(i0 + fit_occ, nocc)
-            store.write_b(i0, i1, solve_in_place(factor.lower, store.read_ia_slab(i0, i1), la))
-            progress("fit", i1, nocc)
-        store.finish_fit()
-        return
-    matrix = fit_matrix(factor, la) if matrix is None else matrix
-    la.keep_on_device(matrix)  # read by every block: a device keeps it
+    if not solves(factor):
+        matrix = fit_matrix(factor, la) if matrix is None else matrix
+        la.keep_on_device(matrix)  # read by every block: a device keeps it
     for i0 in range(0, nocc, fit_occ):
         i1 = min(i0 + fit_occ, nocc)
         rows = store.read_ia_slab(i0, i1)  # ((i1-i0)*nvir, naux)
         if factor.lower is not None:
-            store.write_b(i0, i1, la.trmm(matrix, rows))
+            store.write_b(i0, i1, fit_in_place(factor, la, rows, matrix))
         else:
             store.write_b(i0, i1, la.gemm(rows, matrix))
         progress("fit", i1, nocc)
-    la.release_from_device(matrix)
+    if not solves(factor):
+        la.release_from_device(matrix)
     store.finish_fit()
 
 

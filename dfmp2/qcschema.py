@@ -397,16 +397,12 @@ def _load(source) -> dict:
     v2), JSON text, or the path of a JSON file."""
     if isinstance(source, dict):
         return source
-    for dump in ("model_dump", "dict"):  # a pydantic model: v2's method, then v1's
-        if callable(getattr(source, dump, None)) and not isinstance(source, (str, bytes)):
-            try:
-                return _load(source.serialize("json") if hasattr(source, "serialize")
-                             else getattr(source, dump)())
-            except InputError:
-                raise
-            except Exception as exc:  # an object that only looks like a model
-                raise InputError(f"QCSchema input {type(source).__name__}: cannot be read "
-                                 f"({_first_lines(exc, 1)})") from None
+    if callable(getattr(source, "serialize", None)):  # a qcelemental model, v1 or v2
+        try:
+            source = source.serialize("json")
+        except Exception as exc:  # an object that only looks like one
+            raise InputError(f"QCSchema input {type(source).__name__}: cannot be read "
+                             f"({_first_lines(exc, 1)})") from None
     if not isinstance(source, (str, bytes, os.PathLike)):
         raise InputError(f"QCSchema input must be an AtomicInput (a dict, a qcelemental model, "
                          f"JSON text or a JSON file's path), got {type(source).__name__}")

@@ -81,6 +81,8 @@ def run_scf(mol, options: Options, progress=None, la=None):
         auxbasis = jk_auxbasis(mol, options)
         mf = mf.density_fit(auxbasis=auxbasis)
         mf.jk = _choose_jk(mf, mol, auxbasis, options, la, restart=dm0 is not None)
+    if la is not None:  # every cycle's diagonalisation on the run's ops, whatever builds J/K
+        mf._eigh = registry_eigh(la)
     try:  # from here on a built tensor (a temporary file when out of core) is released on error
         _converge(mf, options, progress, dm0)
     except BaseException:
@@ -257,7 +259,6 @@ def _choose_jk(mf, mol, auxbasis, options: Options, la, restart: bool = False) -
     mixed = options.scf_precision == "mixed" and not restart
     mf.with_df = DFJK(mol, auxbasis, la, k_precision="fp32" if mixed else "fp64",
                       scratch_dir=options.scratch_dir, force_outcore=options.force_outcore)
-    mf._eigh = registry_eigh(la)
     mf.with_df.max_memory = options.max_memory
     return "dfmp2 DF J/K"
 

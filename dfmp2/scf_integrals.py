@@ -27,12 +27,12 @@ from .df import (
     PairColumns,
     PairUnpacker,
     factor_metric,
+    fit_in_place,
     fit_matrix,
     iter_int3c2e,
     iter_int3c2e_pairs,
     metric,
     nonzero_columns,
-    solve_in_place,
     solves,
     take_columns,
 )
@@ -74,24 +74,12 @@ def scf_metric_factor(auxmol, la: Dispatcher) -> MetricFactor:
     return factor_metric(torch.from_numpy(metric(auxmol)), la, lindep=SCF_LINDEP_THRESHOLD)
 
 
-def _fit_in_place(factor: MetricFactor, la: Dispatcher, ints_t: torch.Tensor,
-                  upper: torch.Tensor | None = None) -> None:
-    """``ints_t`` (pairs, naux), a view of the integrals, times ``L^{-T}`` in place: one trmm
-    with ``upper`` (:func:`dfmp2.df.fit_matrix`, made here when None), or, for a metric whose
-    condition is above :data:`dfmp2.df.SOLVE_CONDITION`, triangular solves with ``L``
-    (:func:`dfmp2.df.solve_in_place`)."""
-    if solves(factor):
-        solve_in_place(factor.lower, ints_t, la)
-        return
-    la.trmm(fit_matrix(factor, la) if upper is None else upper, ints_t)
-
-
 def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     """``B`` (naux_fit, nao(nao+1)/2) float64: the fitted three-index integrals of a DF-SCF, in
     PySCF's packed ``_cderi`` layout, in memory (:func:`dfmp2.blocking.plan_jk` decided it
     fits). The metric is factored as PySCF's DF-SCF factors it (:func:`scf_metric_factor`):
     after a Cholesky factorisation one trmm by ``L^{-T}`` on the whole tensor, or triangular
-    solves where the metric is ill-conditioned (:func:`_fit_in_place`); with ``J^{-1/2}``
+    solves where the metric is ill-conditioned (:func:`dfmp2.df.fit_in_place`); with ``J^{-1/2}``
     (eigenvalues dropped) by AO pair blocks, so that one tensor is in memory.
     :func:`screened_cderi` keeps only the pairs that are not zero."""
     nao = mol.nao_nr()
@@ -108,7 +96,7 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
         for p0, p1, block in iter_int3c2e(mol, auxmol, JK_AUX_BLOCK):
             packed[p0:p1] = block
         # B^T = (P|mu nu)^T L^{-T}: on the (pairs, naux) view, in place
-        _fit_in_place(factor, la, torch.from_numpy(packed).T)
+        fit_in_place(factor, la, torch.from_numpy(packed).T)
     return packed
 
 
@@ -123,7 +111,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     shells; every later block is checked to be zero at the others before it is stored
     compressed, and the integrals are computed again with every pair kept when one is not (a
     whole shell pair that vanishes by symmetry for the first auxiliary functions only). The fit
-    of the kept pairs is that of :func:`fitted_cderi` (:func:`_fit_in_place`) on fewer
+    of the kept pairs is that of :func:`fitted_cderi` (:func:`dfmp2.df.fit_in_place`) on fewer
     columns. With
     ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair blocks and
     every pair is kept."""
@@ -154,7 +142,7 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
         columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
         # B^T = (P|mu nu)^T L^{-T}: on the (kept pairs, naux) view, in place (the zero column
         # stays zero)
-        _fit_in_place(factor, la, torch.from_numpy(columns).T)
+        fit_in_place(factor, la, torch.from_numpy(columns).T)
     log.info("DF-SCF integrals: %s kept", pairs.describe())
     if not square:
         return columns, pairs
@@ -257,7 +245,7 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
     """Yield ``(p0, p1, kept, block)``: the fitted tensor's columns p0:p1, (naux_fit, p1 - p0),
     for ranges of whole AO shell rows (:func:`dfmp2.df.iter_int3c2e_pairs`): int3c2e for every
     auxiliary function of those pairs, then ``L^{-T}`` in place on the (pairs, naux) view
-    (:func:`_fit_in_place`), or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``,
+    (:func:`dfmp2.df.fit_in_place`), or ``J^{-1/2}`` by one gemm; ``kept`` is None. With ``screen``,
     the pairs whose integrals are zero for every auxiliary function are dropped before the fit:
     ``kept`` gives the offsets within p0:p1 of the block's columns. Two arrays of a range's
     size: the integrals and their copy without the zero pairs, fitted in place (by the trmm or
@@ -282,5 +270,5 @@ def _fitted_pair_blocks(mol, auxmol, factor: MetricFactor, la: Dispatcher, max_p
             yield p0, p1, kept, la.gemm(factor.inv_sqrt, torch.from_numpy(block),
                                         trans_a=True, out=out).numpy()
         else:
-            _fit_in_place(factor, la, torch.from_numpy(block).T, upper)
+            fit_in_place(factor, la, torch.from_numpy(block).T, upper)
             yield p0, p1, kept, block
