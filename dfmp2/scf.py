@@ -269,9 +269,8 @@ def registry_eigh(la):
     orthogonaliser ``x`` (x^T S x = 1, linear dependencies dropped), is ``x^T h x``
     diagonalised, its eigenvectors back-transformed and given PySCF's phase (largest
     component positive). Without ``x`` (or complex), PySCF's generalised solver as before.
-    PySCF's own call, SciPy's ``eigh`` on its bundled OpenBLAS, took 1.14-1.38 s for the 15
-    diagonalisations of an (H2O)16 cc-pVDZ SCF against 0.84-1.11 s through this one on the
-    Intel Xeon (family 6, model 167; two runs each, alternating: docs/performance.md)."""
+    It replaces SciPy's ``eigh`` on its bundled OpenBLAS, the slower of the two on the
+    benchmark machine measured (docs/performance.md, section "Intel Xeon")."""
 
     def eigh(h, s, overwrite=False, x=None):
         if x is None or np.iscomplexobj(h) or np.iscomplexobj(x):
