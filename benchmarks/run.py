@@ -6,7 +6,7 @@
     python3 benchmarks/run.py --molecule-dir ~/my-xyz --molecules mymol --no-e2e
     python3 benchmarks/run.py --reference uhf --molecules water16+1 --no-e2e --name uhf-r1
     python3 benchmarks/run.py --no-ladder --e2e water16,C20H42 --coretypes pyscf-Haswell \
-        --name e2e-r1                                   # dfmp2 run vs PySCF, whole jobs
+        --name e2e-zen4                                 # dfmp2 run vs PySCF, whole jobs
 
 Molecules are xyz stems looked up in every ``--molecule-dir`` given, then in the repository's
 ``inputs/``, then in ``benchmarks/molecules/`` (the larger water clusters and alkanes).
