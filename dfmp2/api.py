@@ -50,6 +50,7 @@ from .reference import (
     frozen_mask,
     frozen_per_spin,
     reference_from_scf,
+    reference_kind,
     spin_contamination,
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
@@ -948,6 +949,38 @@ class DFMP2:
     mo_occ = property(lambda self: self._scf.mo_occ)
     #: Whether an energy has been computed (PySCF's MP2 sets it after its kernel).
     converged = property(lambda self: self.result is not None)
+
+    @property
+    def nocc(self):
+        """Active occupied orbitals as PySCF's MP2 counts them (frozen ones left out): an int
+        for RHF/RKS, (alpha, beta) for UHF, UKS and ROHF."""
+        return self._active_counts()[0]
+
+    @property
+    def nmo(self):
+        """Active orbitals, occupied and virtual (PySCF's ``nmo``): an int or (alpha, beta)."""
+        return self._active_counts()[1]
+
+    def _active_counts(self) -> tuple:
+        """(nocc, nmo) of the orbitals this object's ``frozen``/``frozen_core`` leave active."""
+        kind, _ = reference_kind(self._scf)
+        if self._scf.mo_occ is None:
+            raise InputError("the SCF object has no orbitals yet: run it first (mf.run())")
+        frozen = self.options.get("frozen", self.frozen)
+        frozen_core = bool(self.options.get("frozen_core", False))
+        mo_occ = np.asarray(self._scf.mo_occ)
+        if not KINDS[kind]:
+            active = frozen_mask(self.mol, mo_occ, frozen, frozen_core, strict=False)
+            return int(np.count_nonzero(active & (mo_occ > 0))), int(np.count_nonzero(active))
+        per_spin = (mo_occ > 0, mo_occ > 1) if kind == "rohf" else (mo_occ[0] > 0,
+                                                                      mo_occ[1] > 0)
+        counts = []
+        for occupied, frozen_s in zip(per_spin, frozen_per_spin(frozen)):
+            active = frozen_mask(self.mol, occupied.astype(float), frozen_s, frozen_core,
+                                 strict=False)
+            counts.append((int(np.count_nonzero(active & occupied)),
+                           int(np.count_nonzero(active))))
+        return tuple(c[0] for c in counts), tuple(c[1] for c in counts)
 
     def _computed(self) -> Result:
         if self.result is None:

@@ -770,6 +770,25 @@ def info(nki_emulator, nki_simulator):
         click.echo(f"  {backend:<8s} {mode:<10s} {mark}  {reason}")
 
 
+@main.command()
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also the backend, BLAS, per-op records and stage times.")
+def show(path, verbose):
+    """Print the summary of a result saved by `dfmp2 run --json PATH` (or a QCSchema result
+    of dfmp2's; '-' reads standard input), as the run printed it."""
+    from .results import Result
+
+    try:
+        if path == "-":
+            result = Result.from_json(click.get_text_stream("stdin").read())
+        else:
+            result = Result.read(path)
+    except InputError as exc:
+        raise _fail(str(exc)) from None
+    click.echo(result.summary(verbose=verbose))
+
+
 #: trnsci's measured DF-MP2 energy step on one trn1 NeuronCore (v0.5.0, fused energy) at its
 #: benchmark shapes (nocc, nvir, naux): the numbers a modeled time is set beside.
 TRNSCI_ENERGY_SECONDS = {(64, 448, 1536): ("medium", 5.43), (96, 672, 2304): ("large", 30.27)}

@@ -135,14 +135,16 @@ OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy"
 @dataclass(frozen=True)
 class SchemaJob:
     """One QCSchema input as a dfmp2 run: the molecule (an unbuilt PySCF ``Mole`` in Bohr),
-    the run's options, the method, the schema version and the validated input (a dict of
-    schema v1 field names)."""
+    the run's options, the method, the schema version, the validated input (a dict of
+    schema v1 field names) and, for a v2 input, its ``specification.program`` (v1 has no such
+    field), which the result echoes."""
 
     mole: object
     options: dict
     method: str
     version: int
     input: dict
+    program: str | None = None
 
 
 def _models(version: int):
@@ -193,11 +195,11 @@ def read_input(source) -> SchemaJob:
         spec = model.specification
         driver, method, basis = str(spec.driver.value), spec.model.method, spec.model.basis
         keywords, molecule = dict(spec.keywords), model.molecule
-        as_v1 = model.convert_v(1).dict()
+        as_v1, program = model.convert_v(1).dict(), spec.program
     else:
         driver, method, basis = str(model.driver.value), model.model.method, model.model.basis
         keywords, molecule = dict(model.keywords), model.molecule
-        as_v1 = model.dict()
+        as_v1, program = model.dict(), None
     if driver != "energy":
         raise InputError(f"driver {driver!r}: dfmp2 computes energies (driver 'energy')")
     protocol = (as_v1.get("protocols") or {}).get("wavefunction") or "none"
@@ -220,7 +222,7 @@ def read_input(source) -> SchemaJob:
                          f"ignores them for {method}); to change the double hybrid's PT2 "
                          "scales give dfmp2's own keywords os_scale and ss_scale")
     options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
-    return SchemaJob(_mole(molecule), options, method, version, as_v1)
+    return SchemaJob(_mole(molecule), options, method, version, as_v1, program)
 
 
 #: Options an input's molecule or ``model.method`` sets, which a command line may not change for
@@ -368,8 +370,10 @@ def result_dict(result, job: SchemaJob) -> dict:
     v1 = _models(1)
     try:
         model = v1.AtomicResult(**data)
-        if job.version == 2:
-            return json.loads(model.convert_v(2).serialize("json"))
+        if job.version == 2:  # v1 has no program: the input's, or dfmp2 where it gave none
+            out = json.loads(model.convert_v(2).serialize("json"))
+            out["input_data"]["specification"]["program"] = job.program or "dfmp2"
+            return out
         return json.loads(model.serialize("json"))
     except Exception as exc:  # a result that does not validate is dfmp2's bug: say so
         raise RuntimeError(f"dfmp2's AtomicResult does not validate against qcelemental "

@@ -307,6 +307,79 @@ class Result:
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Result:
+        """The Result of a record :meth:`to_dict` wrote (``dfmp2 run --json``; a QCSchema
+        AtomicResult of :func:`dfmp2.run_qcschema`, v1 or v2, reads the same way, its run's
+        record in ``extras``). Raises :class:`~dfmp2.errors.InputError` with one line for a
+        failed run's record, another program's, or one missing dfmp2's records."""
+        from .errors import InputError
+
+        if not isinstance(data, dict):
+            raise InputError(f"a dfmp2 result is a JSON object, got {type(data).__name__}")
+        if data.get("success") is False:
+            error = (data.get("error") or {}).get("error_message", "no message")
+            raise InputError(f"the record is of a failed run, with no energies: {error}")
+        creator = (data.get("provenance") or {}).get("creator")
+        if creator != "dfmp2":
+            raise InputError(f"not a dfmp2 result: its provenance.creator is {creator!r}")
+        extras, props = data.get("extras") or {}, data.get("properties") or {}
+        missing = [k for k in ("molecule", "scf", "sizes", "method", "backend", "timings",
+                               "versions") if k not in extras]
+        missing += [f"properties.{k}" for k in _READ_PROPERTIES if k not in props]
+        if missing:
+            raise InputError(f"the record lacks dfmp2's {', '.join(missing)}: it was not "
+                             "written by Result.to_dict (dfmp2 run --json)")
+        dh = extras.get("double_hybrid")
+        if dh is not None:
+            e_scs = dh["e_pt2"]
+        else:
+            e_scs = extras.get("sos_mp2_correlation_energy",
+                               extras.get("scs_mp2_correlation_energy"))
+        molecule = {**extras["molecule"], "qcschema": data.get("molecule")}
+        return cls(
+            e_scf=props["scf_total_energy"],
+            e_corr_os=props["mp2_opposite_spin_correlation_energy"],
+            e_corr_ss=props["mp2_same_spin_correlation_energy"],
+            e_singles=props["mp2_singles_energy"], e_scs=e_scs,
+            molecule=_record(MoleculeInfo, molecule, "molecule"),
+            scf=_record(ScfInfo, extras["scf"], "scf"),
+            sizes=_record(Sizes, extras["sizes"], "sizes"),
+            method=_record(Method, extras["method"], "method"),
+            backend=_record(BackendInfo, extras["backend"], "backend"),
+            timings=extras["timings"], versions=extras["versions"],
+            environment=extras.get("environment"), distributed=extras.get("distributed"),
+            interaction=extras.get("interaction"), double_hybrid=dh,
+            pair_energies=extras.get("pair_energies"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Result:
+        """The Result of JSON text :meth:`to_json` wrote (:meth:`from_dict`)."""
+        from .errors import InputError
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON: line {exc.lineno}, column {exc.colno}: "
+                             f"{exc.msg}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def read(cls, path) -> Result:
+        """The Result saved in the JSON file ``path`` (``dfmp2 run --json PATH``)."""
+        from .errors import InputError
+
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read {str(path)!r}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            return cls.from_json(text)
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
+
     def summary(self, verbose: bool = False) -> str:
         """Readable text for a terminal: the molecule, the basis sets, the reference, then the
         energies; with ``verbose`` also the backend, BLAS and per-op records and stage times."""
@@ -446,6 +519,28 @@ class Result:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+#: The properties :meth:`Result.from_dict` reads its energies from.
+_READ_PROPERTIES = ("scf_total_energy", "mp2_opposite_spin_correlation_energy",
+                    "mp2_same_spin_correlation_energy", "mp2_singles_energy")
+
+
+def _record(kind, values: dict, name: str):
+    """``kind`` (a record dataclass) from a JSON record's ``values``: fields it lacks name the
+    record in one line; fields it does not know (a later dfmp2's, or a QCSchema echo's) are
+    left out."""
+    from dataclasses import MISSING, fields
+
+    from .errors import InputError
+
+    known = {f.name: f for f in fields(kind)}
+    missing = [n for n, f in known.items() if n not in values and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise InputError(f"the record's extras.{name} lacks {', '.join(missing)}: written by "
+                         "another version of dfmp2 than this one")
+    return kind(**{n: v for n, v in values.items() if n in known})
 
 
 def _grid_text(grid: dict) -> str:

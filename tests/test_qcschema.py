@@ -68,6 +68,20 @@ def test_v2_in_v2_out(frozen_core):
     assert (model.schema_name, model.schema_version) == ("qcschema_atomic_result", 2)
     assert abs(model.return_result - direct.e_tot) <= TOL_OUTCORE
     assert model.input_data.specification.keywords["freeze_core"] is True
+    # v1 has no program: the input gave none (''), so the result names the program that ran
+    assert data["specification"]["program"] == ""
+    assert model.input_data.specification.program == "dfmp2"
+
+
+def test_v2_program_is_echoed_as_given(frozen_core):
+    _, direct, _ = frozen_core
+    data = v2_input(keywords={"freeze_core": True, "df_basis_mp2": "cc-pvdz-ri"})
+    data["specification"]["program"] = "dfmp2-cluster"
+    job = qcschema.read_input(data)
+    assert job.program == "dfmp2-cluster"
+    assert qcschema.read_input(v1_input()).program is None
+    out = qcschema.result_dict(direct, job)
+    assert out["input_data"]["specification"]["program"] == "dfmp2-cluster"
 
 
 def test_ghost_atoms_come_and_go_as_real_false():

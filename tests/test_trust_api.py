@@ -627,3 +627,20 @@ def test_dfmp2_refuses_its_settings_when_built_and_reads_pyscfs_attributes(water
     assert pt.converged is False and pt.mo_coeff is water_rhf.mo_coeff
     assert pt.mo_energy is water_rhf.mo_energy and pt.mo_occ is water_rhf.mo_occ
     assert pt.run().converged is True
+
+
+def test_nocc_and_nmo_count_the_active_orbitals_as_pyscf_does(water_rhf, oh_rohf):
+    from pyscf import mp
+
+    for frozen in (None, 1, [0, 23]):
+        ours, theirs = dfmp2.DFMP2(water_rhf, frozen=frozen), mp.MP2(water_rhf, frozen=frozen)
+        assert (ours.nocc, ours.nmo) == (theirs.nocc, theirs.nmo)
+    assert (dfmp2.DFMP2(water_rhf, frozen_core=True).nocc, dfmp2.DFMP2(water_rhf).nmo) == (4, 24)
+    uhf = scf.UHF(oh_rohf.mol).run(conv_tol=1e-10)
+    for frozen in (None, 1, [[0], [0, 1]]):
+        ours, theirs = dfmp2.DFMP2(uhf, frozen=frozen), mp.UMP2(uhf, frozen=frozen)
+        assert (ours.nocc, ours.nmo) == (tuple(theirs.nocc), tuple(theirs.nmo))
+    ours, theirs = dfmp2.DFMP2(oh_rohf, frozen=1), mp.MP2(oh_rohf, frozen=1)  # PySCF: as UHF
+    assert (ours.nocc, ours.nmo) == (tuple(theirs.nocc), tuple(theirs.nmo)) == ((4, 3), (18, 18))
+    with pytest.raises(InputError, match="the SCF object has no orbitals yet"):
+        dfmp2.DFMP2(scf.RHF(water_rhf.mol)).nocc

@@ -1,0 +1,113 @@
+"""A saved result reads back: ``Result.from_dict``/``from_json``/``read`` of what ``to_dict`` and
+``dfmp2 run --json`` wrote give the same energies, records and summary, and ``dfmp2 show``
+prints that summary; anything else is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import dfmp2
+from dfmp2 import qcschema
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+from dfmp2.results import Result
+
+from conftest import INPUTS
+from tolerances import TOL_IDENTITY
+
+WATER = str(INPUTS / "water.xyz")
+OH = "O 0 0 0; H 0 0 0.97"
+
+
+def _round_trip(result: Result) -> Result:
+    again = Result.from_json(result.to_json())
+    assert again.to_dict() == json.loads(result.to_json())  # every record, as JSON holds it
+    for name in ("e_scf", "e_corr_os", "e_corr_ss", "e_singles", "e_corr", "e_tot", "e_scs",
+                 "e_scs_tot", "e_return", "e_hf"):
+        assert getattr(again, name) == getattr(result, name), name  # exact: repr round-trips
+    assert again.summary(verbose=True) == result.summary(verbose=True)
+    return again
+
+
+@pytest.mark.parametrize("options", [
+    {"frozen_core": True, "pair_energies": True},
+    {"reference": "rohf", "sos": True},
+    {"reference": "uhf", "os_scale": 1.1, "ss_scale": 0.4},
+], ids=["rhf-frozen-pairs", "rohf-sos", "uhf-scales"])
+def test_a_result_reads_back_as_it_was(options):
+    geometry = OH if options.get("reference") else WATER
+    spin = {"spin": 1} if options.get("reference") else {}
+    result = dfmp2.run(geometry, basis="sto-3g" if spin else "cc-pvdz", **spin, **options)
+    again = _round_trip(result)
+    assert again.sizes == result.sizes and again.scf.kind == result.scf.kind
+
+
+def test_a_double_hybrids_result_reads_back():
+    result = dfmp2.run(WATER, basis="6-31g", xc="b2plyp", grid=1)
+    again = _round_trip(result)
+    assert again.double_hybrid == result.double_hybrid and again.e_hf is None
+
+
+def test_a_qcschema_result_reads_back_in_either_version():
+    data = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+            "molecule": {"symbols": ["He"], "geometry": [0.0, 0.0, 0.0]},
+            "model": {"method": "mp2", "basis": "cc-pvdz"}}
+    v1 = qcschema.run_qcschema(data)
+    direct = Result.from_dict(v1)
+    assert direct.e_tot == v1["return_result"] and direct.molecule.formula == "He"
+    from qcelemental.models import v1 as models_v1
+
+    as_v2 = json.loads(models_v1.AtomicInput(**data).convert_v(2).serialize("json"))
+    v2 = qcschema.run_qcschema(as_v2)
+    assert Result.from_dict(v2).e_tot == pytest.approx(direct.e_tot, abs=TOL_IDENTITY)
+
+
+def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):
+    failed = {"success": False, "error": {"error_type": "convergence_error",
+                                          "error_message": "SCF did not converge"}}
+    cases = [
+        (failed, "failed run, with no energies: SCF did not converge"),
+        ({"success": True, "provenance": {"creator": "Psi4"}}, "its provenance.creator is 'Psi4'"),
+        ({"provenance": {"creator": "dfmp2"}, "extras": {}}, "lacks dfmp2's molecule, scf"),
+        ([1, 2], "a JSON object, got list"),
+    ]
+    for data, message in cases:
+        with pytest.raises(InputError, match=message):
+            Result.from_dict(data)
+    with pytest.raises(InputError, match="not JSON: line 1, column 2"):
+        Result.from_json("{oops")
+    with pytest.raises(InputError, match="cannot read .*missing.json.*No such file"):
+        Result.read(tmp_path / "missing.json")
+
+
+def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
+    data = dfmp2.run(WATER, basis="sto-3g").to_dict()
+    del data["extras"]["sizes"]["naux"]
+    with pytest.raises(InputError, match="extras.sizes lacks naux: written by another version"):
+        Result.from_dict(data)
+    data = dfmp2.run(WATER, basis="sto-3g").to_dict()
+    data["extras"]["scf"]["a_later_field"] = 1  # a later version's: left out, the rest read
+    assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
+
+
+def test_dfmp2_show_prints_the_runs_summary(tmp_path):
+    out = tmp_path / "water.json"
+    runner = CliRunner()
+    ran = runner.invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    shown = runner.invoke(main, ["show", str(out)])
+    assert shown.exit_code == 0 and shown.stdout.strip() == ran.stdout.strip()
+    verbose = runner.invoke(main, ["show", "-v", str(out)])
+    assert verbose.exit_code == 0 and "SCF J/K" in verbose.stdout and "time  " in verbose.stdout
+    piped = runner.invoke(main, ["show", "-"], input=out.read_text())
+    assert piped.exit_code == 0 and piped.stdout == shown.stdout
+    out.write_text("{")
+    bad = runner.invoke(main, ["show", str(out)])
+    assert bad.exit_code == 1
+    assert bad.output.strip() == f"error: {out}: not JSON: line 1, column 2: Expecting " \
+                                 "property name enclosed in double quotes"
+    gone = runner.invoke(main, ["show", str(tmp_path / "none.json")])
+    assert gone.exit_code == 1 and gone.output.count("\n") == 1 and "No such file" in gone.output
