@@ -51,6 +51,7 @@ from .reference import (
     frozen_per_spin,
     reference_from_scf,
     reference_kind,
+    rohf_fock,
     spin_contamination,
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
@@ -138,6 +139,13 @@ def _run(geometry, progress, environment: dict | None, options: dict) -> Result:
                        auxmol=auxmol, plan=plan, own_scf=True, environment=environment, la=la)
     finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
         release_integrals(mf)
+
+
+def check_run(geometry, options: dict) -> None:
+    """Refuse, before any SCF, what :func:`run` of ``geometry`` with ``options`` would refuse
+    before its SCF (the options, the molecule, the reference's spin, the auxiliary basis, the
+    plan and its memory and scratch space)."""
+    _setup(geometry, options, None)
 
 
 def _setup(geometry, options: dict, comm):
@@ -435,9 +443,12 @@ def _prepare(mf, opts: Options, timer: StageTimer, auxmol, plan: RunPlan | None,
                                    "build the Mole with a basis for every element")
     # the check's Fock build is validation, not a DF-MP2 op: fp64 ops of its own, unrecorded
     check_ops = Dispatcher(DispatchPolicy("pytorch", cpu_blas=opts.cpu_blas))
+    focks = None  # ROHF: one Fock build for the gradient check and the semicanonical orbitals
+    if kind == "rohf":
+        focks = timer.run("reference" if own_scf else "orbital_check", rohf_fock, mf)
     orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf,
-                              la=check_ops)
-    ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core)
+                              la=check_ops, rohf_focks=focks)
+    ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core, focks)
     if own_scf:  # ROHF's semicanonicalisation above was the last use of the SCF's J/K
         release_integrals(mf)
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
@@ -573,7 +584,8 @@ def _name(basis):
     return basis if basis is None or isinstance(basis, str) else None
 
 
-def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
+def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None,
+                   rohf_focks: np.ndarray | None = None) -> str:
     """Refuse orbitals the formulas do not describe; return what was checked.
 
     Always, for each spin of an unrestricted reference: ``mo_coeff`` orthonormal in the overlap
@@ -584,7 +596,9 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
     molecule's (:func:`check_two_electron_integrals`); the Fock matrix in the MO basis is
     diagonal with ``mo_energy`` on its diagonal (occupied-occupied, virtual-virtual and
     occupied-virtual blocks); for ROHF, whose orbitals dfmp2 semicanonicalises itself, the ROHF
-    orbital gradient is below the tolerance. A loosely converged SCF gets a WARNING."""
+    orbital gradient is below the tolerance, from ``rohf_focks`` when given (its Fock matrices,
+    :func:`dfmp2.reference.rohf_fock`, built once for this and the semicanonical orbitals). A
+    loosely converged SCF gets a WARNING."""
     unrestricted = isinstance(mf, pyscf_scf.uhf.UHF)
     spins = (0, 1) if unrestricted else (None,)
     s = mf.get_ovlp()
@@ -634,7 +648,7 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None) -> str:
     advice = (f"(tolerance {tol:.0e}: {source}); pass the SCF's own canonical orbitals, "
               "converged")
     if isinstance(mf, pyscf_scf.rohf.ROHF):
-        gradient = np.asarray(mf.get_grad(mf.mo_coeff, mf.mo_occ))
+        gradient = np.asarray(mf.get_grad(mf.mo_coeff, mf.mo_occ, rohf_focks))
         if gradient.size and np.abs(gradient).max() > tol:
             raise OrbitalError(f"the ROHF orbitals are not converged: largest orbital-gradient "
                                f"element {np.abs(gradient).max():.3e} {advice}")

@@ -13,9 +13,11 @@ scaled PT2), in Hartree and kcal/mol (qcelemental's CODATA conversion factor).
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from .errors import InputError
+from .errors import DFMP2Error, InputError
 
 __all__ = ["Fragments", "levels", "parse_fragments", "run_counterpoise"]
 
@@ -132,6 +134,20 @@ def _fragment_mole(mol, fragments: Fragments, k: int):
     return frag
 
 
+@contextmanager
+def _named(fragments: Fragments, k: int):
+    """An error of fragment ``k``'s checks or run names the fragment (the same type, the same
+    attributes)."""
+    try:
+        yield
+    except DFMP2Error as exc:
+        first, stop = fragments.ranges()[k]
+        atoms = f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
+        named = copy.copy(exc)
+        named.args = (f"fragment {k + 1} ({atoms}): {exc}", *exc.args[1:])
+        raise named from None
+
+
 def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=None,
                      progress=None, environment=None, **options):
     """The complex's :class:`~dfmp2.results.Result` with ``interaction`` set: the
@@ -141,7 +157,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     :func:`parse_fragments`); ``options``: those of :func:`dfmp2.run`, for every run."""
     from qcelemental import constants
 
-    from .api import run
+    from .api import check_run, run
     from .molecule import build_mole
     from .options import Options
 
@@ -159,21 +175,29 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         start += n
     frags = parse_fragments(fragments, mol.natm, electrons, int(mol.charge), fragment_charges,
                             fragment_spins, int(mol.spin))
-    # every fragment's molecule is built (and checked) before any SCF: no complex result is
-    # computed only to be lost to a fragment that cannot be built
+    if opts.frozen is not None:
+        raise InputError(f"frozen={opts.frozen!r} with a counterpoise correction: the complex's "
+                         "lowest orbitals are not each fragment's, so the fragments would freeze "
+                         "other orbitals than the complex; use frozen_core (--frozen-core: each "
+                         "atom's core, alike in the complex and its fragments)")
+    # every fragment's molecule and run are checked before any SCF: no complex result is
+    # computed only to be lost to a fragment that cannot run (the fragments' own pair energies
+    # are not asked for: the plot shows the complex's)
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
-    for frag in moles:
-        build_mole(frag)
+    per_fragment = [{**options, "chkfile": None, "pair_energies": False,
+                     "charge": frags.charges[k], "spin": frags.spins[k]}
+                    for k in range(len(moles))]
+    for k, frag in enumerate(moles):
+        with _named(frags, k):
+            build_mole(frag)
+            check_run(frag, per_fragment[k])
     complex_result = run(geometry, progress=progress, environment=environment, **options)
     parts = []
-    # the fragments' own pair energies are not asked for (the plot shows the complex's)
-    fragment_options = {**options, "chkfile": None, "pair_energies": False}
     for k, frag in enumerate(moles):
         stage = f"fragment {k + 1}/{len(frags.counts)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
-        parts.append(run(frag, progress=report, **{**fragment_options,
-                                                   "charge": frags.charges[k],
-                                                   "spin": frags.spins[k]}))
+        with _named(frags, k):
+            parts.append(run(frag, progress=report, **per_fragment[k]))
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None
     to_kcal = constants.conversion_factor("hartree", "kcal/mol")

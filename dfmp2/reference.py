@@ -42,6 +42,7 @@ __all__ = [
     "orbital_space",
     "reference_kind",
     "reference_from_scf",
+    "rohf_fock",
     "semicanonical_rohf",
     "spin_contamination",
 ]
@@ -268,23 +269,31 @@ def orbital_space(mo_coeff, mo_energy, mo_occ, active: np.ndarray,
     )
 
 
-def semicanonical_rohf(mf):
-    """Psi4's semicanonical orbitals of a converged ROHF object.
+def rohf_fock(mf) -> np.ndarray:
+    """The UHF-form Fock matrices (2, nao, nao), alpha and beta, of an ROHF object's orbitals
+    through its own potential (``get_hcore() + get_veff``): one J/K build, from which both its
+    orbital gradient and its semicanonical orbitals come."""
+    c = np.asarray(mf.mo_coeff)
+    occ = np.asarray(mf.mo_occ)
+    dms = np.stack([c[:, occ > 0] @ c[:, occ > 0].T, c[:, occ > 1] @ c[:, occ > 1].T])
+    return np.asarray(mf.get_hcore()) + np.asarray(mf.get_veff(mf.mol, dms))
+
+
+def semicanonical_rohf(mf, fock_ao_pair: np.ndarray | None = None):
+    """Psi4's semicanonical orbitals of a converged ROHF object, from its Fock matrices
+    ``fock_ao_pair`` (2, nao, nao) when already built (:func:`rohf_fock`).
 
     Returns ``[(mo_coeff, mo_energy, mo_occ, fock_mo), ...]`` for alpha and beta: orbitals
     (nao, nmo) with the occupied block first, their energies (nmo,), occupations 1/0 (nmo,) and
     the UHF-form Fock matrix in that basis (nmo, nmo), whose occupied-virtual block gives the
     singles."""
-    mol = mf.mol
     c = np.asarray(mf.mo_coeff)
     occ = np.asarray(mf.mo_occ)
-    dm_a = (c[:, occ > 0] @ c[:, occ > 0].T)
-    dm_b = (c[:, occ > 1] @ c[:, occ > 1].T)
-    vj, vk = mf.get_jk(mol, np.stack([dm_a, dm_b]))
-    h = mf.get_hcore()
+    if fock_ao_pair is None:
+        fock_ao_pair = rohf_fock(mf)
     spins = []
     for sigma, occupied in ((0, occ > 0), (1, occ > 1)):
-        fock_ao = h + vj[0] + vj[1] - vk[sigma]
+        fock_ao = fock_ao_pair[sigma]
         blocks, energies = [], []
         for mask in (occupied, ~occupied):
             c_blk = c[:, mask]
@@ -318,10 +327,12 @@ def _frozen_label(frozen, frozen_core: bool) -> str:
     return f"frozen={list(frozen) if isinstance(frozen, (list, tuple)) else frozen}"
 
 
-def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
+def reference_from_scf(mf, frozen=None, frozen_core: bool = False,
+                       rohf_focks: np.ndarray | None = None) -> Reference:
     """The :class:`Reference` of a converged SCF object with the orbitals that ``frozen`` /
-    ``frozen_core`` leave active (frozen per spin for open shells: see :func:`frozen_per_spin`).
-    """
+    ``frozen_core`` leave active (frozen per spin for open shells: see :func:`frozen_per_spin`);
+    an ROHF object's Fock matrices ``rohf_focks`` (:func:`rohf_fock`) are built here if not
+    given."""
     kind, xc = check_scf_object(mf)
     mol = mf.mol
     if kind in ("rhf", "rks"):
@@ -333,7 +344,7 @@ def reference_from_scf(mf, frozen=None, frozen_core: bool = False) -> Reference:
         _warn_inverted((space,))
         return Reference(kind, (space,), 0.0, n, n, xc)
     if kind == "rohf":
-        spins = semicanonical_rohf(mf)
+        spins = semicanonical_rohf(mf, rohf_focks)
     else:
         spins = [(np.asarray(mf.mo_coeff[s]), np.asarray(mf.mo_energy[s]),
                   np.asarray(mf.mo_occ[s]), None) for s in (0, 1)]

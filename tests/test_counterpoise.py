@@ -90,6 +90,25 @@ def test_wrong_fragments_are_one_line(kwargs, message):
         run_counterpoise(FORMIC, fragments, **kwargs)
 
 
+def test_what_a_fragment_cannot_run_is_refused_before_the_complexs_scf(monkeypatch):
+    import dfmp2.api
+
+    def no_scf(*_args, **_kwargs):
+        raise AssertionError("an SCF ran before the fragments were checked")
+
+    monkeypatch.setattr(dfmp2.api, "run_scf", no_scf)
+    # frozen=N froze N orbitals in the complex and N in each fragment: E(int) MP2 -76 kcal/mol
+    for frozen in (2, [0, 1]):
+        with pytest.raises(InputError, match="frozen=.* with a counterpoise correction: .*"
+                                             "use frozen_core"):
+            run_counterpoise(FORMIC, "5,5", basis="sto-3g", frozen=frozen)
+    # OH...OH as a closed-shell complex: each fragment is a doublet, which RHF cannot hold
+    with pytest.raises(InputError, match=r"fragment 1 \(atoms 1-2\): an RHF reference needs "
+                                         "2S = 0, got 2S = 1"):
+        run_counterpoise("O 0 0 0; H 0 0 0.97; O 0 0 3; H 0 0 3.97", "2,2", basis="sto-3g",
+                         reference="rhf")
+
+
 def test_cli_counterpoise_prints_and_records(tmp_path, formic):
     out = tmp_path / "cp.json"
     result = CliRunner().invoke(main, ["run", FORMIC, "--counterpoise", "--fragments", "5,5",

@@ -112,6 +112,17 @@ def test_converged_rohf_orbitals_pass_the_gradient_check(oh_rohf):
     assert result.scf.orbital_check.startswith("orthonormal, ROHF gradient below")
 
 
+def test_an_rohf_object_costs_one_fock_build_for_its_check_and_semicanonical_orbitals(oh_rohf):
+    mf = oh_rohf.copy()
+    builds, own = [], oh_rohf.get_jk
+    mf.get_jk = lambda *args, **kwargs: (builds.append(1), own(*args, **kwargs))[1]
+    pt = dfmp2.DFMP2(mf, backend="pytorch").run()
+    assert len(builds) == 1
+    reference = dfmp2.DFMP2(oh_rohf, backend="pytorch").run()
+    assert abs(pt.e_corr - reference.e_corr) <= TOL_IDENTITY
+    assert pt.result.scf.orbital_check.startswith("orthonormal, ROHF gradient below")
+
+
 @pytest.mark.parametrize("i, j, theta", [(3, 6, 0.3), (2, 4, 0.3), (1, 6, 0.01)])
 def test_rotated_rohf_orbitals_are_refused(oh_rohf, i, j, theta):
     """docc-virtual, docc-socc and a small docc-virtual rotation: 0.128, 1.4e-4 and 1.3e-4 Eh
