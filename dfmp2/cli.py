@@ -318,12 +318,16 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     try:
         entries = _batch_entries(geometry)
         with limit(threads):
-            if len(entries) == 1:
+            if len(entries) == 1:  # {name} and {index} mean this one geometry's
+                name = entries[0][0]
+                json_path = _filled(json_path, name, ".json")
+                options["_plot"] = _filled(options["_plot"], name, ".png")
+                options["chkfile"] = _filled(options.get("chkfile"), name, ".chk")
                 _run_rank(entries[0][1], json_path, verbose, quiet, options, environment,
                           ranks, explicit)
             else:
                 _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
-                           explicit)
+                           explicit, inputs=geometry)
     finally:
         if ranks is not None:
             ranks.close()
@@ -363,10 +367,20 @@ def _batch_json(json_path, name: str, index: int, suffix: str = ".json") -> str 
     return os.path.join(json_path, safe + suffix)
 
 
+def _filled(path, name: str, suffix: str):
+    """``path`` with ``{name}`` and ``{index}`` filled in for a single geometry (index 1);
+    any other path as it is."""
+    if path is None or ("{name}" not in path and "{index}" not in path):
+        return path
+    return _batch_json(path, name, 1, suffix)
+
+
 def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
-               explicit) -> None:
+               explicit, inputs=()) -> None:
     """Every entry in turn in this process (the libraries load once); one table at the end,
-    a failed entry its error line and a row saying so, exit status 1 if any failed."""
+    a failed entry its error line and a row saying so, exit status 1 if any failed. No output
+    of any entry may be one of the ``inputs`` (the geometry arguments)."""
+    owners = {os.path.realpath(arg): arg for arg in inputs if os.path.isfile(arg)}
     for flag, path, suffix in (("--json", json_path, ".json"), ("--plot", options.get("_plot"),
                                ".png"), ("--chkfile", options.get("chkfile"), ".chk")):
         if path is None:
@@ -389,6 +403,9 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
             if target in writes:
                 raise _fail(f"{flag} {path!r}: {writes[target]} and {name} would both write "
                             f"{target}; give a path with {{index}}")
+            if os.path.realpath(target) in owners:
+                raise _fail(f"{flag} {path!r}: {name}'s {target} would overwrite the input "
+                            f"{owners[os.path.realpath(target)]!r}; give another path")
             writes[target] = name
     leader = ranks is None or ranks.rank == 0
     rows = []
@@ -408,10 +425,13 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
             if exc.exit_code >= 128:  # a signal ends the batch
                 raise
             failed = True
-        rows.append((name, None if failed else (collected[0] or "done on rank 0")))
+        # an entry computed but not written (its error line says why) keeps its energies
+        result = collected[0] if collected else None
+        rows.append((name, result if result is not None or failed else "done on rank 0",
+                     failed))
     if leader:
         click.echo(_batch_table(rows))
-    if any(result is None for _name, result in rows):
+    if any(failed for _name, _result, failed in rows):
         raise click.exceptions.Exit(1)
 
 
@@ -441,25 +461,26 @@ def _batch_table(rows) -> str:
     scaled MP2; or a double hybrid's PT2 term and total). Entries whose energies have other
     names (an SOS-MP2 input beside an MP2 one, a double hybrid beside either) get a table of
     their own, in order of appearance; failed entries are listed under the first."""
-    width = max(12, *(len(name) for name, _ in rows))
+    width = max(12, *(len(name) for name, _, _ in rows))
     groups: dict[tuple, list] = {}
-    for name, result in rows:
+    for name, result, failed in rows:
         heads = _batch_columns(result)[0] if result is not None else None
         key = heads if heads is not None else next(iter(groups), None)
-        groups.setdefault(key, []).append((name, result))
+        groups.setdefault(key, []).append((name, result, failed))
     tables = []
     for heads, members in groups.items():
         heads = heads or _batch_columns(None)[0]
         lines = [f"{'geometry':<{width}s}  {'formula':<10s} {'nbas':>5s} "
                  + " ".join(f"{h:>20s}" for h in heads)]
-        for name, result in members:
+        for name, result, failed in members:
             if result is None:
                 lines.append(f"{name:<{width}s}  failed (its error is above)")
                 continue
             lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
                          f"{result.sizes.nbasis:5d} "
                          + " ".join(f"{value(result):20.12f}"
-                                    for value in _batch_columns(result)[1]))
+                                    for value in _batch_columns(result)[1])
+                         + ("  (output not written: its error is above)" if failed else ""))
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
 
@@ -607,8 +628,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         collect.append(result)
     else:
         click.echo(f"{energy:.12f}" if quiet else result.summary(verbose=verbose >= 1))
-    if write_error:  # the summary above still carries every energy
-        raise _fail(write_error)
+    if write_error:  # the summary above (a batch: its row) still carries every energy
+        raise _fail(write_error, who)
 
 
 def _check_json_path(path) -> None:

@@ -13,6 +13,7 @@ kcal/mol.
 from __future__ import annotations
 
 import os
+import shutil
 
 from .errors import InputError
 
@@ -36,6 +37,9 @@ def check_plot_path(path: str) -> None:
     from ._files import check_writable_file
 
     plt = _pyplot()
+    if os.path.isdir(path):
+        raise InputError(f"plot {path!r} (--plot) is a directory: give a file name, e.g. "
+                         f"{os.path.join(path, 'pairs.png')!r}")
     kind = os.path.splitext(path)[1].lstrip(".").lower()
     figure = plt.figure()
     try:
@@ -45,6 +49,13 @@ def check_plot_path(path: str) -> None:
     if kind not in types:
         raise InputError(f"plot {path!r} (--plot): matplotlib cannot write a {kind or 'nameless'} "
                          f"file; use one of .{', .'.join(sorted(types))}")
+    if kind == "pgf":  # matplotlib lays out a PGF picture's text with LaTeX
+        import matplotlib
+
+        tex = matplotlib.rcParams["pgf.texsystem"]
+        if shutil.which(tex) is None:
+            raise InputError(f"plot {path!r} (--plot): a .pgf picture needs LaTeX ({tex}), "
+                             "which is not on PATH; use .pdf, .svg or .png")
     check_writable_file(path, "plot")
 
 
@@ -100,6 +111,9 @@ def plot_pair_energies(result, path: str) -> None:
         figure.savefig(path, dpi=150)
     except OSError as exc:
         raise InputError(f"cannot write the plot to {path!r}: {exc.strerror}") from None
+    except Exception as exc:  # a backend's own failure (a tool it runs): one line, not lost
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"cannot draw the plot to {path!r}: {first}") from None
     finally:
         plt.close(figure)
 

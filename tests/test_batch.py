@@ -99,3 +99,37 @@ def test_two_entries_that_would_write_one_file_are_refused_before_any_run(tmp_pa
                                          "-q"])
     assert by_index.exit_code == 0, by_index.output
     assert sorted(p.name for p in out.iterdir()) == ["1.json", "2.json"]
+
+
+def test_an_entry_computed_but_not_written_keeps_its_row_of_energies(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "water.json").symlink_to("/dev/full")  # the write fails: no space left on device
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                       str(INPUTS / "methane.xyz"), "--basis", "sto-3g",
+                                       "--json", str(out)])
+    assert result.exit_code == 1
+    assert "error (" + str(INPUTS / "water.xyz") + "): cannot write JSON" in result.stderr
+    row = next(line for line in result.stdout.splitlines() if "water.xyz" in line)
+    assert "H2O" in row and row.endswith("(output not written: its error is above)")
+    single = dfmp2.run(str(INPUTS / "water.xyz"), basis="sto-3g")
+    assert float(row.split()[5]) == pytest.approx(single.e_tot, abs=TOL_OUTCORE)
+    assert (out / "methane.json").is_file()
+
+
+def test_no_entry_may_write_over_another_entrys_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "2.xyz").write_text((INPUTS / "water.xyz").read_text())
+    (tmp_path / "1.xyz").write_text(FRAMES.split("\n\n")[0] + "\n")
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    result = CliRunner().invoke(main, ["run", "2.xyz", "1.xyz", "--json", "{index}.xyz"])
+    assert result.exit_code == 1
+    assert "2.xyz's 1.xyz would overwrite the input '1.xyz'" in result.stderr
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before
+
+
+def test_one_geometry_fills_in_name_and_index(tmp_path):
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"), "--basis", "sto-3g",
+                                       "--json", str(tmp_path / "{name}-{index}.json"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["water-1.json"]

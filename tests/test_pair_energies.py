@@ -146,6 +146,31 @@ def test_bad_plot_paths_fail_before_any_work(tmp_path, args, message):
     assert "Traceback" not in cli.output and len(cli.output.strip().splitlines()) == 1
 
 
+def test_a_plot_that_cannot_be_drawn_is_refused_or_one_line_after_the_summary(tmp_path,
+                                                                              monkeypatch):
+    import matplotlib.figure
+
+    import dfmp2.plot
+
+    monkeypatch.setattr(dfmp2.plot.shutil, "which", lambda _name: None)  # no LaTeX here
+    pgf = CliRunner().invoke(main, ["run", WATER, "--plot", str(tmp_path / "x.pgf")])
+    assert pgf.exit_code == 1 and pgf.output.strip() == (
+        f"error: plot '{tmp_path / 'x.pgf'}' (--plot): a .pgf picture needs LaTeX (xelatex), "
+        "which is not on PATH; use .pdf, .svg or .png")
+    folder = CliRunner().invoke(main, ["run", WATER, "--plot", str(tmp_path)])
+    assert folder.exit_code == 1 and "is a directory: give a file name" in folder.output
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("a backend's tool failed\nsecond line")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", fails)
+    drawn = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--plot",
+                                      str(tmp_path / "x.png")])
+    assert drawn.exit_code == 1 and "E(MP2) total" in drawn.stdout  # the energies are kept
+    assert drawn.stderr.strip() == (f"error: cannot draw the plot to '{tmp_path / 'x.png'}': "
+                                    "a backend's tool failed")
+
+
 def test_batch_plots_one_picture_each(tmp_path):
     cli = CliRunner().invoke(main, ["run", WATER, str(INPUTS / "methane.xyz"), "--plot",
                                     str(tmp_path / "{name}.svg")])
@@ -240,8 +265,9 @@ def test_the_python_plot_checks_its_path_and_draws_an_empty_case(tmp_path):
     from dfmp2.plot import plot_pair_energies
 
     helium = dfmp2.run("He 0 0 0", basis="sto-3g", pair_energies=True)
-    for bad in ("he.xyz", str(tmp_path)):
-        with pytest.raises(InputError, match="matplotlib cannot write"):
+    for bad, message in (("he.xyz", "matplotlib cannot write"),
+                         (str(tmp_path), "is a directory: give a file name")):
+        with pytest.raises(InputError, match=message):
             plot_pair_energies(helium, bad)
     png = tmp_path / "he.png"
     plot_pair_energies(helium, str(png))  # no pairs: the picture says why
