@@ -393,8 +393,10 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                 raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
                             "needs its own file; give a directory or a path with {name} or "
                             "{index}")
-        if flag == "--plot":  # its file type and place, checked once for every entry
-            first = _output_error(None, _batch_json(path, entries[0][0], 1, suffix))
+        if flag != "--chkfile":  # the place (and a plot's file type), once for every entry
+            target = _batch_json(path, entries[0][0], 1, suffix)
+            first = (_output_error(None, target) if flag == "--plot" else
+                     _output_error(target, None))
             if first is not None:
                 raise _fail(first)
         writes: dict[str, str] = {}  # file -> the entry that writes it

@@ -56,7 +56,10 @@ class Fragments:
 
 def _int_list(name: str, value, count: int | None = None) -> tuple[int, ...]:
     if isinstance(value, str):
-        items = [x for x in value.replace(" ", "").split(",") if x != ""]
+        items = value.replace(" ", "").split(",")
+        if "" in items:  # "3,,3" or "3,3,": a count left out is not a count of none
+            raise InputError(f"{name} {value!r}: expected whole numbers separated by commas, "
+                             "with none left empty")
     else:
         items = list(value)
     try:  # text is parsed; anything else must already be an integer (no float is cut)
@@ -95,6 +98,11 @@ def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
     counts_e = [electrons[k] - q[k] for k in range(n)]
     s = _int_list("--fragment-spins", spins, n) if spins is not None else tuple(
         e % 2 for e in counts_e)
+    for k, e in enumerate(counts_e):
+        if e < 0:
+            raise InputError(f"fragment {k + 1}: charge {q[k]:+d} takes away {electrons[k] - e} "
+                             f"electrons of its {electrons[k]}; give --fragment-charges that "
+                             "fit")
     for k, (e, two_s) in enumerate(zip(counts_e, s)):
         why = ("2S cannot be negative" if two_s < 0 else
                f"that is more unpaired electrons than its {e}" if two_s > e else

@@ -133,3 +133,11 @@ def test_one_geometry_fills_in_name_and_index(tmp_path):
                                        "--json", str(tmp_path / "{name}-{index}.json"), "-q"])
     assert result.exit_code == 0, result.output
     assert [p.name for p in tmp_path.iterdir()] == ["water-1.json"]
+
+
+def test_a_json_folder_that_is_not_there_is_one_line_before_any_run(tmp_path):
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                       str(INPUTS / "methane.xyz"), "--json",
+                                       str(tmp_path / "nodir" / "{name}.json")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "cannot write JSON" in result.output and "[1/2]" not in result.output
