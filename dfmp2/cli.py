@@ -794,22 +794,35 @@ def info(nki_emulator, nki_simulator):
 
 
 @main.command()
-@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("paths", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-v", "--verbose", is_flag=True,
               help="Also the backend, BLAS, per-op records and stage times.")
-def show(path, verbose):
+def show(paths, verbose):
     """Print the summary of a result saved by `dfmp2 run --json PATH` (or a QCSchema result
-    of dfmp2's; '-' reads standard input), as the run printed it."""
+    of dfmp2's; '-' reads standard input), as the run printed it; several files print the
+    table of a batch."""
     from .results import Result
 
-    try:
-        if path == "-":
-            result = Result.from_json(click.get_text_stream("stdin").read())
-        else:
-            result = Result.read(path)
-    except InputError as exc:
-        raise _fail(str(exc)) from None
-    click.echo(result.summary(verbose=verbose))
+    rows = []
+    for path in paths:
+        try:
+            if path == "-":
+                result = Result.from_json(click.get_text_stream("stdin").read())
+            else:
+                result = Result.read(path)
+        except InputError as exc:
+            if len(paths) == 1:
+                raise _fail(str(exc)) from None
+            click.echo(f"error: {exc}", err=True)
+            result = None
+        rows.append((path, result, result is None))
+    if len(paths) == 1:
+        click.echo(rows[0][1].summary(verbose=verbose))
+        return
+    click.echo(_batch_table(rows))
+    if any(failed for _path, _result, failed in rows):
+        raise click.exceptions.Exit(1)
 
 
 #: trnsci's measured DF-MP2 energy step on one trn1 NeuronCore (v0.5.0, fused energy) at its

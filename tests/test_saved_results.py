@@ -111,3 +111,20 @@ def test_dfmp2_show_prints_the_runs_summary(tmp_path):
                                  "property name enclosed in double quotes"
     gone = runner.invoke(main, ["show", str(tmp_path / "none.json")])
     assert gone.exit_code == 1 and gone.output.count("\n") == 1 and "No such file" in gone.output
+
+
+def test_dfmp2_show_of_several_files_prints_a_batch_table(tmp_path):
+    runner = CliRunner()
+    ran = runner.invoke(main, ["run", WATER, str(INPUTS / "methane.xyz"), "--basis", "sto-3g",
+                               "--json", str(tmp_path)])
+    assert ran.exit_code == 0, ran.output
+    (tmp_path / "broken.json").write_text("[]")
+    files = [str(tmp_path / name) for name in ("water.json", "methane.json", "broken.json")]
+    shown = runner.invoke(main, ["show", *files])
+    assert shown.exit_code == 1
+    assert shown.stderr.strip() == f"error: {files[2]}: a dfmp2 result is a JSON object, got list"
+    rows = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines()[1:]}
+    batch = {line.split()[0]: line.split()[1:] for line in ran.stdout.splitlines()
+             if line.startswith(str(INPUTS))}
+    assert rows[files[0]] == batch[WATER] and rows[files[1]] == batch[str(INPUTS / "methane.xyz")]
+    assert rows[files[2]] == ["failed", "(its", "error", "is", "above)"]
