@@ -26,6 +26,7 @@ from pyscf import scf as pyscf_scf
 from . import distributed
 from ._files import check_writable_file
 from .blocking import MB, BlockPlan, plan_blocks, usable_bytes
+from .buffers import return_freed_memory
 from .device import resolve_device
 from .df import INT3C_EXPCUTOFF
 from .energy import scs_energy
@@ -451,6 +452,7 @@ def _prepare(mf, opts: Options, timer: StageTimer, auxmol, plan: RunPlan | None,
     ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core, focks)
     if own_scf:  # ROHF's semicanonicalisation above was the last use of the SCF's J/K
         release_integrals(mf)
+        return_freed_memory()  # the MP2 step's --max-memory budget is its own
     auxmol = auxmol if auxmol is not None else make_auxmol(mol, opts.auxbasis)
     dims = tuple((sp.nocc, sp.nvir) for sp in ref.spaces)
     if plan is None or plan.spaces != dims:

@@ -424,7 +424,10 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
             _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
                       entry, environment, ranks, explicit, collect=collected, label=name)
         except click.exceptions.Exit as exc:
-            if exc.exit_code >= 128:  # a signal ends the batch
+            if exc.exit_code >= 128:  # a signal ends the batch: the finished jobs' rows first
+                if leader and rows:
+                    rows.append((name, None, True))
+                    click.echo(_batch_table(rows))
                 raise
             failed = True
         # an entry computed but not written (its error line says why) keeps its energies

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .buffers import zeros
+from .errors import ResourceError
 
 __all__ = ["DeviceStore", "IncoreStore", "H5Store", "MatrixFile", "StreamedB"]
 
@@ -153,7 +154,14 @@ class H5Store:
         if register is not None:
             register(self)
         try:
-            self._file = h5py.File(self.path, "x")  # exclusive: never another run's file
+            # exclusive: never another run's file. No sieve buffer: a write the disk refuses
+            # fails in the write itself (a cached one failed only at close, and an HDF5 file
+            # left with data it cannot write crashes the process at its exit)
+            access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+            access.set_sieve_buf_size(0)
+            with _scratch_io(self.path):
+                self._file = h5py.File(h5py.h5f.create(os.fsencode(self.path),
+                                                       h5py.h5f.ACC_EXCL, fapl=access))
             with contextlib.suppress(OSError):  # else close() removes it
                 os.unlink(self.path)
             self._pia = self._file.create_dataset("Pia", (naux, nocc * nvir), dtype="f8")
@@ -167,31 +175,41 @@ class H5Store:
         """Rows p0:p1 of Pia, given as (p1 - p0, nocc, nvir), any strides (the transform's view
         is permuted: one numpy copy, counted by the planner)."""
         rows = np.ascontiguousarray(pia.numpy()).reshape(p1 - p0, self.nocc * self.nvir)
-        self._pia[p0:p1] = rows
+        with _scratch_io(self.path):
+            self._pia[p0:p1] = rows
 
     def write_pia_part(self, i0: int, i1: int, p0: int, p1: int, ovp: np.ndarray) -> None:
         rows = np.ascontiguousarray(ovp.reshape((i1 - i0) * self.nvir, p1 - p0).T)
-        self._pia[p0:p1, i0 * self.nvir : i1 * self.nvir] = rows
+        with _scratch_io(self.path):
+            self._pia[p0:p1, i0 * self.nvir : i1 * self.nvir] = rows
 
     def read_ia_slab(self, i0: int, i1: int) -> torch.Tensor:
-        slab = self._pia[:, i0 * self.nvir : i1 * self.nvir]  # (naux, rows)
+        with _scratch_io(self.path):
+            slab = self._pia[:, i0 * self.nvir : i1 * self.nvir]  # (naux, rows)
         return torch.from_numpy(np.ascontiguousarray(slab.T))
 
     def write_b(self, i0: int, i1: int, b_rows: torch.Tensor) -> None:
         rows = b_rows.numpy().astype(self._np_dtype, copy=False)
-        self._b[i0:i1] = rows.reshape(i1 - i0, self.nvir, self.naux_fit)
+        with _scratch_io(self.path):
+            self._b[i0:i1] = rows.reshape(i1 - i0, self.nvir, self.naux_fit)
 
     def finish_fit(self) -> None:
-        del self._file["Pia"]
+        with _scratch_io(self.path):
+            del self._file["Pia"]
         self._pia = None
 
     def read_b(self, i0: int, i1: int) -> torch.Tensor:
-        return torch.from_numpy(self._b[i0:i1])
+        with _scratch_io(self.path):
+            return torch.from_numpy(self._b[i0:i1])
 
     def close(self) -> None:
+        """Close and remove the file; a file whose writes failed (its HDF5 state broken) is
+        closed as far as HDF5 can, without hiding the error that ended the run."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            self._pia = self._b = None  # the datasets' handles go before the file's
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                file.close()
         if os.path.exists(self.path):
             os.remove(self.path)
 
@@ -226,7 +244,8 @@ class MatrixFile:
         except OSError:
             self.linked = True
         try:
-            os.ftruncate(self._fd, nrow * ncol * 8)
+            with _scratch_io(self.path):
+                os.ftruncate(self._fd, nrow * ncol * 8)
         except BaseException:
             self.close()
             raise
@@ -239,8 +258,9 @@ class MatrixFile:
             raise ValueError(f"write_columns: a block of shape {block.shape} at column {c0} "
                              f"does not fit a ({nrow}, {ncol}) matrix")
         rows = np.ascontiguousarray(block, dtype=np.float64)
-        for r in range(nrow):
-            _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * self.stride + c0) * 8)
+        with _scratch_io(self.path):
+            for r in range(nrow):
+                _write_all(self._fd, memoryview(rows[r]).cast("B"), (r * self.stride + c0) * 8)
 
     def narrow(self, ncol: int) -> None:
         """The matrix is its first ``ncol`` columns from now on (at most the current width)."""
@@ -258,11 +278,12 @@ class MatrixFile:
                              f"an array of shape {out.shape}, {out.dtype}, "
                              f"{'C' if out.flags.c_contiguous else 'not C'}-contiguous")
         target = out[: r1 - r0]
-        if ncol == self.stride:  # the rows are contiguous in the file: one read
-            self._read_all(target.reshape(-1), r0 * ncol * 8)
-        else:
-            for r in range(r0, r1):
-                self._read_all(target[r - r0], r * self.stride * 8)
+        with _scratch_io(self.path):
+            if ncol == self.stride:  # the rows are contiguous in the file: one read
+                self._read_all(target.reshape(-1), r0 * ncol * 8)
+            else:
+                for r in range(r0, r1):
+                    self._read_all(target[r - r0], r * self.stride * 8)
         return target
 
     def _read_all(self, out: np.ndarray, offset: int) -> None:
@@ -279,6 +300,23 @@ class MatrixFile:
         if self.linked and os.path.exists(self.path):
             os.remove(self.path)
             self.linked = False
+
+
+@contextlib.contextmanager
+def _scratch_io(path: str):
+    """An operating system's refusal to write or read a temporary file (a full disk, a file
+    size limit, an I/O error) as one :class:`ResourceError` line naming the file's directory."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:  # h5py raises either for a failed write or flush
+        text = str(exc)
+        if "error message = '" in text:  # HDF5's: "... errno = 28, error message = '...', ..."
+            why = text.split("error message = '", 1)[1].split("'", 1)[0]
+        else:
+            why = exc.strerror or text or type(exc).__name__
+        raise ResourceError(f"the temporary file in {os.path.dirname(path)!r} could not be "
+                            f"written or read ({why}); free space there or give another "
+                            "--scratch-dir") from None
 
 
 def _close_fd(fd: int) -> None:

@@ -141,3 +141,28 @@ def test_a_json_folder_that_is_not_there_is_one_line_before_any_run(tmp_path):
                                        str(tmp_path / "nodir" / "{name}.json")])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert "cannot write JSON" in result.output and "[1/2]" not in result.output
+
+
+def test_an_interrupted_batch_prints_the_rows_of_the_jobs_it_finished(monkeypatch):
+    import signal
+
+    import dfmp2.api
+    from dfmp2.errors import Interrupted
+
+    calls, run = [], dfmp2.api.run
+
+    def signalled_in_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted(signal.SIGTERM, "SIGTERM")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(dfmp2.api, "run", signalled_in_the_second)
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                       str(INPUTS / "methane.xyz"), str(INPUTS / "ammonia.xyz"),
+                                       "--basis", "sto-3g"])
+    assert result.exit_code == 128 + signal.SIGTERM
+    assert "interrupted by SIGTERM" in result.stderr
+    rows = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert rows == [str(INPUTS / "water.xyz"), str(INPUTS / "methane.xyz")]  # not ammonia's
+    assert "H2O" in result.stdout and "failed (its error is above)" in result.stdout

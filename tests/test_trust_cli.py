@@ -134,6 +134,27 @@ def test_json_write_failure_after_the_run_still_prints_the_summary(tmp_path, mon
     assert "cannot write JSON" in result.stderr
 
 
+@pytest.mark.parametrize("scf_type, limit_bytes", [("conv", 20_000), ("df", 100_000)],
+                         ids=["mp2-hdf5-file", "scf-tensor-file"])
+def test_a_temporary_file_that_cannot_be_written_is_one_line(tmp_path, scf_type, limit_bytes):
+    """A file size limit (ulimit -f) stands for a disk that fills during the run, after the
+    space checks: the MP2 step's HDF5 file (an exact-integral SCF) or the DF-SCF's tensor file
+    stops at the limit with one line, and leaves nothing behind."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    proc = _dfmp2("run", str(INPUTS / "water.xyz"), "--force-outcore", "--scf-type", scf_type,
+                  "--scratch-dir", str(tmp_path), "-q", preexec_fn=limit)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"error: the temporary file in {str(tmp_path)!r} could not be "
+                                   "written or read (File too large); free space there or give "
+                                   "another --scratch-dir")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unwritable_scratch_dir_fails_before_the_scf():
     _one_error_line(_dfmp2("run", WATER, "--scratch-dir", "/proc"), "not writable")
 
