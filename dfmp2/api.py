@@ -125,14 +125,8 @@ def _check_callbacks(progress, environment) -> None:
 def _run(geometry, progress, environment: dict | None, options: dict) -> Result:
     start = time.perf_counter()
     comm = distributed.current()
-    try:
-        opts, mol, auxmol, plan, la = _setup(geometry, options, comm)
-    except Exception as exc:  # under torchrun every rank stops alike, before any collective
-        if comm is None:
-            raise
-        comm.agree(exc, "the input checks")
+    opts, mol, auxmol, plan, la = _agreed_setup(geometry, options, comm)
     if comm is not None:
-        comm.agree(None, "the input checks")
         return _run_ranks(comm, mol, auxmol, plan, opts, la, progress, environment, start)
     mf = run_scf(mol, opts, progress=progress, la=la)
     try:
@@ -145,8 +139,28 @@ def _run(geometry, progress, environment: dict | None, options: dict) -> Result:
 def check_run(geometry, options: dict) -> None:
     """Refuse, before any SCF, what :func:`run` of ``geometry`` with ``options`` would refuse
     before its SCF (the options, the molecule, the reference's spin, the auxiliary basis, the
-    plan and its memory and scratch space)."""
-    _setup(geometry, options, None)
+    plan and its memory and scratch space; under torchrun on every rank alike). Its warnings
+    are left to that run, which says them."""
+    logger = logging.getLogger("dfmp2")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        _agreed_setup(geometry, options, distributed.current())
+    finally:
+        logger.setLevel(level)
+
+
+def _agreed_setup(geometry, options: dict, comm):
+    """:func:`_setup`; under torchrun every rank stops alike, before any collective."""
+    try:
+        setup = _setup(geometry, options, comm)
+    except Exception as exc:
+        if comm is None:
+            raise
+        comm.agree(exc, "the input checks")  # raises it on every rank
+    if comm is not None:
+        comm.agree(None, "the input checks")
+    return setup
 
 
 def _setup(geometry, options: dict, comm):

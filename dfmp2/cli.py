@@ -381,6 +381,7 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
     a failed entry its error line and a row saying so, exit status 1 if any failed. No output
     of any entry may be one of the ``inputs`` (the geometry arguments)."""
     owners = {os.path.realpath(arg): arg for arg in inputs if os.path.isfile(arg)}
+    writes: dict[str, tuple[str, str]] = {}  # file -> the entry and the output that write it
     for flag, path, suffix in (("--json", json_path, ".json"), ("--plot", options.get("_plot"),
                                ".png"), ("--chkfile", options.get("chkfile"), ".chk")):
         if path is None:
@@ -393,22 +394,21 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                 raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
                             "needs its own file; give a directory or a path with {name} or "
                             "{index}")
-        if flag != "--chkfile":  # the place (and a plot's file type), once for every entry
-            target = _batch_json(path, entries[0][0], 1, suffix)
-            first = (_output_error(None, target) if flag == "--plot" else
-                     _output_error(target, None))
+        if flag == "--plot":  # its file type and place, checked once for every entry
+            first = _output_error(None, _batch_json(path, entries[0][0], 1, suffix))
             if first is not None:
                 raise _fail(first)
-        writes: dict[str, str] = {}  # file -> the entry that writes it
         for index, (name, _geometry) in enumerate(entries, 1):
             target = _batch_json(path, name, index, suffix)
-            if target in writes:
-                raise _fail(f"{flag} {path!r}: {writes[target]} and {name} would both write "
-                            f"{target}; give a path with {{index}}")
-            if os.path.realpath(target) in owners:
+            key = os.path.realpath(target)
+            if key in writes:
+                other, other_flag = writes[key]
+                raise _fail(f"{flag} {path!r}: {other}'s {other_flag} and {name}'s {flag} would "
+                            f"both write {target}; give each its own path (with {{index}})")
+            if key in owners:
                 raise _fail(f"{flag} {path!r}: {name}'s {target} would overwrite the input "
-                            f"{owners[os.path.realpath(target)]!r}; give another path")
-            writes[target] = name
+                            f"{owners[key]!r}; give another path")
+            writes[key] = (name, flag)
     leader = ranks is None or ranks.rank == 0
     rows = []
     for index, (name, geometry) in enumerate(entries, 1):
@@ -797,8 +797,7 @@ def info(nki_emulator, nki_simulator):
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(allow_dash=True))
 @click.option("-v", "--verbose", is_flag=True,
               help="Also the backend, BLAS, per-op records and stage times.")
 def show(paths, verbose):

@@ -183,7 +183,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         start += n
     frags = parse_fragments(fragments, mol.natm, electrons, int(mol.charge), fragment_charges,
                             fragment_spins, int(mol.spin))
-    if opts.frozen is not None:
+    if opts.frozen not in (None, 0, ()):  # freezing nothing is allowed
         raise InputError(f"frozen={opts.frozen!r} with a counterpoise correction: the complex's "
                          "lowest orbitals are not each fragment's, so the fragments would freeze "
                          "other orbitals than the complex; use frozen_core (--frozen-core: each "
@@ -195,6 +195,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     per_fragment = [{**options, "chkfile": None, "pair_energies": False,
                      "charge": frags.charges[k], "spin": frags.spins[k]}
                     for k in range(len(moles))]
+    check_run(geometry, options)  # the complex's own refusals, named as its run names them
     for k, frag in enumerate(moles):
         with _named(frags, k):
             build_mole(frag)

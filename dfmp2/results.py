@@ -315,39 +315,48 @@ class Result:
         failed run's record, another program's, or one missing dfmp2's records."""
         from .errors import InputError
 
-        if not isinstance(data, dict):
-            raise InputError(f"a dfmp2 result is a JSON object, got {type(data).__name__}")
+        data = _object(data, "a dfmp2 result")
         if data.get("success") is False:
-            error = (data.get("error") or {}).get("error_message", "no message")
+            error = data.get("error")
+            error = error.get("error_message", "no message") if isinstance(error, dict) else error
             raise InputError(f"the record is of a failed run, with no energies: {error}")
-        creator = (data.get("provenance") or {}).get("creator")
+        provenance = data.get("provenance")
+        creator = provenance.get("creator") if isinstance(provenance, dict) else None
         if creator != "dfmp2":
             raise InputError(f"not a dfmp2 result: its provenance.creator is {creator!r}")
-        extras, props = data.get("extras") or {}, data.get("properties") or {}
+        extras = _object(data.get("extras") or {}, "the record's extras")
+        props = _object(data.get("properties") or {}, "the record's properties")
         missing = [k for k in ("molecule", "scf", "sizes", "method", "backend", "timings",
                                "versions") if k not in extras]
         missing += [f"properties.{k}" for k in _READ_PROPERTIES if k not in props]
         if missing:
             raise InputError(f"the record lacks dfmp2's {', '.join(missing)}: it was not "
                              "written by Result.to_dict (dfmp2 run --json)")
+        energies = {k: props[k] for k in _READ_PROPERTIES}
         dh = extras.get("double_hybrid")
         if dh is not None:
-            e_scs = dh["e_pt2"]
+            energies["e_pt2"] = _object(dh, "extras.double_hybrid").get("e_pt2")
         else:
-            e_scs = extras.get("sos_mp2_correlation_energy",
-                               extras.get("scs_mp2_correlation_energy"))
-        molecule = {**extras["molecule"], "qcschema": data.get("molecule")}
+            energies["e_scs"] = extras.get("sos_mp2_correlation_energy",
+                                           extras.get("scs_mp2_correlation_energy"))
+        for name, value in energies.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise InputError(f"the record's energy {name} is {value!r}, not a number")
+        molecule = {**_object(extras["molecule"], "extras.molecule"),
+                    "qcschema": data.get("molecule")}
         return cls(
             e_scf=props["scf_total_energy"],
             e_corr_os=props["mp2_opposite_spin_correlation_energy"],
             e_corr_ss=props["mp2_same_spin_correlation_energy"],
-            e_singles=props["mp2_singles_energy"], e_scs=e_scs,
+            e_singles=props["mp2_singles_energy"],
+            e_scs=energies["e_pt2"] if dh is not None else energies["e_scs"],
             molecule=_record(MoleculeInfo, molecule, "molecule"),
             scf=_record(ScfInfo, extras["scf"], "scf"),
             sizes=_record(Sizes, extras["sizes"], "sizes"),
             method=_record(Method, extras["method"], "method"),
             backend=_record(BackendInfo, extras["backend"], "backend"),
-            timings=extras["timings"], versions=extras["versions"],
+            timings=_object(extras["timings"], "extras.timings"),
+            versions=_object(extras["versions"], "extras.versions"),
             environment=extras.get("environment"), distributed=extras.get("distributed"),
             interaction=extras.get("interaction"), double_hybrid=dh,
             pair_energies=extras.get("pair_energies"))
@@ -526,6 +535,15 @@ _READ_PROPERTIES = ("scf_total_energy", "mp2_opposite_spin_correlation_energy",
                     "mp2_same_spin_correlation_energy", "mp2_singles_energy")
 
 
+def _object(value, what: str) -> dict:
+    """``value`` if it is a JSON object (a dict), else one line naming ``what`` it is."""
+    from .errors import InputError
+
+    if not isinstance(value, dict):
+        raise InputError(f"{what} is a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _record(kind, values: dict, name: str):
     """``kind`` (a record dataclass) from a JSON record's ``values``: fields it lacks name the
     record in one line; fields it does not know (a later dfmp2's, or a QCSchema echo's) are
@@ -534,6 +552,7 @@ def _record(kind, values: dict, name: str):
 
     from .errors import InputError
 
+    values = _object(values, f"extras.{name}")
     known = {f.name: f for f in fields(kind)}
     missing = [n for n, f in known.items() if n not in values and f.default is MISSING
                and f.default_factory is MISSING]

@@ -313,10 +313,10 @@ def _scratch_io(path: str):
         if "error message = '" in text:  # HDF5's: "... errno = 28, error message = '...', ..."
             why = text.split("error message = '", 1)[1].split("'", 1)[0]
         else:
-            why = exc.strerror or text or type(exc).__name__
+            why = getattr(exc, "strerror", None) or text or type(exc).__name__
         raise ResourceError(f"the temporary file in {os.path.dirname(path)!r} could not be "
                             f"written or read ({why}); free space there or give another "
-                            "--scratch-dir") from None
+                            "scratch directory (scratch_dir, --scratch-dir)") from None
 
 
 def _close_fd(fd: int) -> None:

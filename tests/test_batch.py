@@ -4,6 +4,7 @@ JSON per result, a failing entry reported while the others run."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -94,7 +95,18 @@ def test_two_entries_that_would_write_one_file_are_refused_before_any_run(tmp_pa
     entries = [str(tmp_path / "a" / "mol.xyz"), str(tmp_path / "b" / "mol.xyz")]
     result = CliRunner().invoke(main, ["run", *entries, "--json", str(out)])
     assert result.exit_code == 1 and list(out.iterdir()) == []
-    assert f"{entries[0]} and {entries[1]} would both write {out / 'mol.json'}" in result.stderr
+    assert (f"{entries[0]}'s --json and {entries[1]}'s --json would both write "
+            f"{out / 'mol.json'}") in result.stderr
+    named = [str(tmp_path / "a" / "2.xyz"), str(tmp_path / "b" / "1.xyz")]
+    for entry, source in zip(named, entries):
+        os.rename(source, entry)
+    across = CliRunner().invoke(main, ["run", *named, "--json", str(out / "{index}.svg"),
+                                       "--plot", str(out / "{name}.svg")])
+    assert across.exit_code == 1 and list(out.iterdir()) == []  # a JSON under a plot's name
+    assert (f"{named[1]}'s --json and {named[0]}'s --plot would both write "
+            f"{out / '2.svg'}") in across.stderr
+    for entry, source in zip(named, entries):
+        os.rename(entry, source)
     by_index = CliRunner().invoke(main, ["run", *entries, "--json", str(out / "{index}.json"),
                                          "-q"])
     assert by_index.exit_code == 0, by_index.output
@@ -135,14 +147,6 @@ def test_one_geometry_fills_in_name_and_index(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["water-1.json"]
 
 
-def test_a_json_folder_that_is_not_there_is_one_line_before_any_run(tmp_path):
-    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
-                                       str(INPUTS / "methane.xyz"), "--json",
-                                       str(tmp_path / "nodir" / "{name}.json")])
-    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    assert "cannot write JSON" in result.output and "[1/2]" not in result.output
-
-
 def test_an_interrupted_batch_prints_the_rows_of_the_jobs_it_finished(monkeypatch):
     import signal
 
@@ -166,3 +170,8 @@ def test_an_interrupted_batch_prints_the_rows_of_the_jobs_it_finished(monkeypatc
     rows = [line.split()[0] for line in result.stdout.splitlines()[1:]]
     assert rows == [str(INPUTS / "water.xyz"), str(INPUTS / "methane.xyz")]  # not ammonia's
     assert "H2O" in result.stdout and "failed (its error is above)" in result.stdout
+    calls.clear()
+    calls.append(1)  # the next call is the second: the first job is the one interrupted
+    first = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                      str(INPUTS / "methane.xyz"), "--basis", "sto-3g"])
+    assert first.exit_code == 128 + signal.SIGTERM and first.stdout == ""  # no finished job

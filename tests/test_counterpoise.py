@@ -105,11 +105,21 @@ def test_what_a_fragment_cannot_run_is_refused_before_the_complexs_scf(monkeypat
         with pytest.raises(InputError, match="frozen=.* with a counterpoise correction: .*"
                                              "use frozen_core"):
             run_counterpoise(FORMIC, "5,5", basis="sto-3g", frozen=frozen)
+    # what concerns the complex is said as its own run says it, not as a fragment's
+    with pytest.raises(InputError, match="^scratch directory '/nonexistent'"):
+        run_counterpoise(FORMIC, "5,5", basis="sto-3g", scratch_dir="/nonexistent")
     # OH...OH as a closed-shell complex: each fragment is a doublet, which RHF cannot hold
     with pytest.raises(InputError, match=r"fragment 1 \(atoms 1-2\): an RHF reference needs "
                                          "2S = 0, got 2S = 1"):
         run_counterpoise("O 0 0 0; H 0 0 0.97; O 0 0 3; H 0 0 3.97", "2,2", basis="sto-3g",
                          reference="rhf")
+
+
+def test_the_checks_before_the_scf_leave_their_warnings_to_the_runs(caplog):
+    with caplog.at_level("WARNING", logger="dfmp2"):
+        run_counterpoise("He 0 0 0; He 0 0 3.0", "1,1", basis="cc-pvdz", max_memory=10**9)
+    beyond = [r for r in caplog.records if "is more than" in r.getMessage()]
+    assert len(beyond) == 3  # the complex's run and each fragment's, each once
 
 
 def test_cli_counterpoise_prints_and_records(tmp_path, formic):

@@ -73,6 +73,9 @@ def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):
         ({"success": True, "provenance": {"creator": "Psi4"}}, "its provenance.creator is 'Psi4'"),
         ({"provenance": {"creator": "dfmp2"}, "extras": {}}, "lacks dfmp2's molecule, scf"),
         ([1, 2], "a JSON object, got list"),
+        ({"success": False, "error": "boom"}, "failed run, with no energies: boom"),
+        ({"success": True, "provenance": "x"}, "its provenance.creator is None"),
+        ({"provenance": {"creator": "dfmp2"}, "extras": "x"}, "extras is a JSON object, got str"),
     ]
     for data, message in cases:
         with pytest.raises(InputError, match=message):
@@ -89,6 +92,13 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
     with pytest.raises(InputError, match="extras.sizes lacks naux: written by another version"):
         Result.from_dict(data)
     data = dfmp2.run(WATER, basis="sto-3g").to_dict()
+    for where, value, message in ((("extras", "scf"), "x", "extras.scf is a JSON object, got str"),
+                                  (("properties", "mp2_singles_energy"), "0",
+                                   "energy mp2_singles_energy is '0', not a number")):
+        broken = json.loads(json.dumps(data))
+        broken[where[0]][where[1]] = value
+        with pytest.raises(InputError, match=message):
+            Result.from_dict(broken)
     data["extras"]["scf"]["a_later_field"] = 1  # a later version's: left out, the rest read
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
 
@@ -109,6 +119,9 @@ def test_dfmp2_show_prints_the_runs_summary(tmp_path):
     assert bad.exit_code == 1
     assert bad.output.strip() == f"error: {out}: not JSON: line 1, column 2: Expecting " \
                                  "property name enclosed in double quotes"
+    folder = runner.invoke(main, ["show", str(tmp_path)])
+    assert folder.exit_code == 1 and folder.output.strip() == (
+        f"error: cannot read {str(tmp_path)!r}: Is a directory")
     gone = runner.invoke(main, ["show", str(tmp_path / "none.json")])
     assert gone.exit_code == 1 and gone.output.count("\n") == 1 and "No such file" in gone.output
 

@@ -151,8 +151,24 @@ def test_a_temporary_file_that_cannot_be_written_is_one_line(tmp_path, scf_type,
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == (f"error: the temporary file in {str(tmp_path)!r} could not be "
                                    "written or read (File too large); free space there or give "
-                                   "another --scratch-dir")
+                                   "another scratch directory (scratch_dir, --scratch-dir)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_refusal_of_a_temporary_file_becomes_the_same_line():
+    from dfmp2.errors import ResourceError
+    from dfmp2.storage import _scratch_io
+
+    hdf5 = ("Can't synchronously write data (file write failed: time = now, filename = "
+            "'/s/f.h5', errno = 28, error message = 'No space left on device', buf = 0x1)")
+    for error, why in ((OSError(28, "No space left on device"), "No space left on device"),
+                       (OSError(hdf5), "No space left on device"),
+                       (RuntimeError("Can't decrement id ref count"),
+                        "Can't decrement id ref count")):
+        with pytest.raises(ResourceError, match=rf"^the temporary file in '/s' could not be "
+                                                rf"written or read \({why}\); free space"):
+            with _scratch_io("/s/f.h5"):
+                raise error
 
 
 def test_unwritable_scratch_dir_fails_before_the_scf():
