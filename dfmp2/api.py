@@ -488,7 +488,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         e_os, e_ss, npairs = energies.e_os, energies.e_ss, energies.npairs
         naux_fit, ndropped = factor.naux_fit, factor.ndropped
         metric, condition = factor.method, factor.condition
-        stages, note = energies.stages_dict(), None
+        stages, note = _pair_stage_as_run(energies.stages_dict(), la, opts.precision), None
     else:
         e_os = e_ss = 0.0
         npairs, naux_fit, ndropped, metric = 0, auxmol.nao_nr(), 0, "not needed"
@@ -543,6 +543,21 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         timings={k: round(v, 4) for k, v in timer.seconds.items()},
         versions=versions(), environment=environment, distributed=distributed,
     )
+
+
+def _pair_stage_as_run(stages: dict, la: Dispatcher, precision: str) -> dict:
+    """``stages`` with the pair stage as it ran on an NKI run whose fused pair kernel fell
+    back to the host (its shape refused, or a crash the policy allowed) for some or every
+    block: planned as 'nki fp32', recorded as where it computed."""
+    record, stage = la.records.get("mp2_pair_sums"), stages.get("pair_energy")
+    if la.backend != "nki" or stage is None or record is None or record.fallback is None:
+        return stages
+    host = "host fp64" if precision == "fp64" else "host fp32"
+    some = record.backend == "mixed"  # some blocks on NKI, the others on the host
+    return {**stages, "pair_energy": {
+        "placement": f"nki fp32 and {host}" if some else host,
+        "reason": f"the NKI pair kernel fell back to the host for {'some' if some else 'every'} "
+                  f"block: {record.fallback}"}}
 
 
 def _pair_record(ref: Reference, pairs, wanted: bool) -> dict | None:

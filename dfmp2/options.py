@@ -155,6 +155,14 @@ class Options:
             raise InputError(f"--nki-target {self.nki_target} chooses the Trainium generation "
                              "of the NKI kernels and contradicts --backend pytorch; drop one of "
                              "them")
+        if self.nki_matmul != "fp32" and (not self.fused_energy or self.pair_energies):
+            other = "--pair-energies" if self.pair_energies else "--no-fused-energy"
+            raise InputError(f"--nki-matmul {self.nki_matmul} chooses the products of the fused "
+                             f"NKI pair kernel, which {other} does not run; drop one of them")
+        if self.require_nki and self.pair_energies:
+            raise InputError("--pair-energies keeps every pair's energy by a host op, which "
+                             "--require-nki forbids (no stage of the MP2 step may leave NKI); "
+                             "drop one of them")
         if isinstance(self.scratch_dir, str) and not self.scratch_dir.strip():
             raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or leave "
                              "it out for the system's temporary directory")

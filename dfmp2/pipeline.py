@@ -107,13 +107,15 @@ class StagePrecision:
 
 
 def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
-                require_nki: bool = False) -> tuple[StagePrecision, ...]:
+                require_nki: bool = False, pair_table: bool = False
+                ) -> tuple[StagePrecision, ...]:
     """The placement of :data:`STAGES` for a run on ``backend`` with a metric of condition
     number ``condition`` (see :attr:`MetricFactor.condition`).
 
     On nki: the metric on the host in fp64 always; the transform above
     :data:`TRANSFORM_HOST_CONDITION` and the fit above :data:`FIT_HOST_CONDITION` on the host in
-    fp64; the pair energies on NKI. Raises :class:`PrecisionError` when ``require_nki`` forbids a
+    fp64; the pair energies on NKI, or with ``pair_table`` (every pair's energy kept) on the
+    host, in B's precision (``precision``). Raises :class:`PrecisionError` when ``require_nki`` forbids a
     host stage that the condition number needs.
     """
     if backend != "nki":
@@ -131,9 +133,14 @@ def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
         else:
             stages.append(StagePrecision(stage, "nki fp32", (
                 f"metric condition number {cond:.1e} <= {limit:.0e}")))
-    stages.append(StagePrecision("pair_energy", "nki fp32",
-                                 "bounded error: |B_ia|^2 <= (ia|ia) whatever the metric"))
-    host = [s.stage for s in stages[1:] if s.placement == "host fp64"]
+    if pair_table:
+        stages.append(StagePrecision(
+            "pair_energy", "host fp64" if precision == "fp64" else "host fp32",
+            "every pair's energy kept (pair energies asked for): a host op, mp2_pair_table"))
+    else:
+        stages.append(StagePrecision("pair_energy", "nki fp32",
+                                     "bounded error: |B_ia|^2 <= (ia|ia) whatever the metric"))
+    host = [s.stage for s in stages[1:3] if s.placement == "host fp64"]
     if require_nki and host:
         raise PrecisionError(
             f"the auxiliary metric's condition number {cond:.1e} needs the {' and '.join(host)} "
@@ -600,7 +607,8 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
     j2c = timer.run("metric", lambda: torch.from_numpy(metric(auxmol)))
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c  # the planner counts the metric only until it is factored
-    stages = plan_stages(la.backend, factor.condition, precision, la.policy.require_nki)
+    stages = plan_stages(la.backend, factor.condition, precision, la.policy.require_nki,
+                         pair_table)
     for stage in stages:
         log.info("stage %s: %s (%s)", stage.stage, stage.placement, stage.reason)
     placed = {stage.stage: _stage_ops(la, stage) for stage in stages}

@@ -248,3 +248,30 @@ def test_b_over_the_device_budget_is_uploaded_per_launch(monkeypatch):
     verbose = run.summary(verbose=True)
     assert f"CPU products through {run.backend.cpu_blas['choice']} (" in verbose
     assert "pair-energy reduction" not in verbose
+
+
+def test_the_pair_stage_record_says_where_it_ran(monkeypatch):
+    """Planned on NKI, the pair stage is recorded on the host where it ran there: every pair's
+    energy kept (a host op), or the fused kernel's shape refused under --backend auto."""
+    from dfmp2.linalg import nki_ops
+
+    water = str(INPUTS / "water.xyz")
+    table = dfmp2.run(water, basis="sto-3g", backend="nki", nki_emulator=True,
+                      pair_energies=True)
+    assert table.method.stage_precision["pair_energy"]["placement"] == "host fp64"
+    monkeypatch.setitem(nki_ops.SUPPORTS, "mp2_pair_sums",
+                        lambda *args, **kwargs: "refused in this test")
+    fell = dfmp2.run(water, basis="sto-3g", backend="auto", nki_emulator=True)
+    assert fell.backend.ops["mp2_pair_sums"]["fallback"].endswith("refused in this test")
+    stage = fell.method.stage_precision["pair_energy"]
+    assert stage["placement"] == "host fp64" and "for every block" in stage["reason"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"nki_matmul": "bf16x3", "fused_energy": False}, "which --no-fused-energy does not run"),
+    ({"nki_matmul": "bf16x3", "pair_energies": True}, "which --pair-energies does not run"),
+    ({"require_nki": True, "pair_energies": True}, "--pair-energies keeps every pair's energy"),
+])
+def test_nki_settings_that_would_not_apply_are_refused(options, message):
+    with pytest.raises(InputError, match=message):
+        dfmp2.run(str(INPUTS / "water.xyz"), backend="nki", nki_emulator=True, **options)

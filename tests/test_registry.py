@@ -240,3 +240,26 @@ def test_an_unavailable_simulator_asked_for_by_name_is_a_warning(caplog):
         la = Dispatcher(policy)
     warned = "--simulator: the NKI simulator cannot run" in caplog.text
     assert (la.backend, warned) == (("pytorch", True) if mode is None else ("nki", False))
+
+
+def test_nki_settings_that_run_nothing_are_said(monkeypatch, caplog):
+    """Every setting is applied or said not to apply: the NKI modes under --backend pytorch,
+    the simulator beside the emulator without the real nki, and the kernels' products and
+    target where no NKI kernel can run."""
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        Dispatcher(DispatchPolicy("pytorch", nki_emulator=True, nki_simulator=True))
+    assert ("--nki-emulator and --simulator: --backend pytorch runs no NKI kernel, so they have "
+            "no effect") in caplog.text
+    caplog.clear()
+    _fake_nki(monkeypatch, reason="no nki here")
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        la = Dispatcher(DispatchPolicy("auto", nki_matmul="bf16x3", nki_target="trn1"))
+    assert la.backend == "pytorch"
+    assert ("--nki-matmul bf16x3; --nki-target trn1: no NKI kernel runs (no nki here)"
+            in caplog.text)
+    caplog.clear()
+    _fake_nki(monkeypatch, mode="emulator")
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        la = Dispatcher(DispatchPolicy("nki", nki_emulator=True, nki_simulator=True))
+    assert la.nki_mode == "emulator"
+    assert "--simulator: the NKI simulator needs the real nki package" in caplog.text

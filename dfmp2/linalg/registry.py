@@ -251,28 +251,42 @@ class Dispatcher(_NamedOps):
         self.host_backend = {op: "numpy" if numpy_blas and op in MATMUL_OPS else "pytorch"
                              for op in OPS + HOST_OPS}
         requested = self.policy.backend
+        policy = self.policy
         if requested == "pytorch":
             self.backend, self.resolution = "pytorch", "requested --backend pytorch"
-            if self.policy.require_nki:
+            if policy.require_nki:
                 raise BackendUnavailableError(
                     "--require-nki contradicts --backend pytorch; drop one of them"
                 )
+            modes = [flag for flag, on in (("--nki-emulator", policy.nki_emulator),
+                                           ("--simulator", policy.nki_simulator)) if on]
+            if modes:  # asked for (or set in the environment): say that they did nothing
+                log.warning("%s: --backend pytorch runs no NKI kernel, so %s no effect",
+                            " and ".join(modes), "they have" if len(modes) > 1 else "it has")
             return
-        mode, reason = probe_nki(self.policy)
+        mode, reason = probe_nki(policy)
         if mode is not None:
             self.backend, self.nki_mode = "nki", mode
             self.resolution = f"{requested}: NKI kernels run in {mode} mode"
             self.nki_device = importlib.import_module(".nki_runtime", __package__).NkiDevice(
-                mode, target=None if self.policy.nki_target == "auto" else self.policy.nki_target)
-        elif requested == "nki" or self.policy.require_nki:
+                mode, target=None if policy.nki_target == "auto" else policy.nki_target)
+            if policy.nki_simulator and mode != "simulator":
+                log.warning("--simulator: the NKI simulator needs the real nki package; the "
+                            "kernels run in %s mode instead", mode)
+        elif requested == "nki" or policy.require_nki:
             raise BackendUnavailableError(f"the nki backend cannot run: {reason}")
         else:
             self.backend = "pytorch"
             self.resolution = f"auto: NKI unavailable ({reason}); using pytorch"
-            if self.policy.nki_simulator:  # asked for by name: say that it did not run
-                log.warning("--simulator: the NKI simulator cannot run (%s); the run uses "
-                            "pytorch (--backend nki or --require-nki make this an error)",
-                            reason)
+            # asked for by name: say that they did not apply (--backend nki or --require-nki
+            # make this an error)
+            unused = [text for text, on in (
+                ("--simulator: the NKI simulator cannot run", policy.nki_simulator),
+                (f"--nki-matmul {policy.nki_matmul}", policy.nki_matmul != "fp32"),
+                (f"--nki-target {policy.nki_target}", policy.nki_target != "auto")) if on]
+            if unused:
+                log.warning("%s: no NKI kernel runs (%s); the run uses pytorch (--backend nki "
+                            "or --require-nki make this an error)", "; ".join(unused), reason)
         log.info("backend %s", self.resolution)
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -399,7 +413,8 @@ class Dispatcher(_NamedOps):
             raise UnsupportedShapeError(f"{op}: {reason}; refusing to fall back (--require-nki)")
         record = self.records.get(op)
         if record is None or record.fallback is None:
-            log.warning("%s falls back from nki to pytorch: %s", op, reason)
+            log.warning("%s falls back from nki to the host (%s): %s", op,
+                        self.host_backend.get(op, "pytorch"), reason)
         result = self._run_host(op, args, mode="pytorch")
         self.records[op].fallback = self.records[op].fallback or reason
         return result
