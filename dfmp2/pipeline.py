@@ -115,8 +115,8 @@ def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
     On nki: the metric on the host in fp64 always; the transform above
     :data:`TRANSFORM_HOST_CONDITION` and the fit above :data:`FIT_HOST_CONDITION` on the host in
     fp64; the pair energies on NKI, or with ``pair_table`` (every pair's energy kept) on the
-    host, in B's precision (``precision``). Raises :class:`PrecisionError` when ``require_nki`` forbids a
-    host stage that the condition number needs.
+    host, in B's precision (``precision``). Raises :class:`PrecisionError` when
+    ``require_nki`` forbids a host stage that the condition number needs.
     """
     if backend != "nki":
         pair = "pytorch fp64" if precision == "fp64" else "pytorch fp32"
