@@ -70,6 +70,10 @@ LAUNCH_SECONDS = 0.7e-3
 #: Rows (orbitals i) of the pair kernels' device loop the model emulates per launch: the time
 #: per pair includes each row's own loads, amortised over the launch's columns as on device.
 MODEL_ROWS = 2
+#: Bytes the model holds per emulated (ia|jb) product of one launch, per element (float64,
+#: with the emulator's tiles and the check's reference): 3.1-3.7 measured at nvir 2000 and
+#: 4000 (peak RSS over an idle model), rounded up.
+CHECK_BYTES_PER_ELEMENT = 4 * 8
 #: How the host spreads the pair work (``nki_runtime.TARGETS``): trn1 sends launches of one
 #: program to its two NeuronCores in turn; trn2 launches ``kernel[2]`` on one LNC=2 logical
 #: core (two physical cores), halving each launch's rows per core. The step lasts as long as
@@ -203,6 +207,36 @@ def _pair_chunk(nocc: int, nvir: int, naux: int, exchange: bool, rng,
             "window_tiles": window, **_check(got.numpy(), want, rtol)}
 
 
+def _check_memory(nocc: int, nvir: int, naux: int, available: int | None = None) -> None:
+    """Refuse (ValueError, one line) a shape whose emulated launch and float64 check would need
+    more memory than the machine has available (``available`` bytes; /proc/meminfo's
+    MemAvailable where not given): the (ia|jb) products of one launch's pairs, nvir^2 each."""
+    from .linalg import nki_ops
+
+    cols = max(nki_ops._energy_launch_plan(nvir, nvir, naux, exchange, False)[0]
+               for exchange in (True, False))
+    pairs = min(nocc, MODEL_ROWS) * min(nocc, max(cols, 1))
+    need = pairs * nvir * nvir * CHECK_BYTES_PER_ELEMENT
+    if available is None:
+        available = _available_bytes()
+    if available is not None and need > available:
+        raise ValueError(f"modeling nvir {nvir} needs about {need / 1e9:.1f} GB ({pairs} pairs' "
+                         f"(ia|jb) products emulated and checked in float64), and this machine "
+                         f"has {available / 1e9:.1f} GB available; model a smaller nvir")
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _launched_blocks(nocc: int, nvir: int, naux: int, split: bool) -> tuple[list, int]:
     """``(blocks, windows)`` the host launches for the closed-shell pairs i <= j of one
     occupied block (B on the device: one block spans the occupied space): per block of the
@@ -251,6 +285,7 @@ def run_model(nocc: int, nvir: int, naux: int, target: str = "trn1", seed: int =
 
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    _check_memory(nocc, nvir, naux)
     install()
     spec = TARGETS[target]
     rng = np.random.default_rng(seed)

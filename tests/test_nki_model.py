@@ -206,3 +206,19 @@ def test_bf16x3_past_its_launch_bound_is_named_and_the_fp32_kernels_still_modele
     assert "mp2_pair_energy_kernel[bf16x3]" not in report["kernels"]
     assert "bf16x3" in report["not_modeled"]["mp2_pair_energy_kernel[bf16x3]"]
     assert report["energy_step_bf16x3"] is None and report["passed"]
+
+
+def test_a_shape_beyond_the_machines_memory_is_one_line_before_any_emulation(monkeypatch):
+    """nvir 20000 took more than 10 GB (nvir^2 products per emulated pair); a machine with less
+    available says so instead of running out of memory."""
+    import dfmp2.nki_emulator
+
+    monkeypatch.setattr(nki_model, "_available_bytes", lambda: 2 * 10**9)
+    monkeypatch.setattr(dfmp2.nki_emulator, "install", lambda: pytest.fail("emulation began"))
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "1", "--nvir", "20000",
+                                       "--naux", "1"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("error: modeling nvir 20000 needs about 12.8 GB (1 pairs' "
+                                     "(ia|jb) products emulated and checked in float64), and "
+                                     "this machine has 2.0 GB available; model a smaller nvir")
+    nki_model._check_memory(64, 448, 1536, available=2 * 10**9)  # trnsci's shape fits
