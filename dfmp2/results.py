@@ -475,8 +475,11 @@ class Result:
             f"  backend {b.resolved}" + (f" [{b.nki_mode}]" if b.nki_mode else "")
             + f" ({b.resolution})"
             + (f"  pair-kernel products {b.nki_matmul}" if b.resolved == "nki" else ""),
-            f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}  "
-            f"metric {m.metric}"
+            f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}"
+            + (" (its NKI stages in fp32: below)" if any(
+                rec["placement"].startswith("nki") for rec in m.stage_precision.values())
+               else "")
+            + f"  metric {m.metric}"
             + (f" (condition {m.metric_condition:.1e})" if m.metric_condition else "")
             + f"  int3c2e cutoff exp(-{m.int3c2e_expcutoff:g})",
             f"  B storage {m.blocks['storage']} ({m.blocks['b_mb']} MB)  "

@@ -259,6 +259,7 @@ def test_the_pair_stage_record_says_where_it_ran(monkeypatch):
     table = dfmp2.run(water, basis="sto-3g", backend="nki", nki_emulator=True,
                       pair_energies=True)
     assert table.method.stage_precision["pair_energy"]["placement"] == "host fp64"
+    assert "precision fp64 (its NKI stages in fp32: below)" in table.summary(verbose=True)
     monkeypatch.setitem(nki_ops.SUPPORTS, "mp2_pair_sums",
                         lambda *args, **kwargs: "refused in this test")
     fell = dfmp2.run(water, basis="sto-3g", backend="auto", nki_emulator=True)
