@@ -197,8 +197,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
                     for k in range(len(moles))]
     check_run(geometry, options)  # the complex's own refusals, named as its run names them
     for k, frag in enumerate(moles):
-        with _named(frags, k):
-            build_mole(frag)
+        with _named(frags, k):  # the fragment's molecule is built and checked here too
             check_run(frag, per_fragment[k])
     complex_result = run(geometry, progress=progress, environment=environment, **options)
     parts = []

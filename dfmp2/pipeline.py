@@ -140,7 +140,10 @@ def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
     else:
         stages.append(StagePrecision("pair_energy", "nki fp32",
                                      "bounded error: |B_ia|^2 <= (ia|ia) whatever the metric"))
-    host = [s.stage for s in stages[1:3] if s.placement == "host fp64"]
+    # the stages the condition number moves (the metric is always on the host; the pair
+    # table is a host op by request, not for precision)
+    host = [s.stage for s in stages if s.stage in ("transform", "fit")
+            and s.placement == "host fp64"]
     if require_nki and host:
         raise PrecisionError(
             f"the auxiliary metric's condition number {cond:.1e} needs the {' and '.join(host)} "

@@ -279,9 +279,9 @@ def rohf_fock(mf) -> np.ndarray:
     return np.asarray(mf.get_hcore()) + np.asarray(mf.get_veff(mf.mol, dms))
 
 
-def semicanonical_rohf(mf, fock_ao_pair: np.ndarray | None = None):
+def semicanonical_rohf(mf, rohf_focks: np.ndarray | None = None):
     """Psi4's semicanonical orbitals of a converged ROHF object, from its Fock matrices
-    ``fock_ao_pair`` (2, nao, nao) when already built (:func:`rohf_fock`).
+    ``rohf_focks`` (2, nao, nao) when already built (:func:`rohf_fock`).
 
     Returns ``[(mo_coeff, mo_energy, mo_occ, fock_mo), ...]`` for alpha and beta: orbitals
     (nao, nmo) with the occupied block first, their energies (nmo,), occupations 1/0 (nmo,) and
@@ -289,11 +289,11 @@ def semicanonical_rohf(mf, fock_ao_pair: np.ndarray | None = None):
     singles."""
     c = np.asarray(mf.mo_coeff)
     occ = np.asarray(mf.mo_occ)
-    if fock_ao_pair is None:
-        fock_ao_pair = rohf_fock(mf)
+    if rohf_focks is None:
+        rohf_focks = rohf_fock(mf)
     spins = []
     for sigma, occupied in ((0, occ > 0), (1, occ > 1)):
-        fock_ao = fock_ao_pair[sigma]
+        fock_ao = rohf_focks[sigma]
         blocks, energies = [], []
         for mask in (occupied, ~occupied):
             c_blk = c[:, mask]
