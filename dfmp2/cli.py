@@ -103,14 +103,43 @@ def _show_logs_around(status: _TerminalProgress | None) -> None:
             handler.status = status
 
 
+class _UsageLine(click.UsageError):
+    """A usage error shown as one line, as every other input error is, with the command's
+    help named at its end (click's own shows the usage, a hint and the error on four)."""
+
+    def show(self, file=None) -> None:
+        message = self.format_message().rstrip(".")
+        if message[:2].istitle():
+            message = message[0].lower() + message[1:]
+        where = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"error: {message}{where}", err=True)
+
+
+def _usage_line(exc: click.UsageError) -> _UsageLine:
+    return _UsageLine(exc.format_message(), exc.ctx)
+
+
 class _Main(click.Group):
     """The command group. A Ctrl-C while no run's signal handlers are installed (the imports
     and the BLAS checks of its first second, the output after it) ends as one during the run
-    does: one line and exit status 130, instead of click's "Aborted!" and status 1."""
+    does: one line and exit status 130, instead of click's "Aborted!" and status 1. Usage
+    errors, the group's and its commands', are one line (`_UsageLine`), exit status 2."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _UsageLine:
+            raise
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except _UsageLine:
+            raise
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
         except KeyboardInterrupt:
             click.echo(f"error: interrupted by SIGINT; exit status {128 + signal.SIGINT}",
                        err=True)

@@ -174,8 +174,13 @@ def test_error_is_one_line_exit_1(tmp_path, case):
     ["run", WATER, "--threads", "0"],
 ])
 def test_usage_errors_exit_2(args):
+    """Usage errors exit 2 with one line naming the problem and the help to read, as every
+    other input error does (click's own message is four lines)."""
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert lines[0].endswith("--help')") and "Usage:" not in result.output
 
 
 def test_error_subprocess_has_no_traceback(tmp_path):
