@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import numpy as np
 import torch
@@ -162,7 +161,7 @@ def _converge(mf, options: Options, progress, dm0) -> None:
                 "or a looser --conv-tol-grad" if options.xc is not None else "")
         )
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
-    if options.chkfile is not None:  # written once, converged
+    if options.chkfile is not None and not mf.restart.endswith(KEPT_FOREIGN):  # once, converged
         try:
             write_chkfile(mf, options.chkfile)
             mf.chkfile = options.chkfile
@@ -175,16 +174,39 @@ def _converge(mf, options: Options, progress, dm0) -> None:
 
 def write_chkfile(mf, path: str) -> None:
     """Save the converged SCF (and its functional, :data:`CHK_XC_KEY`) to ``path`` without a
-    moment when ``path`` holds half a checkpoint: written into a copy beside it (whatever else
-    the file held is kept), which then replaces it; a symbolic link keeps pointing at the file
-    it names, which is the one rewritten."""
+    moment when ``path`` holds half a checkpoint. The whole file (whatever else a file already
+    there held is kept; its SCF and molecule records are replaced) is built in memory, written
+    beside ``path`` by plain file I/O and renamed over it: a full disk is one ``OSError`` of that
+    write (HDF5 writing into a full disk can crash the process), and the file does not grow
+    with every restart (HDF5 keeps the space of a replaced record). A symbolic link keeps
+    pointing at the file it names, which is the one rewritten."""
+    import io
+
+    import h5py
+
     path = os.path.realpath(path)
+    memory = io.BytesIO()
+    with h5py.File(memory, "w") as out:
+        if os.path.exists(path):
+            with h5py.File(path, "r") as old:
+                for key, value in old.attrs.items():
+                    out.attrs[key] = value
+                for name in old:
+                    if name not in ("mol", "scf"):
+                        old.copy(old[name], out, name=name)
+            if CHK_XC_KEY in out:
+                del out[CHK_XC_KEY]
+        out["mol"] = mf.mol.dumps()
+        out["scf/e_tot"] = float(mf.e_tot)
+        for key in ("mo_energy", "mo_occ", "mo_coeff"):
+            out[f"scf/{key}"] = np.asarray(getattr(mf, key))
+        out[CHK_XC_KEY] = _functional_of(mf)
     partial = f"{path}.{os.getpid()}.partial"
     try:
-        if os.path.exists(path):
-            shutil.copyfile(path, partial)
-        scf.chkfile.dump_scf(mf.mol, partial, mf.e_tot, mf.mo_energy, mf.mo_coeff, mf.mo_occ)
-        lib.chkfile.save(partial, CHK_XC_KEY, _functional_of(mf))
+        with open(partial, "wb") as handle:
+            handle.write(memory.getbuffer())
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):
@@ -503,16 +525,38 @@ def _same_system(mol, saved) -> str | None:
         return "another basis"
     if (mol.charge, mol.spin) != (saved.charge, saved.spin):
         return f"its charge {saved.charge:+d} and 2S = {saved.spin}"
-    if mol.nelectron != saved.nelectron:
+    if mol.nelectron != saved.nelectron or not _same_ecp(mol, saved):
         return "another ECP"
     return None
+
+
+def _ecp_table(mol) -> list:
+    """``mol``'s ECP as numbers, free of where libcint keeps them: per ECP shell its atom,
+    angular momentum, radial power, spin-orbit type, exponents and coefficients."""
+    table = []
+    for row in np.asarray(mol._ecpbas).reshape(-1, gto.BAS_SLOTS):
+        atom, l, nexp, power, so_type, p_exp, p_coeff = (int(x) for x in row[:7])
+        table.append(((atom, l, power, so_type), mol._env[p_exp:p_exp + nexp],
+                      mol._env[p_coeff:p_coeff + nexp]))
+    return sorted(table, key=lambda shell: shell[0])
+
+
+def _same_ecp(mol, saved) -> bool:
+    """Whether two molecules carry the same ECP (each ECP shell's numbers, :func:`_ecp_table`):
+    two ECPs can remove the same number of core electrons."""
+    ours, theirs = _ecp_table(mol), _ecp_table(saved)
+    return len(ours) == len(theirs) and all(
+        a[0] == b[0] and a[1].shape == b[1].shape and np.allclose(a[1], b[1], rtol=1e-12, atol=0)
+        and np.allclose(a[2], b[2], rtol=1e-12, atol=0) for a, b in zip(ours, theirs))
 
 
 def restart_guess(mf, chkfile: str | None):
     """(dm0, record) for an SCF object from ``chkfile``: its saved orbitals' density when the
     file holds an SCF of the same molecule, basis and reference (dfmp2 writes one only when
     converged; then the SCF takes one iteration), else (None, why not). A file of another
-    system or reference is an :class:`InputError` (it would be overwritten)."""
+    system or reference is an :class:`InputError` (it would be overwritten). A checkpoint
+    without dfmp2's record of its functional (PySCF's own) is a guess only: the record ends
+    with :data:`KEPT_FOREIGN` and the run leaves the file as it is."""
     if chkfile is None:
         return None, None
     if not os.path.exists(chkfile):
@@ -544,7 +588,16 @@ def restart_guess(mf, chkfile: str | None):
     if damaged is not None:
         raise InputError(f"chkfile {chkfile!r} is damaged ({damaged}); remove it or choose "
                          "another --chkfile")
+    if saved_xc is None:  # PySCF's own checkpoint: what it is of may not be this run
+        return mf.make_rdm1(mo_coeff, mo_occ), (
+            f"initial guess from chkfile {chkfile}; {KEPT_FOREIGN}")
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
+
+
+#: What the restart record says of a checkpoint dfmp2 did not write: its functional is not
+#: recorded (a PySCF DFT checkpoint looks like an HF one), so it is a guess and not rewritten.
+KEPT_FOREIGN = ("not written by dfmp2 (no record of its functional), so kept as it is and "
+                "not rewritten")
 
 
 #: The fields of a PySCF checkpoint's molecule record that ``pyscf.gto.loads`` passes to

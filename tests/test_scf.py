@@ -176,6 +176,66 @@ def test_a_linked_chkfile_is_rewritten_through_its_link_and_a_failed_write_loses
     assert result.scf.restart == f"new chkfile {new}; not written: No space left on device"
 
 
+def test_a_full_disk_while_the_checkpoint_is_written_is_one_warning_and_no_partial_file(
+        tmp_path, monkeypatch, caplog):
+    """The checkpoint is built in memory and written by plain file I/O: a full disk there is a
+    warning, the run's energy is kept and no partial file is left (an HDF5 file written into
+    a full disk crashed the process)."""
+    chk = tmp_path / "water.chk"
+    first = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    before = chk.read_bytes()
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    again = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    assert again.scf.restart.endswith("not written: No space left on device")
+    assert chk.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["water.chk"]
+    assert "could not write the chkfile" in caplog.text
+
+
+def test_a_checkpoint_does_not_grow_with_restarts(tmp_path):
+    """Each write is the whole file anew: HDF5 keeps the space of a replaced record, so a
+    checkpoint rewritten in place grew by 8 KB with every restart."""
+    chk = tmp_path / "water.chk"
+    sizes = []
+    for _ in range(3):
+        dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+        sizes.append(chk.stat().st_size)
+    assert sizes[1] == sizes[2] and sizes[2] <= sizes[0] + 64, sizes
+
+
+def test_a_checkpoint_with_another_ecp_of_the_same_core_is_refused(tmp_path):
+    """def2-SVP's ECP and cc-pVDZ-PP's both take 28 electrons of iodine: the same electron
+    count, another calculation."""
+    chk = str(tmp_path / "hi.chk")
+    hi = "H 0 0 0; I 0 0 1.609"
+    dfmp2.run(hi, basis="def2-svp", chkfile=chk)
+    with pytest.raises(InputError, match=re.escape("another calculation (another ECP)")):
+        dfmp2.run(hi, basis="def2-svp", ecp="cc-pvdz-pp", chkfile=chk)
+    assert dfmp2.run(hi, basis="def2-svp", chkfile=chk).scf.cycles == 1
+
+
+def test_a_pyscf_checkpoint_is_a_guess_and_is_left_as_it_is(tmp_path):
+    """A checkpoint PySCF wrote has no record of its functional (a B3LYP one looks like an
+    HF one): dfmp2 starts from its orbitals, converges its own SCF, and leaves the file
+    untouched rather than replacing another calculation's orbitals."""
+    from pyscf import dft, gto
+
+    chk = tmp_path / "b3lyp.chk"
+    mf = dft.RKS(gto.M(atom=WATER, basis="sto-3g", verbose=0), xc="b3lyp")
+    mf.chkfile = str(chk)
+    mf.run()
+    before = chk.read_bytes()
+    result = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    fresh = dfmp2.run(WATER, basis="sto-3g")
+    assert result.e_tot == pytest.approx(fresh.e_tot, abs=TOL_RESTART)
+    assert result.scf.restart.endswith("so kept as it is and not rewritten")
+    assert chk.read_bytes() == before
+
+
 def test_a_pyscf_checkpoint_with_its_orbitals_stored_as_a_list_is_read(tmp_path):
     """PySCF stores a UHF's (alpha, beta) tuple as a list group (``mo_coeff__from_list__``),
     which its own reader and dfmp2's read."""
