@@ -902,7 +902,9 @@ class DFMP2:
     both spins, or a pair ``[alpha list, beta list]``); the fitting basis comes from
     ``auxbasis`` or, as in PySCF, from ``pt.with_df = df.DF(mol, auxbasis=...)``. Other keyword
     arguments are :class:`Options` fields (``backend``, ``fused_energy``, ``max_memory``, ...),
-    also accepted by :meth:`run` and :meth:`kernel` to override per call. Molecule settings
+    also accepted by :meth:`run` and :meth:`kernel`, which keep them on the object as PySCF's
+    ``run(**kwargs)`` does (``pt.run(frozen=1)`` then ``pt.nocc`` counts the active orbitals
+    of that energy, and a later ``pt.run()`` repeats it). Molecule settings
     (``basis``, ``charge``, ``spin``, ``ecp``) belong to the SCF and are refused here.
     """
 
@@ -1067,8 +1069,11 @@ class DFMP2:
                              "call kernel() or kernel(with_t2=False)")
         merged = {**self.options, **options}
         frozen = merged.pop("frozen", self.frozen)
-        auxbasis = self._auxbasis(merged.pop("auxbasis", self.auxbasis))
-        opts = self._checked(merged, frozen, auxbasis)
+        auxbasis = merged.pop("auxbasis", self.auxbasis)
+        opts = self._checked(merged, frozen, self._auxbasis(auxbasis))
+        # kept, as PySCF's run(**kwargs) sets them: nocc, nmo and a later run() agree with
+        # the energy computed here
+        self.frozen, self.auxbasis, self.options = frozen, auxbasis, merged
         self.result = compute(self._scf, opts)
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os

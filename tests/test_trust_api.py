@@ -376,6 +376,20 @@ def test_pyscf_energy_only_kernel_call_and_unknown_settings(water_rhf):
     assert "max_memory" in listed and "basis" not in listed and "conv_tol" not in listed
 
 
+def test_settings_given_to_run_stay_on_the_object_as_pyscf_keeps_them(water_rhf):
+    """PySCF's ``run(frozen=1)`` sets ``frozen`` on the object: its nocc/nmo then count the
+    active orbitals of the energy just computed, and a later run() repeats that energy."""
+    pt = dfmp2.DFMP2(water_rhf, backend="pytorch")
+    e_frozen = pt.run(frozen=1).e_corr
+    assert (pt.frozen, pt.nocc, pt.nmo) == (1, 4, 23)
+    assert pt.run().e_corr == e_frozen
+    pt.run(frozen_core=False, frozen=None)
+    assert (pt.nocc, pt.nmo) == (5, 24) and pt.e_corr < e_frozen
+    with pytest.raises(InputError):  # refused settings are not kept
+        pt.run(frozen=-3)
+    assert pt.frozen is None
+
+
 def test_frozen_as_a_list_or_range_behaves_as_the_int(water_rhf):
     by_int = dfmp2.DFMP2(water_rhf, frozen=2, backend="pytorch").run().e_corr
     assert dfmp2.DFMP2(water_rhf, frozen=range(2), backend="pytorch").run().e_corr == by_int
