@@ -10,6 +10,7 @@ ran each op). ``to_dict`` is a QCSchema ``AtomicResult`` (schema v1) with dfmp2'
 from __future__ import annotations
 
 import json
+import math
 import platform
 from dataclasses import asdict, dataclass, field
 
@@ -340,8 +341,10 @@ class Result:
             energies["e_scs"] = extras.get("sos_mp2_correlation_energy",
                                            extras.get("scs_mp2_correlation_energy"))
         for name, value in energies.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise InputError(f"the record's energy {name} is {value!r}, not a number")
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value)):
+                raise InputError(f"the record's energy {name} is {value!r}, not a finite "
+                                 "number")
         molecule = {**_object(extras["molecule"], "extras.molecule"),
                     "qcschema": data.get("molecule")}
         return cls(
@@ -562,7 +565,32 @@ def _record(kind, values: dict, name: str):
     if missing:
         raise InputError(f"the record's extras.{name} lacks {', '.join(missing)}: written by "
                          "another version of dfmp2 than this one")
+    for field_name, value in values.items():
+        if field_name in known and not _of_type(value, known[field_name].type):
+            raise InputError(f"the record's extras.{name}.{field_name} is {value!r}, not "
+                             f"{known[field_name].type}: the file was changed after dfmp2 "
+                             "wrote it")
     return kind(**{n: v for n, v in values.items() if n in known})
+
+
+#: JSON types of the annotations the records' fields carry (``float`` takes an int: JSON
+#: writes 0.0 as 0 in some tools; a bool is no number here).
+_JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+               "dict": (dict,), "list": (list,), "tuple": (list,), "None": (type(None),)}
+
+
+def _of_type(value, annotation) -> bool:
+    """Whether a JSON value fits a record field's annotation (``"float | None"`` and the
+    like); an annotation of other names (a nested record) is not checked here."""
+    names = [part.strip() for part in str(annotation).split("|")]
+    if not all(n in _JSON_TYPES for n in names):
+        return True
+    for n in names:
+        if isinstance(value, bool) and n not in ("bool",):
+            continue
+        if isinstance(value, _JSON_TYPES[n]):
+            return not (isinstance(value, float) and not math.isfinite(value))
+    return False
 
 
 def _grid_text(grid: dict) -> str:

@@ -94,9 +94,22 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
     data = dfmp2.run(WATER, basis="sto-3g").to_dict()
     for where, value, message in ((("extras", "scf"), "x", "extras.scf is a JSON object, got str"),
                                   (("properties", "mp2_singles_energy"), "0",
-                                   "energy mp2_singles_energy is '0', not a number")):
+                                   "energy mp2_singles_energy is '0', not a finite number"),
+                                  (("properties", "scf_total_energy"), float("nan"),
+                                   "energy scf_total_energy is nan, not a finite number"),
+                                  (("extras", "scf", "homo"), None,
+                                   r"extras.scf.homo is None, not float: the file was changed"),
+                                  (("extras", "molecule", "charge"), "zero",
+                                   "extras.molecule.charge is 'zero', not int"),
+                                  (("extras", "sizes", "nocc"), True,
+                                   "extras.sizes.nocc is True, not int"),
+                                  (("extras", "method", "os_scale"), float("inf"),
+                                   "extras.method.os_scale is inf, not float")):
         broken = json.loads(json.dumps(data))
-        broken[where[0]][where[1]] = value
+        record = broken
+        for key in where[:-1]:
+            record = record[key]
+        record[where[-1]] = value
         with pytest.raises(InputError, match=message):
             Result.from_dict(broken)
     data["extras"]["scf"]["a_later_field"] = 1  # a later version's: left out, the rest read
