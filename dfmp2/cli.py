@@ -780,20 +780,21 @@ def _record_failure(json_path, exc: Exception, job=None) -> None:
         return
     import json
 
-    from .qcengine_harness import ERRORS
+    from . import qcschema
+    from .qcengine_harness import qcengine_error
 
     # QCEngine's error_type of the exception dfmp2's error becomes there: InputError is
     # input_error, and so on
-    kind = ERRORS.get(type(exc).__name__, "UnknownError")
+    kind = qcengine_error(exc)
     record = {"success": False,
               "error": {"error_type": re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower(),
                         "error_message": str(exc)},
-              "input_data": None if job is None else job.input,
+              "input_data": None if job is None else qcschema.input_echo(job),
               "extras": {"provenance": {"creator": "dfmp2", "version": __version__,
                                         "routine": "dfmp2"}}}
     try:
         with open(json_path, "w") as handle:
-            handle.write(json.dumps(record, indent=2, default=str) + "\n")
+            handle.write(json.dumps(record, indent=2) + "\n")
     except OSError:
         pass
 

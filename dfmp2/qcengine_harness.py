@@ -19,15 +19,28 @@ import importlib.abc
 import importlib.util
 import sys
 
-__all__ = ["ERRORS", "arm", "harness", "register"]
+__all__ = ["ERRORS", "arm", "harness", "qcengine_error", "register"]
 
-#: dfmp2 error class name -> QCEngine exception class name.
+#: dfmp2 error class name -> QCEngine exception class name (the nearest class in an error's
+#: MRO decides: :func:`qcengine_error`). A backend or device this machine lacks is a
+#: resource QCEngine's task did not have; a precision or a shape a path cannot take is the
+#: input's to change; a kernel that crashed stays unknown.
 ERRORS = {
     "InputError": "InputError",
     "OrbitalError": "InputError",
+    "PrecisionError": "InputError",
+    "UnsupportedShapeError": "InputError",
     "ResourceError": "ResourceError",
+    "BackendUnavailableError": "ResourceError",
     "ConvergenceError": "ConvergenceError",
 }
+
+
+def qcengine_error(exc: BaseException) -> str:
+    """The QCEngine exception class name of a dfmp2 error (:data:`ERRORS`), else
+    ``UnknownError``."""
+    return next((ERRORS[k.__name__] for k in type(exc).__mro__ if k.__name__ in ERRORS),
+                "UnknownError")
 
 
 def harness():
@@ -93,9 +106,7 @@ def _compute(input_data, config):
             result["provenance"]["nthreads"] = int(ncores)
         return AtomicResult(**result)
     except DFMP2Error as exc:
-        name = next((ERRORS[k.__name__] for k in type(exc).__mro__ if k.__name__ in ERRORS),
-                    "UnknownError")
-        raise getattr(exceptions, name)(str(exc)) from exc
+        raise getattr(exceptions, qcengine_error(exc))(str(exc)) from exc
 
 
 def register() -> bool:

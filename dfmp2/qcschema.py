@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 from .errors import InputError
 
-__all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "is_schema_input",
-           "method_energy", "method_options", "read_input", "result_dict", "run_qcschema",
-           "schema_version"]
+__all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
+           "is_schema_input", "method_energy", "method_options", "read_input", "result_dict",
+           "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2")
@@ -195,11 +195,11 @@ def read_input(source) -> SchemaJob:
         spec = model.specification
         driver, method, basis = str(spec.driver.value), spec.model.method, spec.model.basis
         keywords, molecule = dict(spec.keywords), model.molecule
-        as_v1, program = model.convert_v(1).dict(), spec.program
+        as_v1, program = json.loads(model.convert_v(1).serialize("json")), spec.program
     else:
         driver, method, basis = str(model.driver.value), model.model.method, model.model.basis
         keywords, molecule = dict(model.keywords), model.molecule
-        as_v1, program = model.dict(), None
+        as_v1, program = json.loads(model.serialize("json")), None
     if driver != "energy":
         raise InputError(f"driver {driver!r}: dfmp2 computes energies (driver 'energy')")
     protocol = (as_v1.get("protocols") or {}).get("wavefunction") or "none"
@@ -208,6 +208,13 @@ def read_input(source) -> SchemaJob:
         raise InputError(f"protocols.wavefunction {wavefunction!r}: dfmp2 returns no "
                          "wavefunction (its result has energies only); give 'none' or leave it "
                          "out")
+    from .results import RESULT_EXTRAS
+
+    taken = sorted(set(as_v1.get("extras") or {}) & set(RESULT_EXTRAS))
+    if taken:
+        raise InputError(f"extras {', '.join(map(repr, taken))}: names dfmp2's result uses for "
+                         "its own records (the result keeps the input's extras beside them); "
+                         "rename them")
     method = (method or "").strip().lower()
     by_method = method_options(method)
     if not isinstance(basis, str) or not basis.strip():
@@ -289,10 +296,20 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
 
 
 def keyword_options(keywords: dict) -> dict:
-    """dfmp2 options from QCSchema keywords (Psi4's names, or dfmp2's own)."""
+    """dfmp2 options from QCSchema keywords (Psi4's names, or dfmp2's own). Two keywords that
+    set one option (``freeze_core`` and ``FREEZE_CORE``, ``mp2_os_scale`` and ``os_scale``)
+    are refused: which one wins would depend on their order in the input."""
     options = {}
+    setters: dict[str, str] = {}
     for name, value in keywords.items():
         key = name.lower()
+        option = PSI4_KEYWORDS[key][0] if key in PSI4_KEYWORDS else (
+            key if key in OWN_KEYWORDS else None)
+        if option is not None and option in setters:
+            raise InputError(f"keywords {setters[option]!r} and {name!r} both set "
+                             f"{option.lstrip('_')}; give one of them")
+        if option is not None:
+            setters[option] = name
         if key in PSI4_KEYWORDS:
             option, convert = PSI4_KEYWORDS[key]
             converted = convert(name, value)
@@ -363,7 +380,7 @@ def result_dict(result, job: SchemaJob) -> dict:
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method
     for key, value in (given.get("extras") or {}).items():  # the input's extras pass through,
-        data["extras"].setdefault(key, value)  # as QCEngine passes them (dfmp2's own win)
+        data["extras"].setdefault(key, value)  # as QCEngine passes them (none is dfmp2's name)
     for key in ("id", "protocols"):
         if given.get(key) is not None:
             data[key] = given[key]
@@ -378,6 +395,17 @@ def result_dict(result, job: SchemaJob) -> dict:
     except Exception as exc:  # a result that does not validate is dfmp2's bug: say so
         raise RuntimeError(f"dfmp2's AtomicResult does not validate against qcelemental "
                            f"v{job.version}: {_first_lines(exc)}") from exc
+
+
+def input_echo(job: SchemaJob) -> dict:
+    """``job``'s input (with the overrides that ran, :func:`with_overrides`) as JSON data in
+    the input's own schema version: what a failed run's record repeats as ``input_data``."""
+    if job.version == 1:
+        return copy.deepcopy(job.input)
+    model = _models(1).AtomicInput(**job.input).convert_v(2)
+    out = json.loads(model.serialize("json"))
+    out["specification"]["program"] = job.program or "dfmp2"
+    return out
 
 
 def run_qcschema(source, **overrides) -> dict:

@@ -536,6 +536,14 @@ class Result:
         return self.summary()
 
 
+#: The names a result's ``extras`` may use for dfmp2's own records (:meth:`Result.to_dict`;
+#: some only for some runs): an input's extras must not use them (:mod:`dfmp2.qcschema`), or
+#: reading the result back would take the input's value for dfmp2's.
+RESULT_EXTRAS = ("scs_mp2_correlation_energy", "scs_mp2_total_energy",
+                 "sos_mp2_correlation_energy", "sos_mp2_total_energy", "molecule", "scf",
+                 "sizes", "method", "backend", "timings", "versions", "environment",
+                 "distributed", "interaction", "double_hybrid", "pair_energies")
+
 #: The properties :meth:`Result.from_dict` reads its energies from.
 _READ_PROPERTIES = ("scf_total_energy", "mp2_opposite_spin_correlation_energy",
                     "mp2_same_spin_correlation_energy", "mp2_singles_energy")

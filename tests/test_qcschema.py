@@ -159,6 +159,12 @@ def test_device_keywords_pass_through():
     ({"keywords": {"maxiter": "many"}}, "maxiter='many': expected a number"),
     ({"method": "ccsd(t)"}, "method 'ccsd(t)': dfmp2 runs mp2, scs-mp2"),
     ({"driver": "gradient"}, "driver 'gradient': dfmp2 computes energies"),
+    ({"keywords": {"freeze_core": True, "FREEZE_CORE": False}},
+     "keywords 'freeze_core' and 'FREEZE_CORE' both set frozen_core; give one of them"),
+    ({"keywords": {"mp2_os_scale": 1.0, "os_scale": 2.0}},
+     "keywords 'mp2_os_scale' and 'os_scale' both set os_scale"),
+    ({"keywords": {"dft_radial_points": 75, "DFT_RADIAL_POINTS": 99}},
+     "both set radial"),
 ])
 def test_what_dfmp2_cannot_run_is_one_line(change, message):
     data = v1_input(**{k: v for k, v in change.items() if k in ("keywords", "method")})
@@ -306,6 +312,20 @@ def test_qcengine_runs_dfmp2(frozen_core):
     assert abs(scs.return_result - direct.e_scs_tot) <= TOL_OUTCORE
 
 
+def test_every_dfmp2_error_has_the_nearest_qcengine_kind():
+    from dfmp2 import errors
+    from dfmp2.qcengine_harness import qcengine_error
+
+    kinds = {errors.InputError: "InputError", errors.OrbitalError: "InputError",
+             errors.PrecisionError: "InputError", errors.UnsupportedShapeError: "InputError",
+             errors.ResourceError: "ResourceError",
+             errors.BackendUnavailableError: "ResourceError",
+             errors.ConvergenceError: "ConvergenceError", errors.KernelError: "UnknownError",
+             RuntimeError: "UnknownError"}
+    for kind, expected in kinds.items():
+        assert qcengine_error(kind("x")) == expected, kind
+
+
 def test_qcengine_maps_errors():
     import qcengine
     from qcengine.exceptions import InputError as QCEngineInputError
@@ -344,6 +364,25 @@ def test_a_failed_schema_run_writes_a_failed_operation_with_its_input(tmp_path):
     assert record["success"] is False and record["error"]["error_type"] == "convergence_error"
     assert record["input_data"]["keywords"] == {"maxiter": 2}
     v1.FailedOperation(**record)  # the schema's own shape
+    assert v1.AtomicInput(**record["input_data"]).molecule.symbols.tolist() == ["O", "H", "H"]
+
+
+def test_a_failed_v2_run_echoes_its_input_as_a_valid_v2_input(tmp_path):
+    """The echo is JSON data of the input's own version (its molecule's arrays were written
+    as numpy's text, and a v2 input was echoed as v1)."""
+    out = tmp_path / "out.json"
+    out.write_text("{}")
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v2_input(keywords={"maxiter": 2})))
+    result = CliRunner().invoke(main, ["run", str(path), "--json", str(out)])
+    assert result.exit_code == 1
+    echo = json.loads(out.read_text())["input_data"]
+    given = v2.AtomicInput(**echo)
+    assert echo["schema_name"] == "qcschema_atomic_input"
+    assert given.molecule.symbols.tolist() == ["O", "H", "H"]
+    validated = v2.AtomicInput(**v2_input(keywords={"maxiter": 2})).molecule  # 8 decimals
+    assert given.molecule.geometry.tolist() == validated.geometry.tolist()
+    assert given.specification.keywords == {"maxiter": 2}
 
 
 def test_keywords_take_whole_and_finite_numbers_and_psi4s_convergence_exponents():
@@ -367,7 +406,26 @@ def test_a_qcelemental_model_is_an_input_and_other_objects_are_refused():
 def test_input_extras_pass_through_and_a_wavefunction_protocol_is_refused():
     result = dfmp2.run_qcschema(v1_input(extras={"tag": "abc"}))
     assert result["extras"]["tag"] == "abc" and "method" in result["extras"]
+    with pytest.raises(InputError, match="extras 'interaction', 'sos_mp2_correlation_energy': "
+                                         "names dfmp2's result uses"):
+        # read back, the input's value would be taken for dfmp2's own energy
+        qcschema.read_input(v1_input(extras={"sos_mp2_correlation_energy": 1.0,
+                                             "interaction": {}, "tag": 1}))
     with pytest.raises(InputError, match=r"protocols.wavefunction 'all': dfmp2 returns no "
                                          r"wavefunction"):
         dfmp2.run_qcschema(v1_input(protocols={"wavefunction": "all"}))
     assert dfmp2.run_qcschema(v1_input(protocols={"wavefunction": "none"}))["success"]
+
+
+def test_result_extras_names_every_record_a_result_writes():
+    """RESULT_EXTRAS (the names an input's extras may not take) holds every key of the
+    records a result writes: plain, SOS-MP2, a double hybrid's."""
+    from dfmp2.results import RESULT_EXTRAS
+
+    for kwargs in ({}, {"sos": True}, {"xc": "b2plyp"}):
+        extras = dfmp2.run(molecule_text(), basis="sto-3g", **kwargs).to_dict()["extras"]
+        assert set(extras) <= set(RESULT_EXTRAS), set(extras) - set(RESULT_EXTRAS)
+
+
+def molecule_text() -> str:
+    return str(INPUTS / "water.xyz")
