@@ -535,8 +535,8 @@ def _ecp_table(mol) -> list:
     angular momentum, radial power, spin-orbit type, exponents and coefficients."""
     table = []
     for row in np.asarray(mol._ecpbas).reshape(-1, gto.BAS_SLOTS):
-        atom, l, nexp, power, so_type, p_exp, p_coeff = (int(x) for x in row[:7])
-        table.append(((atom, l, power, so_type), mol._env[p_exp:p_exp + nexp],
+        atom, angular, nexp, power, so_type, p_exp, p_coeff = (int(x) for x in row[:7])
+        table.append(((atom, angular, power, so_type), mol._env[p_exp:p_exp + nexp],
                       mol._env[p_coeff:p_coeff + nexp]))
     return sorted(table, key=lambda shell: shell[0])
 
