@@ -389,12 +389,41 @@ def plan_rank(nao: int, dims, naux: int, world_size: int, max_memory_mb: float,
     """The block plan of one rank: :func:`dfmp2.blocking.plan_blocks` for twice the rank's
     largest occupied slice of every space (while the redistribution runs, the rank holds its
     share of ``(ia|P)`` by auxiliary functions and its slice of it by occupied orbitals, each
-    about ``o v X / world_size``), with the occupied blocks capped at the slice; the
-    transform's groups hold every occupied orbital of each space. ``b_bytes``: the rank's B.
-    Raises :class:`ResourceError` as the planner does (on every rank alike)."""
+    about ``o v X / world_size``), with the occupied blocks capped at the slice and shrunk
+    until the pair stage's gathers fit beside them; the transform's groups hold every occupied
+    orbital of each space. ``b_bytes``: the rank's B. Raises :class:`ResourceError` (on every
+    rank alike) naming the least ``max_memory`` with which this plan succeeds."""
+    from .errors import ResourceError
+
+    args = (nao, dims, naux, world_size)
+    try:
+        return _plan_rank(*args, max_memory_mb, b_itemsize, force_outcore)
+    except ResourceError as exc:
+        if exc.least_mb is None:
+            raise
+        least = exc.least_mb
+        while True:  # the planner's least ignores the gathers; theirs, the planner's blocks
+            try:
+                _plan_rank(*args, least, b_itemsize, force_outcore)
+                break
+            except ResourceError as again:
+                least = max(least + 1, again.least_mb or 0)
+        if least == exc.least_mb:
+            raise
+        raise ResourceError(
+            f"max_memory {max_memory_mb:.0f} MB per rank is too small on {world_size} ranks: "
+            f"{str(exc).split('; give')[0].split(': ', 1)[-1]}, and the pair stage's gathers "
+            f"need room beside that; give --max-memory {least} or use fewer ranks",
+            least) from None
+
+
+def _plan_rank(nao: int, dims, naux: int, world_size: int, max_memory_mb: float,
+               b_itemsize: int, force_outcore: bool):
+    """:func:`plan_rank` at one ``max_memory_mb`` (its ResourceError names the least of its
+    own first check)."""
     from dataclasses import replace
 
-    from .blocking import plan_blocks
+    from .blocking import plan_blocks, usable_bytes
 
     slices = [(math.ceil(o / world_size), v) for o, v in dims]
     plan = plan_blocks(nao, [(2 * o, v) for o, v in slices], naux, max_memory_mb,
@@ -404,6 +433,12 @@ def plan_rank(nao: int, dims, naux: int, world_size: int, max_memory_mb: float,
     plan = replace(plan, occ_block=max(1, min(plan.occ_block, omax)),
                    fit_occ=max(1, min(plan.fit_occ, omax)),
                    b_bytes=sum(o * v for o, v in slices) * naux * b_itemsize)
+    # the planner fills the budget with pair blocks; the gathers need room beside them, so
+    # the block shrinks until both fit (a block of one is refused only when it does not)
+    usable = usable_bytes(max_memory_mb)
+    while plan.occ_block > 1 and _pair_stage_bytes(plan, slices, naux, world_size,
+                                                   b_itemsize)[0] > usable:
+        plan = replace(plan, occ_block=plan.occ_block - 1)
     _check_gather(plan, slices, naux, world_size, max_memory_mb, b_itemsize)
     return plan
 
@@ -416,19 +451,29 @@ def gather_bytes(occ_block: int, nvir: int, naux: int, world_size: int,
     return (world_size + 1) * chunk * nvir * naux * b_itemsize
 
 
+def _pair_stage_bytes(plan, slices, naux: int, world_size: int,
+                      b_itemsize: int) -> tuple[int, int]:
+    """(bytes, of which gather buffers) a rank's pair stage holds under ``plan``: the metric's
+    factors, the rank's B slice (in core), a pair block and the gather buffers."""
+    from .blocking import pair_block_bytes
+
+    vmax = max([v for _, v in slices] + [1])
+    gather = gather_bytes(plan.occ_block, vmax, naux, world_size, b_itemsize)
+    need = (3 * naux * naux * 8 + (0 if plan.outcore else plan.b_bytes) + gather
+            + pair_block_bytes(plan.occ_block, vmax, naux, b_itemsize if plan.outcore else 0))
+    return need, gather
+
+
 def _check_gather(plan, slices, naux: int, world_size: int, max_memory_mb: float,
                   b_itemsize: int) -> None:
     """The pair stage within ``max_memory_mb``: the metric's factors, the rank's B slice (in
     core), a pair block and the gather buffers (:func:`gather_bytes`: with more ranks than
     orbitals in a block, one orbital from every rank). A :class:`ResourceError` naming what to
     change otherwise (on every rank alike)."""
-    from .blocking import MB, least_max_memory, pair_block_bytes, usable_bytes
+    from .blocking import MB, least_max_memory, usable_bytes
     from .errors import ResourceError
 
-    vmax = max([v for _, v in slices] + [1])
-    gather = gather_bytes(plan.occ_block, vmax, naux, world_size, b_itemsize)
-    need = (3 * naux * naux * 8 + (0 if plan.outcore else plan.b_bytes) + gather
-            + pair_block_bytes(plan.occ_block, vmax, naux, b_itemsize if plan.outcore else 0))
+    need, gather = _pair_stage_bytes(plan, slices, naux, world_size, b_itemsize)
     if need > usable_bytes(max_memory_mb):
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB per rank is too small for the pair stage on "

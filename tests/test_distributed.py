@@ -416,6 +416,29 @@ def test_torchrun_batch_stays_in_step_when_rank_0_cannot_write(tmp_path):
     assert abs(got["properties"]["mp2_correlation_energy"] - want.e_corr) <= TOL_DISTRIBUTED
 
 
+@pytest.mark.parametrize("world_size, force_outcore", [(2, True), (3, True), (2, False)])
+def test_a_rank_plan_shrinks_its_blocks_for_the_gathers_and_names_its_true_least(
+        world_size, force_outcore):
+    """(H2O)8 cc-pVDZ's sizes: the planner filled the budget with pair blocks and the gathers
+    then did not fit, so every budget up to 171 MB was refused, each naming one that was
+    refused again. Now the blocks shrink to make room; a refusal names the least budget that
+    passes, and every budget from it up passes."""
+    shape = (192, [(40, 152)], 672, world_size)
+    least = None
+    for max_memory in range(5, 200):
+        try:
+            distributed.plan_rank(*shape, max_memory, 8, force_outcore=force_outcore)
+        except ResourceError as exc:
+            assert least is None, f"{max_memory} MB refused above a budget that passed"
+            distributed.plan_rank(*shape, exc.least_mb, 8, force_outcore=force_outcore)
+            with pytest.raises(ResourceError):
+                distributed.plan_rank(*shape, exc.least_mb - 1, 8, force_outcore=force_outcore)
+            assert f"give --max-memory {exc.least_mb} " in str(exc)
+        else:
+            least = least or max_memory
+    assert least is not None and least < 25
+
+
 def test_the_pair_gather_counts_against_max_memory():
     """With more ranks than orbitals in a block, each gather brings one orbital from every
     rank: a budget that holds the slices but not that is refused before any work."""
