@@ -134,20 +134,42 @@ def _load_ecp(name: str, element: str) -> list:
         ) from None
 
 
+def _ecp_source(name: str) -> str:
+    """The name under which PySCF's library keeps the ECP a basis name is made for: the name
+    itself (def2-svp, lanl2dz, cc-pvdz-pp), without PySCF's ``unc-`` prefix (the uncontracted
+    basis keeps its ECP); for a basis PySCF reads from two files (aug-cc-pVXZ-PP: cc-pVXZ-PP's
+    file, then the diffuse functions) the first file's name, which holds the ECP; for a ccECP
+    basis (ccecp-cc-pvdz, ccecp-aug-cc-pvtz, ...) its ccECP."""
+    from pyscf.gto.basis import ALIAS
+
+    stripped = re.sub(r"^unc-", "", name.strip(), flags=re.IGNORECASE)
+    key = stripped.lower().replace("-", "").replace("_", "")
+    files = ALIAS.get(key)
+    if isinstance(files, tuple):  # the first file's name as PySCF spells it: cc-pvdz-pp
+        first = os.path.splitext(os.path.basename(files[0]))[0]
+        return first if first.lower().replace("-", "").replace("_", "") in ALIAS else stripped
+    ccecp = re.match(r"(ccecp[a-z0-9]*?)(?:aug)?ccpv[a-z0-9]*z$", key)
+    if ccecp and ccecp.group(1) in ALIAS:
+        return ccecp.group(1)
+    return stripped
+
+
 def _library_ecps(basis, elements) -> dict[str, tuple[str, int]]:
     """Element -> (ECP name, core electrons) for the elements whose basis name has an ECP in
-    PySCF's library (def2-* beyond Kr, lanl2dz, cc-pVXZ-PP, ...)."""
+    PySCF's library (def2-* beyond Kr, lanl2dz, cc-pVXZ-PP and aug-cc-pVXZ-PP, ccECP bases,
+    their ``unc-`` forms, ...: :func:`_ecp_source`)."""
     table = {}
     for element in elements:
         name = _label_spec(basis, element)
         if not isinstance(name, str):
             continue
+        source = _ecp_source(name)
         try:
-            data = _load_ecp(name, element)
+            data = _load_ecp(source, element)
         except InputError:  # not an ECP name at all: the basis itself is checked by the build
             continue
         if data:
-            table[element] = (name, int(data[0]))
+            table[element] = (source, int(data[0]))
     return table
 
 
@@ -183,20 +205,20 @@ def _ecp_table(basis, ecp, elements) -> dict[str, tuple[str, int]]:
 
 def ecp_record(mol) -> dict[str, dict]:
     """Per element that carries an ECP: ``{"name": <ECP name>, "core_electrons": n}``; ``{}``
-    when the molecule is all-electron. Ghost atoms carry no ECP."""
-    record: dict[str, dict] = {}
+    when the molecule is all-electron. Ghost atoms carry no ECP. Atoms of one element with
+    different ECPs (labels I1 and I2 of a Mole) are recorded under their labels."""
+    by_label: dict[str, dict] = {}
     for atom in range(mol.natm):
         label = mol._atom[atom][0]
         if label not in mol._ecp and re.sub(r"\d", "", label) not in mol._ecp:
             continue
         spec = _label_spec(mol.ecp, label)
         name = spec if isinstance(spec, str) else "user-given ECP data"
-        element = element_of(label)
-        entry = {"name": name, "core_electrons": int(mol.atom_nelec_core(atom))}
-        if record.get(element, entry) != entry:
-            entry = {"name": f"{record[element]['name']}, {name}",
-                     "core_electrons": record[element]["core_electrons"]}
-        record[element] = entry
+        by_label[label] = {"name": name, "core_electrons": int(mol.atom_nelec_core(atom))}
+    record: dict[str, dict] = {}
+    for label, entry in by_label.items():
+        alike = [e for k, e in by_label.items() if element_of(k) == element_of(label)]
+        record[element_of(label) if all(e == entry for e in alike) else label] = entry
     return record
 
 
@@ -460,24 +482,28 @@ def _check_basis_arg(basis) -> None:
 
 
 def _pp_partner(basis, elements):
-    """A named ``...-PP`` basis (cc-pVXZ-PP, aug-cc-pVXZ-PP) exists only for the heavy elements
-    its pseudopotentials cover; as in ORCA and Psi4, the other elements get the all-electron
-    set of the same name without ``-PP`` (hydrogen in HI gets cc-pVDZ). Returns a dict per
-    element then (the result records it), else ``basis`` unchanged."""
-    if not isinstance(basis, str) or not basis.lower().endswith("-pp"):
+    """A named ``...-PP`` basis (cc-pVXZ-PP, aug-cc-pVXZ-PP; PySCF's spellings ccpvdzpp and
+    cc_pvdz_pp too) exists only for the heavy elements its pseudopotentials cover; as in ORCA
+    and Psi4, the elements its ECP has no potential for get the all-electron set of the same
+    name without ``-PP`` (hydrogen in HI gets cc-pVDZ). Returns a dict per element then (the
+    result records it), else ``basis`` unchanged."""
+    if not isinstance(basis, str):
         return basis
+    named = re.fullmatch(r"(.*?)[-_]?pp", basis.strip(), flags=re.IGNORECASE)
+    if named is None:
+        return basis
+    source = _ecp_source(basis)
     table = {}
     for element in elements:
         try:
-            with quiet_pyscf():
-                found = bool(gto.basis.load(basis, element))
-        except (BasisNotFoundError, RuntimeError, KeyError, ValueError, OSError):
-            found = False
-        table[element] = basis if found else basis[:-3]
+            covered = bool(_load_ecp(source, element))
+        except InputError:
+            covered = False
+        table[element] = basis if covered else named.group(1)
     if all(name == basis for name in table.values()):
         return basis
     log.info("basis %s: %s take the all-electron %s", basis,
-             ", ".join(e for e, n in table.items() if n != basis), basis[:-3])
+             ", ".join(e for e, n in table.items() if n != basis), named.group(1))
     return table
 
 

@@ -16,7 +16,7 @@ from .errors import ConvergenceError, InputError
 from .functionals import grid_settings
 from .integrals import default_auxbasis, make_auxmol
 from .jk import DFJK, plan_tensor
-from .molecule import element_of, first_line, quiet_pyscf
+from .molecule import element_of, first_line, is_ghost_label, quiet_pyscf
 from .options import Options
 from .scf_integrals import UNPACK_BLOCK
 
@@ -681,6 +681,9 @@ def scf_fit_record(mf):
     for label, value in spec.items():
         name = value if isinstance(value, str) else "even-tempered (PySCF aug_etb)"
         symbol = element_of(str(label))
-        key = symbol if record.get(symbol, name) == name else f"{symbol} (ghost)"
+        if record.get(symbol, name) == name:
+            key = symbol
+        else:  # another set for atoms of this element: a ghost's, or a labelled atom's (I2)
+            key = f"{symbol} (ghost)" if is_ghost_label(str(label)) else str(label)
         record[key] = name
     return record

@@ -141,3 +141,51 @@ def test_pp_basis_gives_light_elements_the_all_electron_set():
     assert basis_record(mol) == {"H": "cc-pvdz", "I": "cc-pvdz-pp"}
     assert ecp_record(mol) == {"I": {"name": "cc-pvdz-pp", "core_electrons": 28}}
     assert mol.nelectron == 26
+
+
+@pytest.mark.parametrize("atoms, basis, ecp, core", [
+    ("Ag 0 0 0; H 0 0 1.62", "aug-cc-pvdz-pp", "cc-pvdz-pp", {"Ag": 28}),  # two library files
+    ("Ag 0 0 0; H 0 0 1.62", "AUG-CC-PVTZ-PP", "cc-pvtz-pp", {"Ag": 28}),
+    (HI, "unc-def2-svp", "def2-svp", {"I": 28}),  # PySCF's uncontracted form
+    (HI, "unc-cc-pvdz-pp", "cc-pvdz-pp", {"I": 28}),
+    (HI, "ccpvdzpp", "ccpvdzpp", {"I": 28}),  # PySCF's spellings of cc-pVDZ-PP
+    (HI, "cc_pvdz_pp", "cc_pvdz_pp", {"I": 28}),
+    (HI, "ccecp-cc-pvdz", "ccecp", {"I": 46, "H": 0}),  # a ccECP basis: ccECP on every atom
+])
+def test_every_spelling_of_a_basis_made_for_an_ecp_gets_the_ecp(atoms, basis, ecp, core):
+    """aug-cc-pVXZ-PP (which PySCF reads from two files), unc- forms and ccECP bases ran
+    all-electron, silently: AgH in aug-cc-pVDZ-PP gave E(HF) -1198.3 Eh for -146.6."""
+    mol = build_mole(atoms, basis=basis)
+    record = ecp_record(mol)
+    assert {e: r["core_electrons"] for e, r in record.items()} == core
+    assert {r["name"] for r in record.values()} == {ecp}
+    reference = gto.M(atom=atoms, basis=mol.basis, ecp=ecp, verbose=0)
+    assert mol.nelectron == reference.nelectron
+    assert mol.nao_nr() == reference.nao_nr()
+
+
+def test_ecp_none_warns_for_every_spelling_of_a_basis_made_for_one(caplog):
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        build_mole("Ag 0 0 0; H 0 0 1.62", basis="aug-cc-pvdz-pp", ecp="none")
+    assert "a basis made for PySCF's cc-pvdz-pp ECP" in caplog.text
+
+
+def test_a_pp_basis_without_an_element_it_has_an_ecp_for_names_that_basis():
+    """PySCF's aug-cc-pVDZ-PP has no iodine: the error names that basis, not the all-electron
+    partner the light elements get."""
+    with pytest.raises(InputError, match="no functions for element I in aug-cc-pvdz-pp"):
+        build_mole(HI, basis="aug-cc-pvdz-pp")
+
+
+def test_atoms_of_one_element_with_different_ecps_are_recorded_under_their_labels():
+    """A Mole with def2-SVP on I1 and LANL2DZ on I2: 28 and 46 core electrons, each recorded
+    (the record kept the first count for both); I2's JK-fit set is not a ghost's."""
+    from dfmp2.scf import scf_fit_record
+
+    mol = gto.M(atom="I1 0 0 0; I2 0 0 2.67", basis={"I1": "def2-svp", "I2": "lanl2dz"},
+                ecp={"I1": "def2-svp", "I2": "lanl2dz"}, verbose=0)
+    assert ecp_record(mol) == {"I1": {"name": "def2-svp", "core_electrons": 28},
+                               "I2": {"name": "lanl2dz", "core_electrons": 46}}
+    mf = scf.RHF(mol).density_fit(auxbasis={"I1": "def2-universal-jkfit",
+                                            "I2": "def2-svp-jkfit"})
+    assert set(scf_fit_record(mf)) == {"I", "I2"}
