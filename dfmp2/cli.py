@@ -236,7 +236,7 @@ _D = Options.default
                    "stall on the grid's noise is accepted up to 3.2e-6].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--threads", type=click.IntRange(min=1, max=65536), default=None, metavar="N",
               help="Threads of every pool the run uses (torch's, PySCF's OpenMP, each "
                    "OpenBLAS) [default: as the environment sets them, e.g. OMP_NUM_THREADS; "
                    "else one per CPU].")

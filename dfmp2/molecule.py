@@ -551,6 +551,10 @@ def is_ghost_label(label: str) -> bool:
 def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
     """Check a given ``Mole``; settings that are not None are applied to a rebuilt copy."""
     source = "the given Mole"
+    _check_integer("the given Mole's charge", given.charge)
+    _check_integer("the given Mole's spin (2S)", given.spin)
+    if given._built:
+        _check_unchanged_since_build(given)
     if given._built and basis is None and charge is None and spin is None and ecp is None:
         mol = _check_built(given, given.charge, given.spin, source)
     else:
@@ -570,6 +574,31 @@ def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
     if ecp is None:
         _warn_missing_ecps(mol)
     return mol
+
+
+def _check_unchanged_since_build(mol: gto.Mole) -> None:
+    """A built ``Mole`` whose settings were changed after ``build()`` (``mol.basis = ...``,
+    ``mol.nelectron = 8``) holds tables of one molecule and settings of another: the energy
+    would be the tables', the record the settings'. Refused, naming what to do."""
+    tot = mol.tot_electrons()
+    if mol._nelectron is not None and mol._nelectron != tot:
+        raise InputError(f"the given Mole's nelectron {mol._nelectron} contradicts its charge "
+                         f"{mol.charge} ({tot} electrons); set mol.charge instead and "
+                         "call mol.build()")
+    fresh = mol.copy()
+    try:
+        with quiet_pyscf():
+            fresh.build(dump_input=False, parse_arg=False)
+    except Exception as exc:  # noqa: BLE001 - settings that no longer build
+        raise InputError(f"the given Mole's settings were changed after mol.build() and do not "
+                         f"build any more ({first_line(exc)}); fix them and call mol.build()"
+                         ) from None
+    tables = ("_atm", "_bas", "_env", "_ecpbas")
+    if any(np.shape(getattr(fresh, t)) != np.shape(getattr(mol, t))
+           or not np.array_equal(getattr(fresh, t), getattr(mol, t)) for t in tables):
+        raise InputError("the given Mole's settings (atom, basis, ecp, ...) were changed after "
+                         "mol.build(), so its integral tables are another molecule's; call "
+                         "mol.build() after changing them")
 
 
 def _check_integer(name: str, value) -> None:

@@ -163,6 +163,12 @@ class Options:
             raise InputError("--pair-energies keeps every pair's energy by a host op, which "
                              "--require-nki forbids (no stage of the MP2 step may leave NKI); "
                              "drop one of them")
+        if self.scratch_dir is not None:
+            if not isinstance(self.scratch_dir, (str, os.PathLike)) or isinstance(
+                    os.fspath(self.scratch_dir), bytes):
+                raise InputError(f"scratch_dir must be a directory path (str or os.PathLike), "
+                                 f"got {self.scratch_dir!r}")
+            object.__setattr__(self, "scratch_dir", os.fspath(self.scratch_dir))
         if isinstance(self.scratch_dir, str) and not self.scratch_dir.strip():
             raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or leave "
                              "it out for the system's temporary directory")
@@ -208,6 +214,10 @@ class Options:
         resolve(self.xc, self.os_scale, self.ss_scale, self.sos, parse=False)
         if self.spin < 0:
             raise InputError(f"spin (2S) must be >= 0, got {self.spin}")
+        for name in ("charge", "spin"):  # beyond any molecule's electron count (and C's long)
+            if abs(getattr(self, name)) > MAX_ELECTRONS:
+                raise InputError(f"{name} {getattr(self, name)} is beyond any molecule dfmp2 "
+                                 f"can run (|{name}| <= {MAX_ELECTRONS})")
         if self.max_memory <= 0:
             raise InputError(f"max_memory must be a positive number of MB, got {self.max_memory}")
         if self.max_cycle < 1:
@@ -230,7 +240,7 @@ class Options:
                                  f"or file, got {value!r}; leave it out for the default")
         if self.chkfile is not None:
             if not isinstance(self.chkfile, (str, os.PathLike)) or isinstance(
-                    os.fspath(self.chkfile), bytes) or not os.fspath(self.chkfile):
+                    os.fspath(self.chkfile), bytes) or not os.fspath(self.chkfile).strip():
                 raise InputError(f"chkfile must be a file path (str or os.PathLike), got "
                                  f"{self.chkfile!r}")
             object.__setattr__(self, "chkfile", os.fspath(self.chkfile))
@@ -275,6 +285,11 @@ class Options:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISSING}
+
+
+#: Bound on |charge| and 2S: far above any molecule's electron count, far below the integer
+#: range PySCF's C code takes.
+MAX_ELECTRONS = 100_000
 
 
 def _check_types(opts: Options) -> None:

@@ -28,7 +28,7 @@ __all__ = ["CHK_XC_KEY", "check_reference_spin", "jk_auxbasis", "make_scf", "pla
 
 def jk_auxbasis(mol, options: Options):
     """The JK-fit basis of a DF-SCF: the user's choice or PySCF's partner of the orbital basis."""
-    if options.scf_auxbasis:
+    if options.scf_auxbasis is not None:  # a falsy value too: the fit's build refuses it
         return options.scf_auxbasis
     return default_auxbasis(mol, mp2fit=False)
 

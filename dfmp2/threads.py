@@ -93,6 +93,10 @@ def available() -> int:
     return max(1, min(int(lib.num_threads()), len(os.sched_getaffinity(0))))
 
 
+#: Most threads a pool may be given (OpenBLAS and OpenMP take a C int; no machine has more).
+MAX_THREADS = 65536
+
+
 @contextmanager
 def limit(threads: int | None):
     """Hold every pool (module docstring) to ``threads`` inside the ``with`` block and restore
@@ -101,8 +105,10 @@ def limit(threads: int | None):
     if threads is None:
         yield
         return
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-        raise InputError(f"threads must be a whole number >= 1, got {threads!r}")
+    if (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1
+            or threads > MAX_THREADS):
+        raise InputError(f"threads must be a whole number from 1 to {MAX_THREADS}, got "
+                         f"{threads!r}")
     threads = int(threads)  # a numpy integer too
     import torch
     from pyscf import lib

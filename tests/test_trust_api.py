@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -646,7 +647,19 @@ def test_with_df_of_the_same_atoms_written_another_way_is_taken():
     ({"device": "cpu", "device_memory": 100}, "--device-memory sets the budget of a CUDA"),
     ({"backend": "pytorch", "nki_target": "trn2"}, "--nki-target trn2 .* contradicts"),
     ({"scratch_dir": " "}, "scratch_dir .* is empty"),
-    ({"threads": np.int64(0)}, "threads must be a whole number >= 1"),
+    ({"threads": np.int64(0)}, "threads must be a whole number from 1 to 65536"),
+    # values that crashed deep inside, or were taken for "not given"
+    ({"threads": 10**30}, "threads must be a whole number from 1 to 65536, got 1000"),
+    ({"charge": 10**30}, r"charge 1000\d+ is beyond any molecule"),
+    ({"charge": -10**30}, r"charge -1000\d+ is beyond any molecule"),
+    ({"spin": 10**30}, r"spin 1000\d+ is beyond any molecule"),
+    ({"scratch_dir": 1.0}, "scratch_dir must be a directory path .* got 1.0"),
+    ({"scratch_dir": b"/tmp"}, "scratch_dir must be a directory path .* got b'/tmp'"),
+    ({"scratch_dir": 0}, "scratch_dir must be a directory path .* got 0"),
+    ({"scratch_dir": False}, "scratch_dir must be a directory path .* got False"),
+    ({"scf_auxbasis": 0}, "SCF fitting basis 0 could not be built"),
+    ({"scf_auxbasis": {}}, "the SCF fitting basis {} has no functions"),
+    ({"chkfile": " "}, "chkfile must be a file path"),
 ])
 def test_settings_that_would_change_nothing_are_refused(kwargs, message):
     with pytest.raises(InputError, match=message):
@@ -697,3 +710,25 @@ def test_nocc_and_nmo_count_the_active_orbitals_as_pyscf_does(water_rhf, oh_rohf
     assert (ours.nocc, ours.nmo) == (tuple(theirs.nocc), tuple(theirs.nmo)) == ((4, 3), (18, 18))
     with pytest.raises(InputError, match="the SCF object has no orbitals yet"):
         dfmp2.DFMP2(scf.RHF(water_rhf.mol)).nocc
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: setattr(m, "basis", "cc-pvdz"), "were changed after mol.build()"),
+    (lambda m: setattr(m, "nelectron", 8), "nelectron 8 contradicts its charge 0"),
+])
+def test_a_mole_changed_after_its_build_is_refused(change, message):
+    """Its integral tables are of one molecule and its settings of another: the energy was the
+    tables' (STO-3G, 8 electrons) and the record the settings' (cc-pVDZ, neutral)."""
+    from pyscf import gto
+
+    mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+    change(mol)
+    with pytest.raises(InputError, match=re.escape(message)):
+        dfmp2.run(mol)
+
+
+def test_a_mole_with_a_fractional_charge_is_refused():
+    from pyscf import gto
+
+    with pytest.raises(InputError, match="the given Mole's charge must be an integer, got 0.5"):
+        dfmp2.run(gto.Mole(atom=WATER, basis="sto-3g", charge=0.5))
