@@ -454,8 +454,9 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                       entry, environment, ranks, explicit, collect=collected, label=name)
         except click.exceptions.Exit as exc:
             if exc.exit_code >= 128:  # a signal ends the batch: the finished jobs' rows first
-                if leader and rows:
-                    rows.append((name, None, True))
+                done = collected[0] if collected else None  # one whose output was finished
+                if leader and (rows or done is not None):
+                    rows.append((name, done, done is None))
                     click.echo(_batch_table(rows))
                 raise
             failed = True
@@ -613,10 +614,13 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             _show_logs_around(None)
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
+        pending.deferred = True  # the result exists: a signal now waits for its output
     except Interrupted as exc:
+        restore()
         _record_failure(record, exc, job)
         raise _interrupted(exc, who) from None
     except DFMP2Error as exc:
+        restore()
         if pending.signum is not None:  # the error came while a signal was being delivered
             signalled = Interrupted(pending.signum, signal.Signals(pending.signum).name)
             _record_failure(record, signalled, job)
@@ -624,12 +628,31 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         _record_failure(record, exc, job)
         raise _fail(exc, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
+        restore()
         if ranks is None or not ranks.is_collective_error(exc):
             raise
         _record_failure(record, ranks.collective_error(exc), job)
         raise _fail(ranks.collective_error(exc), who) from None
+    except BaseException:
+        restore()
+        raise
+    try:
+        _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
     finally:
         restore()
+    if pending.signum is not None:  # a signal during the output, which was finished first
+        name = signal.Signals(pending.signum).name
+        click.echo(f"error{who}: interrupted by {name} while the output was written; it was "
+                   f"finished first; exit status {128 + pending.signum}", err=True)
+        raise click.exceptions.Exit(128 + pending.signum)
+
+
+def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who) -> None:
+    """A finished run's output: its JSON (an AtomicResult of a QCSchema input's version), its
+    plot, and its summary (a batch entry: kept for the batch's table). A file that cannot be
+    written is one error line after the summary, which still carries every energy."""
+    from . import qcschema
+
     if result is None:  # a rank other than 0: rank 0 reports
         if collect is not None:
             collect.append(None)
@@ -718,6 +741,9 @@ class _PendingSignal:
 
     def __init__(self):
         self.signum: int | None = None
+        #: True once the run's result exists: a signal is recorded, not raised, until its
+        #: output (JSON, plot, summary) is written
+        self.deferred = False
 
     def check(self) -> None:
         if self.signum is not None:
@@ -733,7 +759,8 @@ def _raise_on_signals():
 
     def handler(signum, _frame):
         pending.signum = signum
-        pending.check()
+        if not pending.deferred:
+            pending.check()
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -234,6 +234,31 @@ def test_a_signal_lost_inside_a_finaliser_stays_off_the_terminal_and_is_raised_a
     assert sys.unraisablehook is recorder
 
 
+def test_a_signal_while_the_output_is_written_waits_for_it(tmp_path, monkeypatch):
+    """The result exists: a SIGTERM while its JSON, plot or summary is written is held until
+    they are (before, the process died there with no line, or ended 130 with no summary),
+    then ends the command with 128 + n and one line saying the output was finished."""
+    from dfmp2.results import Result
+
+    summary = Result.summary
+    before = signal.getsignal(signal.SIGTERM)
+
+    def signalled_summary(self, verbose=False):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the output is written
+        return summary(self, verbose)
+
+    monkeypatch.setattr(Result, "summary", signalled_summary)
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(out)])
+    assert result.exit_code == 128 + signal.SIGTERM
+    assert "E(MP2) total" in result.stdout
+    assert result.stderr.splitlines() == [
+        "error: interrupted by SIGTERM while the output was written; it was finished first; "
+        f"exit status {128 + signal.SIGTERM}"]
+    assert Result.read(out).e_tot < 0  # the complete record
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
+
+
 # -- 11. what a chemist reads -----------------------------------------------------------------
 def test_default_output_is_chemistry_verbose_adds_machinery_and_scf_cycles():
     plain = _dfmp2("run", WATER)
