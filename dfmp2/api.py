@@ -548,14 +548,14 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
 def _pair_stage_as_run(stages: dict, la: Dispatcher, precision: str) -> dict:
     """``stages`` with the pair stage as it ran on an NKI run whose fused pair kernel fell
     back to the host (its shape refused, or a crash the policy allowed) for some or every
-    block: planned as 'nki fp32', recorded as where it computed."""
+    block: planned on NKI ('nki fp32' or 'nki bf16x3'), recorded as where it computed."""
     record, stage = la.records.get("mp2_pair_sums"), stages.get("pair_energy")
     if la.backend != "nki" or stage is None or record is None or record.fallback is None:
         return stages
     host = "host fp64" if precision == "fp64" else "host fp32"
     some = record.backend == "mixed"  # some blocks on NKI, the others on the host
     return {**stages, "pair_energy": {
-        "placement": f"nki fp32 and {host}" if some else host,
+        "placement": f"{stage['placement']} and {host}" if some else host,
         "reason": f"the NKI pair kernel fell back to the host for {'some' if some else 'every'} "
                   f"block: {record.fallback}"}}
 

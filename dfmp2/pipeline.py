@@ -106,16 +106,26 @@ class StagePrecision:
         return {"placement": self.placement, "reason": self.reason}
 
 
+#: What a bf16x3 pair stage's record says of its error (docs/nki.md, "Precision of the pair
+#: kernels' products").
+BF16X3_PAIR_REASON = (
+    "three bfloat16 products of a high/low split of B into float32 PSUM (--nki-matmul "
+    "bf16x3): each drops lo*lo, up to 2^-18 of |B_ia||B_jb| and one-signed where a pair's "
+    "terms are sums of squares; 1e-7 Eh on the molecule ladder, 1.05e-5 Eh on H2 stretched "
+    "to 12 A (E(corr) -0.74 Eh)")
+
+
 def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
-                require_nki: bool = False, pair_table: bool = False
-                ) -> tuple[StagePrecision, ...]:
+                require_nki: bool = False, pair_table: bool = False,
+                nki_matmul: str = "fp32") -> tuple[StagePrecision, ...]:
     """The placement of :data:`STAGES` for a run on ``backend`` with a metric of condition
     number ``condition`` (see :attr:`MetricFactor.condition`).
 
     On nki: the metric on the host in fp64 always; the transform above
     :data:`TRANSFORM_HOST_CONDITION` and the fit above :data:`FIT_HOST_CONDITION` on the host in
     fp64; the pair energies on NKI, or with ``pair_table`` (every pair's energy kept) on the
-    host, in B's precision (``precision``). Raises :class:`PrecisionError` when
+    host, in B's precision (``precision``); with ``nki_matmul`` bf16x3 their products are
+    three bfloat16 matmuls (:data:`BF16X3_PAIR_REASON`). Raises :class:`PrecisionError` when
     ``require_nki`` forbids a host stage that the condition number needs.
     """
     if backend != "nki":
@@ -137,6 +147,8 @@ def plan_stages(backend: str, condition: float | None, precision: str = "fp64",
         stages.append(StagePrecision(
             "pair_energy", "host fp64" if precision == "fp64" else "host fp32",
             "every pair's energy kept (pair energies asked for): a host op, mp2_pair_table"))
+    elif nki_matmul == "bf16x3":
+        stages.append(StagePrecision("pair_energy", "nki bf16x3", BF16X3_PAIR_REASON))
     else:
         stages.append(StagePrecision("pair_energy", "nki fp32",
                                      "bounded error: |B_ia|^2 <= (ia|ia) whatever the metric"))
@@ -611,7 +623,7 @@ def dfmp2_pair_energies(mol, auxmol, spaces: Sequence[OrbitalSpace], plan: Block
     factor = timer.run("metric", factor_metric, j2c, la)
     del j2c  # the planner counts the metric only until it is factored
     stages = plan_stages(la.backend, factor.condition, precision, la.policy.require_nki,
-                         pair_table)
+                         pair_table, la.policy.nki_matmul)
     for stage in stages:
         log.info("stage %s: %s (%s)", stage.stage, stage.placement, stage.reason)
     placed = {stage.stage: _stage_ops(la, stage) for stage in stages}

@@ -470,6 +470,9 @@ class Result:
     def _machinery(self) -> list[str]:
         """The backend, BLAS, per-op and timing lines of ``summary(verbose=True)``."""
         m, b = self.method, self.backend
+        nki_kinds = sorted({rec["placement"].split(" and ")[0].split()[1]
+                            for rec in m.stage_precision.values()
+                            if rec["placement"].startswith("nki")})  # fp32, bf16x3
         lines = [
             f"  SCF J/K: {self.scf.jk}",
             *([f"  SCF J/K time: {st['calls']} builds, {st['seconds']:.2f} s, "
@@ -479,9 +482,7 @@ class Result:
             + f" ({b.resolution})"
             + (f"  pair-kernel products {b.nki_matmul}" if b.resolved == "nki" else ""),
             f"  fused energy {'on' if m.fused_energy else 'off'}  precision {m.precision}"
-            + (" (its NKI stages in fp32: below)" if any(
-                rec["placement"].startswith("nki") for rec in m.stage_precision.values())
-               else "")
+            + (f" (its NKI stages in {' and '.join(nki_kinds)}: below)" if nki_kinds else "")
             + f"  metric {m.metric}"
             + (f" (condition {m.metric_condition:.1e})" if m.metric_condition else "")
             + f"  int3c2e cutoff exp(-{m.int3c2e_expcutoff:g})",

@@ -24,7 +24,12 @@ from dfmp2.pipeline import (
 )
 from dfmp2.reference import frozen_mask, orbital_space
 
-from tolerances import TOL_CONDITION_REL, TOL_FP32, TOL_MATRIX_REL
+from tolerances import (
+    TOL_CONDITION_REL,
+    TOL_FP32,
+    TOL_MATRIX_REL,
+    TOL_NKI_BF16X3_ECORR_REL,
+)
 
 WATER = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
 
@@ -152,3 +157,20 @@ def test_nki_blocked_cholesky_fails_where_lapack_succeeds_and_lapack_decides(cap
     assert "eigh" not in la.records and not caplog.records
     lower = factor.lower.numpy()
     assert np.allclose(lower @ lower.T, j2c.numpy(), rtol=0, atol=TOL_MATRIX_REL)
+
+
+def test_a_bf16x3_pair_stage_says_so_and_keeps_its_relative_bound():
+    """The record names the products that ran (it said 'nki fp32'), and their error, one-signed
+    where a pair's terms are sums of squares, stays within the relative bound even where it
+    passes 1e-5 Eh: H2 stretched to 12 A (E(corr) -0.74 Eh), 1.05e-5 Eh measured."""
+    import dfmp2
+
+    stretched = "H 0 0 0; H 0 0 12"
+    fp64 = dfmp2.run(stretched, basis="cc-pvdz", backend="pytorch")
+    bf16x3 = dfmp2.run(stretched, basis="cc-pvdz", backend="nki", nki_emulator=True,
+                       nki_matmul="bf16x3")
+    assert bf16x3.method.stage_precision["pair_energy"]["placement"] == "nki bf16x3"
+    assert "2^-18" in bf16x3.method.stage_precision["pair_energy"]["reason"]
+    assert abs(bf16x3.e_corr - fp64.e_corr) <= TOL_NKI_BF16X3_ECORR_REL * abs(fp64.e_corr)
+    assert {s.placement for s in plan_stages("nki", 1.0, nki_matmul="bf16x3")} == {
+        "host fp64", "nki fp32", "nki bf16x3"}
