@@ -330,10 +330,11 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
     atom with basis functions."""
     check_every_atom_has_functions(
         mol, f"{source}: the basis", "give a basis (or a basis dict entry) for every element")
+    labels = [mol.atom_symbol(k) for k in range(mol.natm)]
+    # atoms on top of each other first: a duplicated atom is also why an electron count is off
+    _check_coordinates(labels, mol.atom_coords(unit="Angstrom"), source)
     _check_electrons(mol.nelectron, spin, charge, source)
     mol.spin = spin
-    labels = [mol.atom_symbol(k) for k in range(mol.natm)]
-    _check_coordinates(labels, mol.atom_coords(unit="Angstrom"), source)
     _check_capacity(mol, source)
     return mol
 
@@ -595,7 +596,8 @@ def _check_unchanged_since_build(mol: gto.Mole) -> None:
                          ) from None
     tables = ("_atm", "_bas", "_env", "_ecpbas")
     if any(np.shape(getattr(fresh, t)) != np.shape(getattr(mol, t))
-           or not np.array_equal(getattr(fresh, t), getattr(mol, t)) for t in tables):
+           or not np.array_equal(getattr(fresh, t), getattr(mol, t), equal_nan=True)
+           for t in tables):
         raise InputError("the given Mole's settings (atom, basis, ecp, ...) were changed after "
                          "mol.build(), so its integral tables are another molecule's; call "
                          "mol.build() after changing them")
