@@ -344,6 +344,12 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
 
 def _basis_problem(exc: Exception, basis) -> str:
     text = first_line(exc)
+    missing = re.match(r"Basis set not found for (\S+) in (.+)$", text)
+    if missing:
+        element, name = missing.groups()
+        if isinstance(basis, str) and basis.strip().lower().endswith(name.strip().lower()):
+            name = basis.strip()  # PySCF names unc-cc-pvdz '-cc-pvdz'
+        return f"has no functions for element {element} in {name}"
     if text.startswith("Basis set not found for"):
         return text.replace("Basis set not found for", "has no functions for element")
     return f"unknown basis name (PySCF: {text}); check the spelling, e.g. cc-pvdz or def2-svp"

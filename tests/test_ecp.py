@@ -189,3 +189,8 @@ def test_atoms_of_one_element_with_different_ecps_are_recorded_under_their_label
     mf = scf.RHF(mol).density_fit(auxbasis={"I1": "def2-universal-jkfit",
                                             "I2": "def2-svp-jkfit"})
     assert set(scf_fit_record(mf)) == {"I", "I2"}
+
+
+def test_a_missing_element_in_an_uncontracted_basis_names_the_basis_given():
+    with pytest.raises(InputError, match="no functions for element I in unc-cc-pvdz$"):
+        build_mole(HI, basis="unc-cc-pvdz")  # PySCF's own message says '-cc-pvdz'
