@@ -115,7 +115,10 @@ class _UsageLine(click.UsageError):
         click.echo(f"error: {message}{where}", err=True)
 
 
-def _usage_line(exc: click.UsageError) -> _UsageLine:
+def _usage_line(exc: click.UsageError) -> click.UsageError:
+    """``exc`` as one line; a bare command (no arguments: click's help) stays click's."""
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        return exc
     return _UsageLine(exc.format_message(), exc.ctx)
 
 

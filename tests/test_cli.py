@@ -183,6 +183,11 @@ def test_usage_errors_exit_2(args):
     assert lines[0].endswith("--help')") and "Usage:" not in result.output
 
 
+def test_a_bare_command_shows_its_help():
+    result = CliRunner().invoke(main, [])
+    assert result.output.startswith("Usage: ") and "Commands:" in result.output
+
+
 def test_error_subprocess_has_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dfmp2", "run", str(tmp_path / "x.xyz")],
                           capture_output=True, text=True, timeout=120)
