@@ -641,6 +641,9 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         raise
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
+    except click.exceptions.Exit:  # an output that could not be written (its line is out)
+        if pending.signum is None:
+            raise
     finally:
         restore()
     if pending.signum is not None:  # a signal during the output, which was finished first

@@ -194,3 +194,26 @@ def test_atoms_of_one_element_with_different_ecps_are_recorded_under_their_label
 def test_a_missing_element_in_an_uncontracted_basis_names_the_basis_given():
     with pytest.raises(InputError, match="no functions for element I in unc-cc-pvdz$"):
         build_mole(HI, basis="unc-cc-pvdz")  # PySCF's own message says '-cc-pvdz'
+
+
+@pytest.mark.parametrize("basis", ["def2-TZVPP", "def2-qzvpp", "pob-TZVPP", "ma-def2-SVPP"])
+def test_a_basis_name_ending_in_pp_is_no_pseudopotential_set(basis):
+    """def2-TZVPP's "PP" is polarisation: each element keeps it (it was cut to def2-TZV)."""
+    from dfmp2.molecule import _pp_partner
+
+    assert _pp_partner(basis, ["H", "O"]) == basis
+
+
+def test_a_mole_with_one_iodine_under_an_ecp_warns_for_the_other(caplog):
+    """Per atom: I1 with its ECP and I2 with another, no warning; I2 without one, a warning
+    naming iodine (the record is per label when they differ)."""
+    both = gto.M(atom="I1 0 0 0; I2 0 0 2.7", basis="def2-svp",
+                 ecp={"I1": "def2-svp", "I2": "lanl2dz"}, verbose=0)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        build_mole(both)
+    assert "has no ECP" not in caplog.text
+    one = gto.M(atom="I1 0 0 0; I2 0 0 2.7", basis="def2-svp", ecp={"I1": "def2-svp"},
+                verbose=0, spin=None)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        build_mole(one)
+    assert "the given Mole has no ECP for I although" in caplog.text

@@ -103,8 +103,8 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
                                    "extras.molecule.charge is 'zero', not int"),
                                   (("extras", "sizes", "nocc"), True,
                                    "extras.sizes.nocc is True, not int"),
-                                  (("extras", "method", "os_scale"), float("inf"),
-                                   "extras.method.os_scale is inf, not float")):
+                                  (("extras", "method", "os_scale"), "1.2",
+                                   "extras.method.os_scale is '1.2', not float")):
         broken = json.loads(json.dumps(data))
         record = broken
         for key in where[:-1]:
@@ -112,6 +112,7 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
         record[where[-1]] = value
         with pytest.raises(InputError, match=message):
             Result.from_dict(broken)
+    data["extras"]["method"]["metric_condition"] = float("inf")  # a singular metric's, read
     data["extras"]["scf"]["a_later_field"] = 1  # a later version's: left out, the rest read
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
 

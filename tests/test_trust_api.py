@@ -732,3 +732,15 @@ def test_a_mole_with_a_fractional_charge_is_refused():
 
     with pytest.raises(InputError, match="the given Mole's charge must be an integer, got 0.5"):
         dfmp2.run(gto.Mole(atom=WATER, basis="sto-3g", charge=0.5))
+
+
+def test_a_built_mole_whose_geometry_file_is_gone_still_runs(tmp_path):
+    """Its tables are what runs; the file it was read from cannot be read again to compare
+    (it was refused as changed after its build)."""
+    from pyscf import gto
+
+    path = tmp_path / "w.xyz"
+    path.write_text("3\n\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n")
+    mol = gto.M(atom=str(path), basis="sto-3g", verbose=0)
+    path.unlink()
+    assert dfmp2.run(mol).e_corr < 0

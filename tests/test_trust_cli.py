@@ -258,6 +258,19 @@ def test_a_signal_while_the_output_is_written_waits_for_it(tmp_path, monkeypatch
     assert Result.read(out).e_tot < 0  # the complete record
     assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
 
+    def unwritable(result, path):  # the signal, then an output that fails: both are said
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise dfmp2.errors.InputError("cannot write the plot")
+
+    monkeypatch.setattr(Result, "summary", summary)
+    monkeypatch.setattr("dfmp2.plot.plot_pair_energies", unwritable)
+    result = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--plot",
+                                       str(tmp_path / "p.png"), "-q"])
+    assert result.exit_code == 128 + signal.SIGTERM
+    assert [line.split(":")[1].strip() for line in result.stderr.splitlines()] == [
+        "cannot write the plot", "interrupted by SIGTERM while the output was written; it was "
+        "finished first; exit status 143"]
+
 
 # -- 11. what a chemist reads -----------------------------------------------------------------
 def test_default_output_is_chemistry_verbose_adds_machinery_and_scf_cycles():
