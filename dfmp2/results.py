@@ -403,7 +403,10 @@ class Result:
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
             f"{_count(mo.natom - mo.nghost, 'atom')}{ghosts}  {s.nbasis} basis functions",
             f"  basis      {_per_element(m.basis)}"
-            + ("  (Cartesian functions)" if m.cartesian else ""),
+            + ("  (Cartesian functions)" if m.cartesian else "")
+            + (f"  ({s.nmo} orbitals: {s.nbasis - s.nmo} near-linearly dependent "
+               f"{'combination' if s.nbasis - s.nmo == 1 else 'combinations'} dropped)"
+               if s.nmo < s.nbasis else ""),
             f"  auxiliary  {_per_element(m.auxbasis)}  ({s.naux} functions"
             + (f", {s.naux_dropped} dropped" if s.naux_dropped else "") + ")",
         ]

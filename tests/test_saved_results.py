@@ -155,3 +155,12 @@ def test_dfmp2_show_of_several_files_prints_a_batch_table(tmp_path):
              if line.startswith(str(INPUTS))}
     assert rows[files[0]] == batch[WATER] and rows[files[1]] == batch[str(INPUTS / "methane.xyz")]
     assert rows[files[2]] == ["failed", "(its", "error", "is", "above)"]
+
+
+def test_the_summary_says_when_the_scf_dropped_near_linear_dependencies():
+    """He2 at 0.11 A in aug-cc-pVTZ: one overlap eigenvalue below PySCF's threshold, 45
+    orbitals of 46 functions; the record had it (sizes.nmo), the summary did not."""
+    result = dfmp2.run("He 0 0 0; He 0 0 0.11", basis="aug-cc-pvtz")
+    assert (result.sizes.nbasis, result.sizes.nmo) == (46, 45)
+    assert "(45 orbitals: 1 near-linearly dependent combination dropped)" in result.summary()
+    assert "dropped)" not in dfmp2.run(WATER, basis="sto-3g").summary()
