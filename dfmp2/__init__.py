@@ -11,6 +11,8 @@ from .errors import (
     ConvergenceError,
     DFMP2Error,
     InputError,
+    OrbitalError,
+    PrecisionError,
     ResourceError,
     UnsupportedShapeError,
 )
@@ -19,8 +21,9 @@ from .qcengine_harness import arm as _arm_qcengine
 from .results import Result
 
 __all__ = [
-    "__version__", "run", "run_counterpoise", "run_qcschema", "DFMP2", "Options", "Result", "DFMP2Error", "InputError",
-    "ConvergenceError", "BackendUnavailableError", "UnsupportedShapeError", "ResourceError",
+    "__version__", "run", "run_counterpoise", "run_qcschema", "DFMP2", "Options", "Result",
+    "DFMP2Error", "InputError", "OrbitalError", "PrecisionError", "ConvergenceError",
+    "BackendUnavailableError", "UnsupportedShapeError", "ResourceError",
 ]
 
 
@@ -42,4 +45,8 @@ def __getattr__(name):
         from .qcschema import run_qcschema
 
         return run_qcschema
+    if name == "plot":  # dfmp2.plot.plot_pair_energies(...) after a plain `import dfmp2`
+        import importlib
+
+        return importlib.import_module(".plot", __name__)
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")

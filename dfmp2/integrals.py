@@ -70,7 +70,11 @@ def default_auxbasis(mol, mp2fit: bool):
     def2-SVP got 12 s shells where I has 50 of s to i, so a counterpoise fragment was not fitted
     in the complex's fitting basis (E(int) 2e-6 Eh off)."""
     with quiet_pyscf():
-        spec = df.make_auxbasis(_quiet_copy(mol), mp2fit=mp2fit)
+        try:
+            spec = df.make_auxbasis(_quiet_copy(mol), mp2fit=mp2fit)
+        except KeyError:  # a Pople name whose partner PySCF cannot look up (6-311G**): its
+            # fallback for a basis without a named partner, as for pcseg-1 or LANL2DZ
+            spec = df.addons.aug_etb(_quiet_copy(mol))
     if not isinstance(spec, dict):
         return spec
     real: dict[str, object] = {}

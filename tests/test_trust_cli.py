@@ -76,14 +76,14 @@ def test_counterpoise_ghost_atoms_on_the_command_line():
 @pytest.mark.parametrize("args, needles", [
     (["O 0 0 0; H 0 0 0.05; H 0 0.76 0.59"], ["0.0500", "1 (O)", "2 (H)"]),
     (["O 0 0 0; H 0 0 nan; H 0 0.76 0.59"], ["nan"]),
-    ([WATER, "--basis", "6-311g**"], ["--auxbasis"]),
+    ([WATER, "--auxbasis", "no-such-fit"], ["no-such-fit", "--auxbasis"]),
     ([str(INPUTS)], ["is a directory"]),
     ([""], ["empty"]),
     (["H 0 0 0; H 0 0 0.74", "--charge", "-4", "--basis", "sto-3g"], ["electrons"]),
     ([WATER, "--ecp", "no-such-ecp"], ["no-such-ecp"]),
     (["H 0 0 0; H 0 0 __import__('os').getpid()"], ["entry 2", "must be numbers"]),
     (["H 0 0 0; H 0 0 0.74 junk"], ["entry 2", "expected 'Element x y z'"]),
-], ids=["close-atoms", "nan", "no-default-aux", "directory", "empty", "too-many-electrons",
+], ids=["close-atoms", "nan", "unknown-aux", "directory", "empty", "too-many-electrons",
         "unknown-ecp", "expression", "extra-field"])
 def test_bad_input_is_one_line_and_exit_1(args, needles):
     _one_error_line(_dfmp2("run", *args), *needles)
