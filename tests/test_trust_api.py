@@ -744,3 +744,14 @@ def test_a_built_mole_whose_geometry_file_is_gone_still_runs(tmp_path):
     mol = gto.M(atom=str(path), basis="sto-3g", verbose=0)
     path.unlink()
     assert dfmp2.run(mol).e_corr < 0
+
+
+def test_the_readme_s_python_names_are_reachable_from_the_package():
+    """README: dfmp2.plot.plot_pair_energies(...) after `import dfmp2`; every error class a
+    run raises under dfmp2.*."""
+    from dfmp2 import errors
+
+    assert callable(dfmp2.plot.plot_pair_energies)
+    for name in ("InputError", "OrbitalError", "PrecisionError", "ConvergenceError",
+                 "ResourceError", "BackendUnavailableError", "UnsupportedShapeError"):
+        assert getattr(dfmp2, name) is getattr(errors, name) and name in dfmp2.__all__
