@@ -124,18 +124,18 @@ def _fragment_mole(mol, fragments: Fragments, k: int):
     from pyscf import gto
 
     from .geometry import GHOST_PREFIX
-    from .molecule import element_of
+    from .molecule import ghost_basis, is_ghost_label
 
     first, stop = fragments.ranges()[k]
     atoms = []
     for index, (label, coords) in enumerate(mol._atom):
-        element = element_of(label)
-        atoms.append((label if first <= index < stop else GHOST_PREFIX + element,
-                      tuple(coords)))
+        # another fragment's atom as a ghost under its own label (GHOST-O1 keeps O1's basis)
+        keep = first <= index < stop or is_ghost_label(label)
+        atoms.append((label if keep else GHOST_PREFIX + label, tuple(coords)))
     frag = gto.Mole()
     frag.atom = atoms
     frag.unit = "Bohr"
-    frag.basis = mol.basis
+    frag.basis = ghost_basis(mol.basis, [label for label, _ in atoms])
     frag.ecp = mol.ecp
     frag.charge = fragments.charges[k]
     frag.spin = fragments.spins[k]
@@ -173,8 +173,9 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     if isinstance(geometry, str) or not hasattr(geometry, "atom"):
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp)
-    else:
-        mol = build_mole(geometry)
+    else:  # a Mole: the settings given with it apply, as in its run (api._setup)
+        mol = build_mole(geometry, **{k: options[k] for k in ("basis", "charge", "spin", "ecp")
+                                      if k in options})
     sizes = _int_list("--fragments", fragments)
     start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
     for n in sizes:
@@ -192,7 +193,10 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     # computed only to be lost to a fragment that cannot run (the fragments' own pair energies
     # are not asked for: the plot shows the complex's)
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
-    per_fragment = [{**options, "chkfile": None, "pair_energies": False,
+    # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
+    # (a -PP basis's partners, the ECPs of the elements it has): not named again for it
+    per_fragment = [{**{key: v for key, v in options.items() if key not in ("basis", "ecp")},
+                     "chkfile": None, "pair_energies": False,
                      "charge": frags.charges[k], "spin": frags.spins[k]}
                     for k in range(len(moles))]
     check_run(geometry, options)  # the complex's own refusals, named as its run names them

@@ -382,12 +382,26 @@ def _build(mol, basis, source: str) -> gto.Mole:
 
 def ghost_basis(basis, labels):
     """A per-element basis dict (orbital or auxiliary) also covers the element's ghost atoms: PySCF
-    looks a ghost up by its own label (``GHOST-O``) and would give it the 'default' entry."""
+    looks a ghost up by its own label (``GHOST-O``) and would give it the 'default' entry. A
+    ghost of a labelled atom (``GHOST-O1``) gets that atom's entry (``O1``), then its
+    element's."""
     if not isinstance(basis, dict):
         return basis
-    extra = {label: basis[element_of(label)] for label in labels
-             if label not in basis and element_of(label) in basis}
+    extra = {}
+    for label in labels:
+        if label in basis:
+            continue
+        real = unghosted(label)
+        for key in (real, element_of(label)):
+            if key in basis:
+                extra[label] = basis[key]
+                break
     return {**basis, **extra}
+
+
+def unghosted(label: str) -> str:
+    """The real atom's label of a ghost's (``GHOST-O1`` -> ``O1``, ``X-H`` -> ``H``)."""
+    return re.sub(r"^(GHOST-?|X-)", "", label, flags=re.IGNORECASE)
 
 
 def basis_entry(basis, label: str):
@@ -576,14 +590,19 @@ def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
     else:
         mol = given.copy()
         labels = [a[0] for a in gto.format_atom(mol.atom, unit=1)]
+        real = sorted({element_of(label) for label in labels if not is_ghost_label(label)})
         if basis is not None:
             _check_basis_arg(basis)
+            basis = _pp_partner(basis, sorted({element_of(label) for label in labels}))
             mol.basis = ghost_basis(basis, labels)
         if charge is not None:
             mol.charge = int(charge)
-        if ecp is not None:
-            real = sorted({element_of(label) for label in labels if not is_ghost_label(label)})
-            mol.ecp = {e: name for e, (name, _) in _ecp_table(mol.basis, ecp, real).items()}
+        # a basis named here brings its library ECPs, as for a geometry (a Mole's own ECPs,
+        # where it has some, are kept)
+        if ecp is not None or (basis is not None and not given.ecp):
+            mol.ecp = {e: name for e, (name, _) in _ecp_table(basis if basis is not None
+                                                              else mol.basis, ecp,
+                                                              real).items()}
         spin = given.spin if spin is None else int(spin)
         mol = _build(mol, mol.basis, source)
         mol = _check_built(mol, mol.charge, mol.spin if spin is None else spin, source)

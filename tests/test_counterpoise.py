@@ -174,3 +174,59 @@ def test_a_ghost_gets_the_generated_fitting_set_of_its_real_element(ghost):
         shells = [[(a.bas_angular(b), tuple(a.bas_exp(b))) for b in range(a.nbas)
                    if a.bas_atom(b) == 2] for a in aux]
         assert len(shells[0]) > 12 and shells[0] == shells[1]
+
+
+DIMER = ("O -1.551007 -0.114520 0.000000; H -1.934259 0.762503 0.000000; "
+         "H -0.599677 0.040712 0.000000; O 1.350625 0.111469 0.000000; "
+         "H 1.680398 -0.373741 -0.758561; H 1.680398 -0.373741 0.758561")
+
+
+def test_a_ghost_keeps_its_atoms_labelled_basis():
+    """A Mole whose basis is keyed by an atom's label (O1 in cc-pVDZ, the other O in STO-3G):
+    O1's ghost in the other fragment had STO-3G, and E(int) MP2 was 4e-4 Eh off. Each fragment
+    now equals a run of the same ghosted Mole built by hand."""
+    from pyscf import gto
+
+    basis = {"O1": "cc-pvdz", "O": "sto-3g", "H": "sto-3g"}
+    mol = gto.M(atom=DIMER.replace("O -1.551007", "O1 -1.551007", 1), basis=basis, verbose=0)
+    result = run_counterpoise(mol, "3,3")
+    atoms = [(label, mol.atom_coord(k)) for k, (label, _) in enumerate(mol._atom)]
+    for k, part in enumerate(result.interaction["totals_eh"]["fragments"]):
+        ghosted = [(label if (k == 0) == (i < 3) else "GHOST-" + label, xyz)
+                   for i, (label, xyz) in enumerate(atoms)]
+        by_hand = gto.M(atom=ghosted, unit="Bohr", verbose=0,
+                        basis={**basis, **{"GHOST-" + key: v for key, v in basis.items()}})
+        assert by_hand.nao_nr() == mol.nao_nr() == 23
+        assert part["mp2"] == pytest.approx(dfmp2.run(by_hand).e_tot, abs=TOL_FP64)
+
+
+def test_a_mole_with_settings_given_beside_it_is_the_complex_they_make():
+    """run_counterpoise(mole, charge=-1) ran the complex as an anion and its fragments from the
+    Mole's own neutral charge; now the settings make the complex, and its fragments must sum
+    to its charge and couple to its 2S."""
+    from pyscf import gto
+
+    fw = gto.M(atom="F 0 0 0; O 0 0 2.6; H 0 0.76 3.2; H 0 -0.76 3.2", basis="sto-3g",
+               spin=1, verbose=0)
+    with pytest.raises(InputError, match="the complex has charge -1: give --fragment-charges"):
+        run_counterpoise(fw, "1,3", charge=-1, spin=0)
+    anion = run_counterpoise(fw, "1,3", charge=-1, spin=0, fragment_charges="-1,0")
+    assert [f["charge"] for f in anion.interaction["fragments"]] == [-1, 0]
+    dimer = gto.M(atom=DIMER, basis="sto-3g", verbose=0)
+    with pytest.raises(InputError, match="not to the complex's 2S = 2"):
+        run_counterpoise(dimer, "3,3", spin=2)
+
+
+@pytest.mark.parametrize("extra", [["--basis", "def2-svp", "--ecp", "def2-svp"],
+                                   ["--basis", "cc-pvdz-pp"]])
+def test_a_fragment_runs_in_the_complexs_basis_and_ecps_as_resolved(extra):
+    """An ECP named for the complex has no potential for the water fragment (refused: 'no
+    potential for any element'), and cc-pVDZ-PP's hydrogen takes cc-pVDZ in the complex only
+    (refused in the fragment); each fragment now carries the complex's basis and ECPs."""
+    result = CliRunner().invoke(main, ["run", "H 0 0 0; I 0 0 1.609; O 0 3.5 0; H 0 4.2 0.5; "
+                                       "H 0 2.8 0.5", *extra, "--counterpoise", "--fragments",
+                                       "2,3", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)["extras"]
+    assert record["method"]["ecp"] == {"I": {"name": extra[1], "core_electrons": 28}}
+    assert abs(record["interaction"]["mp2"]["eh"]) < 0.01

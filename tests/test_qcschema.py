@@ -429,3 +429,16 @@ def test_result_extras_names_every_record_a_result_writes():
 
 def molecule_text() -> str:
     return str(INPUTS / "water.xyz")
+
+
+def test_a_schema_input_in_an_ecp_basis_gets_the_ecp():
+    """model.basis def2-svp on iodine: the ECP is attached as for a geometry file (the input's
+    molecule ran all-electron in a basis made for an ECP, with a warning)."""
+    from dfmp2.molecule import build_mole, ecp_record
+
+    hi = {"symbols": ["H", "I"], "geometry": [0.0, 0.0, 0.0, 0.0, 0.0, 3.04]}
+    job = qcschema.read_input(v1_input(molecule=hi) | {"model": {"method": "mp2",
+                                                                 "basis": "def2-svp"}})
+    mol = build_mole(job.mole, basis=job.options["basis"])
+    assert ecp_record(mol) == {"I": {"name": "def2-svp", "core_electrons": 28}}
+    assert mol.nelectron == 26
