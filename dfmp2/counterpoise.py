@@ -136,6 +136,7 @@ def _fragment_mole(mol, fragments: Fragments, k: int):
     frag.atom = atoms
     frag.unit = "Bohr"
     frag.basis = ghost_basis(mol.basis, [label for label, _ in atoms])
+    frag.cart, frag.nucmod = mol.cart, mol.nucmod
     frag.ecp = mol.ecp
     frag.charge = fragments.charges[k]
     frag.spin = fragments.spins[k]
@@ -195,7 +196,9 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
     # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
     # (a -PP basis's partners, the ECPs of the elements it has): not named again for it
-    per_fragment = [{**{key: v for key, v in options.items() if key not in ("basis", "ecp")},
+    # (ecp 'none' is passed on: the fragments say, as the complex does, what it means)
+    per_fragment = [{**{key: v for key, v in options.items() if key not in ("basis", "ecp")
+                        or (key == "ecp" and str(v).strip().lower() == "none")},
                      "chkfile": None, "pair_energies": False,
                      "charge": frags.charges[k], "spin": frags.spins[k]}
                     for k in range(len(moles))]

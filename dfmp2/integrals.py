@@ -72,9 +72,12 @@ def default_auxbasis(mol, mp2fit: bool):
     with quiet_pyscf():
         try:
             spec = df.make_auxbasis(_quiet_copy(mol), mp2fit=mp2fit)
-        except KeyError:  # a Pople name whose partner PySCF cannot look up (6-311G**): its
-            # fallback for a basis without a named partner, as for pcseg-1 or LANL2DZ
-            spec = df.addons.aug_etb(_quiet_copy(mol))
+        except KeyError:  # a Pople name PySCF cannot look up as one name (6-311G**: its
+            # '6311gststrifit'): the per-element lookup, which maps it by its family (6-311G
+            # -> cc-pVTZ-RI), as for a basis dict and for ghosts below
+            per_label = _quiet_copy(mol)
+            per_label.basis = {label: mol.basis for label in {a[0] for a in mol._atom}}
+            spec = df.make_auxbasis(per_label, mp2fit=mp2fit)
     if not isinstance(spec, dict):
         return spec
     real: dict[str, object] = {}

@@ -208,13 +208,18 @@ def ecp_record(mol) -> dict[str, dict]:
     when the molecule is all-electron. Ghost atoms carry no ECP. Atoms of one element with
     different ECPs (labels I1 and I2 of a Mole) are recorded under their labels."""
     by_label: dict[str, dict] = {}
+    bare: dict[str, dict] = {}  # real atoms without an ECP, kept if their element has one
     for atom in range(mol.natm):
         label = mol._atom[atom][0]
         if label not in mol._ecp and re.sub(r"\d", "", label) not in mol._ecp:
+            if not _is_ghost(mol, atom):
+                bare[label] = {"name": "none (all electrons)", "core_electrons": 0}
             continue
         spec = _label_spec(mol.ecp, label)
         name = spec if isinstance(spec, str) else "user-given ECP data"
         by_label[label] = {"name": name, "core_electrons": int(mol.atom_nelec_core(atom))}
+    with_ecp = {element_of(label) for label in by_label}
+    by_label.update({k: e for k, e in bare.items() if element_of(k) in with_ecp})
     record: dict[str, dict] = {}
     for label, entry in by_label.items():
         alike = [e for k, e in by_label.items() if element_of(k) == element_of(label)]
@@ -603,6 +608,14 @@ def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
             mol.ecp = {e: name for e, (name, _) in _ecp_table(basis if basis is not None
                                                               else mol.basis, ecp,
                                                               real).items()}
+        elif basis is not None:  # the Mole's own ECP stays: say where the basis wants another
+            made_for = {e: name for e, (name, _) in _library_ecps(basis, real).items()
+                        if _label_spec(given.ecp, e) not in (None, name)}
+            if made_for:
+                log.warning("the given Mole's own ECP is kept for %s, though its new basis is "
+                            "made for PySCF's %s ECP; pass ecp=%r to take that one",
+                            ", ".join(made_for), ", ".join(sorted(set(made_for.values()))),
+                            sorted(set(made_for.values()))[0])
         spin = given.spin if spin is None else int(spin)
         mol = _build(mol, mol.basis, source)
         mol = _check_built(mol, mol.charge, mol.spin if spin is None else spin, source)
@@ -624,8 +637,12 @@ def _check_unchanged_since_build(mol: gto.Mole) -> None:
     try:
         with quiet_pyscf():
             fresh.build(dump_input=False, parse_arg=False)
-    except Exception:  # noqa: BLE001 - settings that do not build again (a geometry or basis
-        return  # file since removed): nothing to compare with; the tables are what runs
+    except Exception as exc:  # noqa: BLE001 - settings that do not build again
+        if _names_a_missing_file(mol.atom) or _names_a_missing_file(mol.basis):
+            return  # a geometry or basis file since removed: the tables are what runs
+        raise InputError(f"the given Mole's settings were changed after mol.build() and do not "
+                         f"build any more ({first_line(exc)}); fix them and call mol.build()"
+                         ) from None
     tables = ("_atm", "_bas", "_env", "_ecpbas")
     if any(np.shape(getattr(fresh, t)) != np.shape(getattr(mol, t))
            or not np.array_equal(getattr(fresh, t), getattr(mol, t), equal_nan=True)
@@ -633,6 +650,15 @@ def _check_unchanged_since_build(mol: gto.Mole) -> None:
         raise InputError("the given Mole's settings (atom, basis, ecp, ...) were changed after "
                          "mol.build(), so its integral tables are another molecule's; call "
                          "mol.build() after changing them")
+
+
+def _names_a_missing_file(setting) -> bool:
+    """Whether a Mole's atom or basis setting (a dict's values too) is a file path that is no
+    longer there."""
+    values = setting.values() if isinstance(setting, dict) else [setting]
+    return any(isinstance(v, (str, os.PathLike)) and not os.path.exists(v)
+               and (os.sep in str(v) or re.search(r"\.[A-Za-z]+$", str(v).strip()))
+               for v in values)
 
 
 def _check_integer(name: str, value) -> None:

@@ -578,12 +578,17 @@ def _record(kind, values: dict, name: str):
         raise InputError(f"the record's extras.{name} lacks {', '.join(missing)}: written by "
                          "another version of dfmp2 than this one")
     for field_name, value in values.items():
+        if field_name in _MAY_BE_INFINITE and isinstance(value, float) and math.isinf(value):
+            continue  # a singular metric's condition number
         if field_name in known and not _of_type(value, known[field_name].type):
             raise InputError(f"the record's extras.{name}.{field_name} is {value!r}, not "
                              f"{known[field_name].type}: the file was changed after dfmp2 "
                              "wrote it")
     return kind(**{n: v for n, v in values.items() if n in known})
 
+
+#: Record fields that may hold an infinite float (never NaN).
+_MAY_BE_INFINITE = frozenset({"metric_condition"})
 
 #: JSON types of the annotations the records' fields carry (``float`` takes an int: JSON
 #: writes 0.0 as 0 in some tools; a bool is no number here).
@@ -601,7 +606,7 @@ def _of_type(value, annotation) -> bool:
         if isinstance(value, bool) and n not in ("bool",):
             continue
         if isinstance(value, _JSON_TYPES[n]):
-            return True  # a record's float may be inf (a singular metric's condition number)
+            return not (isinstance(value, float) and not math.isfinite(value))
     return False
 
 

@@ -54,13 +54,19 @@ def test_auxbasis_record_of_a_named_and_a_dict_auxbasis():
         atom=WATER + "; O 3 0 0", basis={"O": "cc-pvtz-ri", "H": "cc-pvdz-ri"}).nao_nr()
 
 
-@pytest.mark.parametrize("basis", ["6-311g**", "pcseg-1"])
-def test_a_basis_without_a_named_ri_partner_gets_pyscfs_even_tempered_set(capfd, basis):
-    """PySCF's fallback for a basis without a named fitting partner (pcseg-1); for 6-311G** its
-    own lookup fails (KeyError: '6311gststrifit') before reaching it, which was refused."""
-    mol = build_mole(WATER, basis=basis)
-    assert set(auxbasis_record(mol).values()) == {"even-tempered (PySCF aug_etb, beta=2.0)"}
-    assert make_auxmol(mol).nao_nr() == gto.M(atom=WATER, basis=df.addons.aug_etb(mol)).nao_nr()
+@pytest.mark.parametrize("basis, expected", [
+    ("6-311g**", "cc-pvtz-ri"), ("6-31g**", "cc-pvdz-ri"),  # PySCF's Pople table, per element
+    ("pcseg-1", "even-tempered (PySCF aug_etb, beta=2.0)"),  # no named partner
+])
+def test_a_basis_gets_pyscfs_fitting_partner_alike_for_real_and_ghost_atoms(capfd, basis,
+                                                                             expected):
+    """6-311G** as one name fails PySCF's lookup (KeyError: '6311gststrifit'; it was refused),
+    while the per-element lookup (a basis dict, a ghost's repair) maps it by its family: the
+    complex and a fragment with ghosts are fitted in the same set."""
+    mol = build_mole(WATER + "; GHOST-O 3 0 0", basis=basis)
+    assert set(auxbasis_record(mol).values()) == {expected}
+    by_dict = build_mole(WATER + "; GHOST-O 3 0 0", basis={"O": basis, "H": basis})
+    assert make_auxmol(mol).nao_nr() == make_auxmol(by_dict).nao_nr()
     assert make_auxmol(mol, "cc-pvtz-ri").nao_nr() > 0
     assert capfd.readouterr().out == ""
 

@@ -230,3 +230,21 @@ def test_a_fragment_runs_in_the_complexs_basis_and_ecps_as_resolved(extra):
     record = json.loads(result.stdout)["extras"]
     assert record["method"]["ecp"] == {"I": {"name": extra[1], "core_electrons": 28}}
     assert abs(record["interaction"]["mp2"]["eh"]) < 0.01
+
+
+def test_fragments_keep_the_complexs_cartesian_functions_and_ecp_none(caplog):
+    """A cart=True complex's fragments had spherical functions (Ne2 cc-pVDZ: 30 against 28);
+    with ecp='none' a fragment warned to pass the ECP the user had turned off."""
+    import logging
+
+    from pyscf import gto
+
+    from dfmp2.counterpoise import Fragments, _fragment_mole
+
+    ne2 = gto.M(atom="Ne 0 0 0; Ne 0 0 3.1", basis="cc-pvdz", cart=True, verbose=0)
+    frag = _fragment_mole(ne2, Fragments((1, 1), (0, 0), (0, 0)), 0)
+    frag.build(False, False)
+    assert frag.nao_nr() == ne2.nao_nr() == 30
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        run_counterpoise("Ne 0 0 0; Xe 0 0 3.9", "1,1", basis="def2-svp", ecp="none")
+    assert "has no ECP" not in caplog.text and "ecp='none'" in caplog.text

@@ -217,3 +217,22 @@ def test_a_mole_with_one_iodine_under_an_ecp_warns_for_the_other(caplog):
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         build_mole(one)
     assert "the given Mole has no ECP for I although" in caplog.text
+
+
+def test_an_iodine_without_the_ecp_its_twin_carries_is_recorded_as_all_electron():
+    mol = gto.M(atom="I1 0 0 0; I2 0 0 2.7", basis="def2-svp", ecp={"I1": "def2-svp"},
+                verbose=0)
+    assert ecp_record(mol) == {"I1": {"name": "def2-svp", "core_electrons": 28},
+                               "I2": {"name": "none (all electrons)", "core_electrons": 0}}
+
+
+def test_a_mole_keeping_its_own_ecp_under_a_new_basis_says_so(caplog):
+    """LANL2DZ's 46-electron core kept under def2-SVP, made for a 28-electron one: a warning
+    naming the ECP to pass; a Mole without an ECP of its own takes the new basis's."""
+    own = gto.M(atom=HI, basis="lanl2dz", ecp="lanl2dz", verbose=0)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        kept = build_mole(own, basis="def2-svp")
+    assert ecp_record(kept)["I"]["core_electrons"] == 46
+    assert "own ECP is kept for I" in caplog.text and "ecp='def2-svp'" in caplog.text
+    bare = gto.M(atom=HI, basis="sto-3g", verbose=0)
+    assert ecp_record(build_mole(bare, basis="def2-svp"))["I"]["core_electrons"] == 28

@@ -113,6 +113,11 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
         with pytest.raises(InputError, match=message):
             Result.from_dict(broken)
     data["extras"]["method"]["metric_condition"] = float("inf")  # a singular metric's, read
+    for field, value in (("metric_condition", float("nan")), ("os_scale", float("inf"))):
+        broken = json.loads(json.dumps(data))
+        broken["extras"]["method"][field] = value
+        with pytest.raises(InputError, match=f"extras.method.{field} is {value}, not"):
+            Result.from_dict(broken)
     data["extras"]["scf"]["a_later_field"] = 1  # a later version's: left out, the rest read
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
 

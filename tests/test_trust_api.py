@@ -715,6 +715,7 @@ def test_nocc_and_nmo_count_the_active_orbitals_as_pyscf_does(water_rhf, oh_rohf
 @pytest.mark.parametrize("change, message", [
     (lambda m: setattr(m, "basis", "cc-pvdz"), "were changed after mol.build()"),
     (lambda m: setattr(m, "nelectron", 8), "nelectron 8 contradicts its charge 0"),
+    (lambda m: setattr(m, "basis", "cc-pvdzz"), "do not build any more"),
 ])
 def test_a_mole_changed_after_its_build_is_refused(change, message):
     """Its integral tables are of one molecule and its settings of another: the energy was the
