@@ -329,7 +329,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     if not cp["counterpoise"] and any(cp[k] is not None for k in cp if k != "counterpoise"):
         raise _fail("--fragments, --fragment-charges and --fragment-spins belong to "
                     "--counterpoise; add it")
-    if cp["counterpoise"] and cp["fragments"] is None:
+    if cp["counterpoise"] and cp["fragments"] is None and not all(
+            _looks_like_schema(g) for g in geometry):  # a QCSchema input may define them
         raise _fail("--counterpoise needs --fragments (atom counts in file order, e.g. 3,3)")
     options["_counterpoise"] = cp if cp["counterpoise"] else None
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
@@ -601,6 +602,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
                 elif clash is not None:
                     raise clash
             geometry = job.mole
+            if options.get("_counterpoise"):
+                options["_counterpoise"] = _schema_fragments(options["_counterpoise"], job)
         counterpoise = options.pop("_counterpoise", None)
         try:
             if counterpoise:
@@ -651,6 +654,35 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         click.echo(f"error{who}: interrupted by {name} while the output was written; it was "
                    f"finished first; exit status {128 + pending.signum}", err=True)
         raise click.exceptions.Exit(128 + pending.signum)
+
+
+def _looks_like_schema(geometry) -> bool:
+    from .qcschema import is_schema_input
+
+    return is_schema_input(geometry)
+
+
+def _schema_fragments(cp: dict, job) -> dict:
+    """The counterpoise settings of a QCSchema input: its molecule's fragments where the
+    command line gives none; the command line's where the input defines none; refused where
+    the two differ (the result echoes the input's molecule)."""
+    from . import qcschema
+    from .counterpoise import _int_list
+
+    given = qcschema.input_fragments(job)
+    if given is None:
+        if cp["fragments"] is None:
+            raise InputError("--counterpoise needs the fragments: give --fragments (atom counts "
+                             "in file order, e.g. 3,3) or molecule.fragments in the input")
+        return cp
+    names = ("fragments", "fragment_charges", "fragment_spins")
+    for name, value in zip(names, given):
+        ours = cp[name]
+        flag = f"--{name.replace('_', '-')}"
+        if ours is not None and _int_list(flag, ours) != _int_list(flag, value):
+            raise InputError(f"{flag} {ours} contradicts the input's molecule ({value}); "
+                             "give one of them")
+    return {**cp, **dict(zip(names, given))}
 
 
 def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who) -> None:

@@ -114,7 +114,8 @@ def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
     if spin is not None and not low <= spin <= high:
         raise InputError(f"fragment spins 2S = {','.join(map(str, s))} couple to a total 2S "
                          f"from {low} to {high}, not to the complex's 2S = {spin}; give "
-                         "--fragment-spins (or --spin) that match")
+                         "fragment spins (--fragment-spins) or a complex's 2S (--spin; a "
+                         "QCSchema input's molecular_multiplicity) that match")
     return Fragments(sizes, q, s)
 
 
@@ -155,6 +156,23 @@ def _named(fragments: Fragments, k: int):
         named = copy.copy(exc)
         named.args = (f"fragment {k + 1} ({atoms}): {exc}", *exc.args[1:])
         raise named from None
+
+
+@contextmanager
+def _finished_said(complex_result, parts):
+    """A fragment's error also gives the totals of the runs finished before it (the complex
+    and earlier fragments), which the failed counterpoise run cannot return."""
+    try:
+        yield
+    except DFMP2Error as exc:
+        if complex_result is None:  # a distributed run's other ranks: rank 0 says it
+            raise
+        done = [f"the complex {complex_result.e_return:.10f} Eh",
+                *(f"fragment {k + 1} {p.e_return:.10f} Eh" for k, p in enumerate(parts))]
+        said = copy.copy(exc)
+        said.args = (f"{exc}; finished before it: {', '.join(done)} (total energies)",
+                     *exc.args[1:])
+        raise said from None
 
 
 def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=None,
@@ -211,7 +229,7 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     for k, frag in enumerate(moles):
         stage = f"fragment {k + 1}/{len(frags.counts)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
-        with _named(frags, k):
+        with _named(frags, k), _finished_said(complex_result, parts):
             parts.append(run(frag, progress=report, **per_fragment[k]))
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None

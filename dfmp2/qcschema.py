@@ -11,7 +11,9 @@ the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total), ``scs-mp2`` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
 import os
@@ -20,6 +22,7 @@ from dataclasses import dataclass, replace
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
+           "input_fragments",
            "is_schema_input", "method_energy", "method_options", "read_input", "result_dict",
            "run_qcschema", "schema_version"]
 
@@ -187,7 +190,8 @@ def read_input(source) -> SchemaJob:
     version = schema_version(data)
     models = _models(version)
     try:
-        model = models.AtomicInput(**data)
+        with contextlib.redirect_stdout(io.StringIO()):  # qcelemental prints its warnings
+            model = models.AtomicInput(**data)
     except Exception as exc:  # pydantic's validation error: keep its first lines
         raise InputError(f"invalid QCSchema v{version} AtomicInput: "
                          f"{_first_lines(exc)}") from None
@@ -395,6 +399,26 @@ def result_dict(result, job: SchemaJob) -> dict:
     except Exception as exc:  # a result that does not validate is dfmp2's bug: say so
         raise RuntimeError(f"dfmp2's AtomicResult does not validate against qcelemental "
                            f"v{job.version}: {_first_lines(exc)}") from exc
+
+
+def input_fragments(job: SchemaJob) -> tuple[str, str, str] | None:
+    """The counterpoise fragments an input's molecule defines (``molecule.fragments`` of two
+    or more, with their charges and multiplicities) as dfmp2's ``fragments``,
+    ``fragment_charges`` and ``fragment_spins`` ("3,3", "0,0", "0,0"), or None when it defines
+    one fragment (qcelemental's default). qcelemental's validation refuses fragments that are
+    not consecutive atoms in order, which is how dfmp2 splits a complex."""
+    molecule = job.input["molecule"]
+    fragments = [list(f) for f in molecule.get("fragments") or []]
+    if len(fragments) < 2:
+        return None
+    charges = [float(q) for q in molecule.get("fragment_charges") or [0.0] * len(fragments)]
+    multiplicities = [float(m) for m in molecule.get("fragment_multiplicities")
+                      or [1.0] * len(fragments)]
+    if any(q != round(q) for q in charges + multiplicities):
+        raise InputError(f"molecule.fragment_charges {charges} / fragment_multiplicities "
+                         f"{multiplicities}: dfmp2 needs whole numbers")
+    return (",".join(str(len(f)) for f in fragments), ",".join(str(int(q)) for q in charges),
+            ",".join(str(int(m) - 1) for m in multiplicities))
 
 
 def input_echo(job: SchemaJob) -> dict:

@@ -248,3 +248,49 @@ def test_fragments_keep_the_complexs_cartesian_functions_and_ecp_none(caplog):
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         run_counterpoise("Ne 0 0 0; Xe 0 0 3.9", "1,1", basis="def2-svp", ecp="none")
     assert "has no ECP" not in caplog.text and "ecp='none'" in caplog.text
+
+
+def _dimer_input(tmp_path, **molecule) -> str:
+    from pyscf import gto
+
+    mol = gto.M(atom=DIMER, verbose=0)
+    data = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+            "model": {"method": "mp2", "basis": "sto-3g"},
+            "molecule": {"symbols": [mol.atom_symbol(k) for k in range(6)],
+                         "geometry": mol.atom_coords().ravel().tolist(), **molecule}}
+    path = tmp_path / "dimer.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_a_schema_inputs_fragments_are_the_counterpoise_fragments(tmp_path):
+    """molecule.fragments of a QCSchema input: used when --fragments is not given, refused when
+    --fragments says otherwise (it ran 2,4 against the input's 3,3, and its record echoed both),
+    refused when not consecutive; an input without them needs --fragments."""
+    given = _dimer_input(tmp_path, fragments=[[0, 1, 2], [3, 4, 5]])
+    ran = CliRunner().invoke(main, ["run", given, "--counterpoise", "--json", "-"])
+    assert ran.exit_code == 0, ran.output
+    record = json.loads(ran.stdout)
+    assert [f["atoms"] for f in record["extras"]["interaction"]["fragments"]] == [[0, 3], [3, 6]]
+    for args, message in (
+            (["--fragments", "2,4"], "--fragments 2,4 contradicts the input's molecule (3,3)"),
+            (["--fragments", "3,3", "--fragment-spins", "1,1"], "--fragment-spins 1,1 "
+                                                                "contradicts")):
+        refused = CliRunner().invoke(main, ["run", given, "--counterpoise", *args])
+        assert refused.exit_code == 1 and message in refused.output, refused.output
+    apart = _dimer_input(tmp_path, fragments=[[0, 1, 3], [2, 4, 5]])  # qcelemental's refusal
+    refused = CliRunner().invoke(main, ["run", apart, "--counterpoise"])
+    assert refused.output.count("\n") == 1 and "non-contiguous fragments" in refused.output
+    bare = _dimer_input(tmp_path)
+    refused = CliRunner().invoke(main, ["run", bare, "--counterpoise"])
+    assert refused.exit_code == 1 and "or molecule.fragments in the input" in refused.output
+
+
+def test_a_fragment_that_fails_says_the_totals_finished_before_it():
+    """The complex's SCF and MP2 had run; a fragment's failure then returned nothing of them."""
+    from dfmp2.errors import ConvergenceError
+
+    with pytest.raises(ConvergenceError, match=r"^fragment 2 \(atom 2\): .*did not converge.*; "
+                                               r"finished before it: the complex -\d+\.\d{10} Eh"
+                                               r", fragment 1 -\d+\.\d{10} Eh"):
+        run_counterpoise("H 0 0 0; I 0 0 1.609", "1,1", basis="def2-svp", max_cycle=10)
