@@ -14,3 +14,5 @@ NKI_MATMULS = ("fp32", "bf16x3")
 NKI_TARGETS = ("auto", "trn1", "trn2")
 #: torch.distributed backends of a torchrun job: CPU, CUDA, Trainium (torch-xla).
 DIST_BACKENDS = ("gloo", "nccl", "xla")
+#: Most threads a pool may be given (OpenBLAS and OpenMP take a C int; no machine has more).
+MAX_THREADS = 65536

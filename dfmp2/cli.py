@@ -15,7 +15,14 @@ import sys
 
 import click
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES, DIST_BACKENDS, NKI_MATMULS, NKI_TARGETS
+from ._names import (
+    BACKENDS,
+    CPU_BLAS_CHOICES,
+    DIST_BACKENDS,
+    MAX_THREADS,
+    NKI_MATMULS,
+    NKI_TARGETS,
+)
 from ._version import __version__
 from .errors import DFMP2Error, InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
@@ -239,7 +246,7 @@ _D = Options.default
                    "stall on the grid's noise is accepted up to 3.2e-6].")
 @click.option("--max-cycle", type=click.IntRange(min=1), default=_D("max_cycle"),
               show_default=True, help="Maximum SCF iterations.")
-@click.option("--threads", type=click.IntRange(min=1, max=65536), default=None, metavar="N",
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None, metavar="N",
               help="Threads of every pool the run uses (torch's, PySCF's OpenMP, each "
                    "OpenBLAS) [default: as the environment sets them, e.g. OMP_NUM_THREADS; "
                    "else one per CPU].")

@@ -24,6 +24,7 @@ import numbers
 import os
 from contextlib import contextmanager
 
+from ._names import MAX_THREADS
 from .errors import InputError
 
 __all__ = ["limit", "counts", "openblas_libraries", "available"]
@@ -91,10 +92,6 @@ def available() -> int:
     from pyscf import lib
 
     return max(1, min(int(lib.num_threads()), len(os.sched_getaffinity(0))))
-
-
-#: Most threads a pool may be given (OpenBLAS and OpenMP take a C int; no machine has more).
-MAX_THREADS = 65536
 
 
 @contextmanager
