@@ -18,6 +18,8 @@ def check_writable_file(path: str, what: str, replaced: bool = False) -> None:
     written beside the file and renamed over it (the chkfile), so an existing path must be a
     regular file and its directory must take a new file too (tried with a temporary one).
     Raises :class:`InputError` naming ``what`` and the reason."""
+    if not str(path).strip():
+        raise InputError(f"{what} path is empty; give a file path")
     if os.path.isdir(path):
         raise InputError(f"{what} {path!r} is a directory; give a file path")
     mode = os.stat(path).st_mode if os.path.exists(path) else None

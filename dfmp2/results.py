@@ -662,7 +662,7 @@ def versions() -> dict:
 
     from ._version import __version__
 
-    return {"dfmp2": __version__, "pyscf": pyscf.__version__, "torch": torch.__version__,
+    return {"dfmp2": __version__, "pyscf": pyscf.__version__, "torch": str(torch.__version__),
             "numpy": numpy.__version__, "python": platform.python_version()}
 
 

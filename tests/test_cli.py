@@ -341,3 +341,18 @@ def test_a_failed_run_replaces_an_earlier_json_with_its_failure(tmp_path):
     assert record["success"] is False and record["input_data"] is None
     assert record["error"]["error_type"] == "convergence_error"
     assert "did not converge" in record["error"]["error_message"]
+
+
+def test_an_empty_json_path_is_named_as_empty():
+    """It said "cannot write JSON to '': Is a directory"."""
+    for command in (["run", WATER], ["nki-model", "--nocc", "5", "--nvir", "10", "--naux", "50"]):
+        result = CliRunner().invoke(main, [*command, "--json", ""])
+        assert result.exit_code == 1
+        assert result.output == "error: JSON path is empty; give a file path\n"
+
+
+def test_the_records_versions_are_plain_strings():
+    import dfmp2
+
+    versions = dfmp2.run(WATER, basis="sto-3g").to_dict()["extras"]["versions"]
+    assert all(type(v) is str for v in versions.values()), versions
