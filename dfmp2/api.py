@@ -1013,7 +1013,7 @@ class DFMP2:
         kind, _ = reference_kind(self._scf)
         if self._scf.mo_occ is None:
             raise InputError("the SCF object has no orbitals yet: run it first (mf.run())")
-        frozen = self.options.get("frozen", self.frozen)
+        frozen = self.frozen
         frozen_core = bool(self.options.get("frozen_core", False))
         mo_occ = np.asarray(self._scf.mo_occ)
         if not KINDS[kind]:

@@ -336,8 +336,10 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     if not cp["counterpoise"] and any(cp[k] is not None for k in cp if k != "counterpoise"):
         raise _fail("--fragments, --fragment-charges and --fragment-spins belong to "
                     "--counterpoise; add it")
+    from .qcschema import is_schema_input
+
     if cp["counterpoise"] and cp["fragments"] is None and not all(
-            _looks_like_schema(g) for g in geometry):  # a QCSchema input may define them
+            is_schema_input(g) for g in geometry):  # a QCSchema input may define them
         raise _fail("--counterpoise needs --fragments (atom counts in file order, e.g. 3,3)")
     options["_counterpoise"] = cp if cp["counterpoise"] else None
     environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
@@ -586,6 +588,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     # a failure is recorded in the JSON file once nothing else may be that file (the input's
     # chkfile keyword is checked against it below)
     record = json_path if leader else None
+    computed = False  # once True (the result exists) the handlers stay until its output is out
     try:
         from . import qcschema
         from .api import run as run_dfmp2
@@ -627,13 +630,11 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             _show_logs_around(None)
             terminal.close()
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
-        pending.deferred = True  # the result exists: a signal now waits for its output
+        pending.deferred = computed = True  # the result exists: a signal waits for its output
     except Interrupted as exc:
-        restore()
         _record_failure(record, exc, job)
         raise _interrupted(exc, who) from None
     except DFMP2Error as exc:
-        restore()
         if pending.signum is not None:  # the error came while a signal was being delivered
             signalled = Interrupted(pending.signum, signal.Signals(pending.signum).name)
             _record_failure(record, signalled, job)
@@ -641,14 +642,13 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         _record_failure(record, exc, job)
         raise _fail(exc, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
-        restore()
         if ranks is None or not ranks.is_collective_error(exc):
             raise
         _record_failure(record, ranks.collective_error(exc), job)
         raise _fail(ranks.collective_error(exc), who) from None
-    except BaseException:
-        restore()
-        raise
+    finally:
+        if not computed:
+            restore()
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
     except click.exceptions.Exit:  # an output that could not be written (its line is out)
@@ -661,12 +661,6 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         click.echo(f"error{who}: interrupted by {name} while the output was written; it was "
                    f"finished first; exit status {128 + pending.signum}", err=True)
         raise click.exceptions.Exit(128 + pending.signum)
-
-
-def _looks_like_schema(geometry) -> bool:
-    from .qcschema import is_schema_input
-
-    return is_schema_input(geometry)
 
 
 def _schema_fragments(cp: dict, job) -> dict:

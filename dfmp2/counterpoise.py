@@ -153,9 +153,7 @@ def _named(fragments: Fragments, k: int):
     except DFMP2Error as exc:
         first, stop = fragments.ranges()[k]
         atoms = f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
-        named = copy.copy(exc)
-        named.args = (f"fragment {k + 1} ({atoms}): {exc}", *exc.args[1:])
-        raise named from None
+        raise _reworded(exc, f"fragment {k + 1} ({atoms}): {exc}") from None
 
 
 @contextmanager
@@ -169,10 +167,15 @@ def _finished_said(complex_result, parts):
             raise
         done = [f"the complex {complex_result.e_return:.10f} Eh",
                 *(f"fragment {k + 1} {p.e_return:.10f} Eh" for k, p in enumerate(parts))]
-        said = copy.copy(exc)
-        said.args = (f"{exc}; finished before it: {', '.join(done)} (total energies)",
-                     *exc.args[1:])
-        raise said from None
+        raise _reworded(exc, f"{exc}; finished before it: {', '.join(done)} (total energies)"
+                        ) from None
+
+
+def _reworded(exc: DFMP2Error, message: str) -> DFMP2Error:
+    """``exc`` with ``message`` (the same type, the same other arguments and attributes)."""
+    reworded = copy.copy(exc)
+    reworded.args = (message, *exc.args[1:])
+    return reworded
 
 
 def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=None,

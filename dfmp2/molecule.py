@@ -79,13 +79,14 @@ def quiet_pyscf():
             log.debug("PySCF said: %s", " ".join(captured.getvalue().split()))
 
 
+def unghosted(label: str) -> str:
+    """The real atom's label of a ghost's (``GHOST-O1`` -> ``O1``, ``X-H`` -> ``H``)."""
+    return re.sub(r"^(GHOST-?|X-)", "", label, flags=re.IGNORECASE)
+
+
 def element_of(label: str) -> str:
     """The element symbol of a PySCF atom label (``'GHOST-O'``, ``'X-O'``, ``'O1'`` -> ``'O'``)."""
-    upper = label.upper()
-    for prefix in ("GHOST-", "GHOST", "X-"):
-        if upper.startswith(prefix):
-            label = label[len(prefix) :]
-            break
+    label = unghosted(label)
     match = re.match(r"[A-Za-z]+", label)
     symbol = match.group(0) if match else label
     return symbol[:1].upper() + symbol[1:].lower()
@@ -404,11 +405,6 @@ def ghost_basis(basis, labels):
     return {**basis, **extra}
 
 
-def unghosted(label: str) -> str:
-    """The real atom's label of a ghost's (``GHOST-O1`` -> ``O1``, ``X-H`` -> ``H``)."""
-    return re.sub(r"^(GHOST-?|X-)", "", label, flags=re.IGNORECASE)
-
-
 def basis_entry(basis, label: str):
     """The basis entry PySCF gives the atom ``label``: the name, or its dict entry (by label,
     element or 'default')."""
@@ -580,7 +576,7 @@ def _warn_missing_ecps(mol) -> None:
 
 
 def is_ghost_label(label: str) -> bool:
-    return label.upper().startswith(("GHOST", "X-"))
+    return unghosted(label) != label
 
 
 def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:

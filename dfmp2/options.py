@@ -169,9 +169,9 @@ class Options:
                 raise InputError(f"scratch_dir must be a directory path (str or os.PathLike), "
                                  f"got {self.scratch_dir!r}")
             object.__setattr__(self, "scratch_dir", os.fspath(self.scratch_dir))
-        if isinstance(self.scratch_dir, str) and not self.scratch_dir.strip():
-            raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or leave "
-                             "it out for the system's temporary directory")
+            if not self.scratch_dir.strip():
+                raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or "
+                                 "leave it out for the system's temporary directory")
         _choice("precision", self.precision, PRECISIONS)
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)

@@ -22,9 +22,8 @@ from dataclasses import dataclass, replace
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
-           "input_fragments",
-           "is_schema_input", "method_energy", "method_options", "read_input", "result_dict",
-           "run_qcschema", "schema_version"]
+           "input_fragments", "is_schema_input", "method_energy", "method_options",
+           "read_input", "result_dict", "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2")

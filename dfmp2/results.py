@@ -603,7 +603,7 @@ def _of_type(value, annotation) -> bool:
     if not all(n in _JSON_TYPES for n in names):
         return True
     for n in names:
-        if isinstance(value, bool) and n not in ("bool",):
+        if isinstance(value, bool) and n != "bool":
             continue
         if isinstance(value, _JSON_TYPES[n]):
             return not (isinstance(value, float) and not math.isfinite(value))

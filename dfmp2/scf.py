@@ -530,7 +530,7 @@ def _same_system(mol, saved) -> str | None:
     return None
 
 
-def _ecp_table(mol) -> list:
+def _ecp_shells(mol) -> list:
     """``mol``'s ECP as numbers, free of where libcint keeps them: per ECP shell its atom,
     angular momentum, radial power, spin-orbit type, exponents and coefficients."""
     table = []
@@ -542,9 +542,9 @@ def _ecp_table(mol) -> list:
 
 
 def _same_ecp(mol, saved) -> bool:
-    """Whether two molecules carry the same ECP (each ECP shell's numbers, :func:`_ecp_table`):
+    """Whether two molecules carry the same ECP (each ECP shell's numbers, :func:`_ecp_shells`):
     two ECPs can remove the same number of core electrons."""
-    ours, theirs = _ecp_table(mol), _ecp_table(saved)
+    ours, theirs = _ecp_shells(mol), _ecp_shells(saved)
     return len(ours) == len(theirs) and all(
         a[0] == b[0] and a[1].shape == b[1].shape and np.allclose(a[1], b[1], rtol=1e-12, atol=0)
         and np.allclose(a[2], b[2], rtol=1e-12, atol=0) for a, b in zip(ours, theirs))
