@@ -278,7 +278,8 @@ _D = Options.default
                    "this file; needs matplotlib (pip install 'dfmp2[plot]').")
 @click.option("--counterpoise", is_flag=True,
               help="Counterpoise-corrected interaction energy: the complex, then each fragment "
-                   "in the complex's basis (needs --fragments).")
+                   "in the complex's basis (needs --fragments, or a QCSchema input's "
+                   "molecule.fragments).")
 @click.option("--fragments", default=None, metavar="N1,N2,...",
               help="Atom counts of the fragments, in file order (e.g. 3,3).")
 @click.option("--fragment-charges", default=None, metavar="Q1,Q2,...",
