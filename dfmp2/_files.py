@@ -47,5 +47,6 @@ def check_writable_file(path: str, what: str, replaced: bool = False) -> None:
             pass
     except OSError as exc:
         raise InputError(f"cannot write {what} to {path!r}: {exc.strerror}") from None
-    if not existed:
-        os.remove(made)
+    finally:  # also when a signal's exception lands here: no empty file is left behind
+        if not existed and os.path.exists(made):
+            os.remove(made)

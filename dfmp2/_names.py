@@ -16,3 +16,7 @@ NKI_TARGETS = ("auto", "trn1", "trn2")
 DIST_BACKENDS = ("gloo", "nccl", "xla")
 #: Most threads a pool may be given (OpenBLAS and OpenMP take a C int; no machine has more).
 MAX_THREADS = 65536
+
+#: The rules ``frozen_core`` may follow (``Options.core_rule``): PySCF's ``chemcore`` table, or
+#: Psi4's FREEZE_CORE TRUE (:func:`dfmp2.reference.psi4_core_orbitals`).
+CORE_RULES = ("pyscf", "psi4")

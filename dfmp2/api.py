@@ -50,6 +50,7 @@ from .reference import (
     check_scf_object,
     frozen_mask,
     frozen_per_spin,
+    hamiltonian_record,
     reference_from_scf,
     reference_kind,
     rohf_fock,
@@ -342,7 +343,7 @@ def plan_run(mol, auxmol, occupations: list[np.ndarray], opts: Options,
     frozen = [opts.frozen] if len(occupations) == 1 else frozen_per_spin(opts.frozen)
     dims, totals = [], []
     for mo_occ, frozen_s in zip(occupations, frozen):
-        active = frozen_mask(mol, mo_occ, frozen_s, opts.frozen_core,
+        active = frozen_mask(mol, mo_occ, frozen_s, opts.core,
                              strict=len(occupations) == 1)
         occupied = mo_occ > 0
         dims.append((int(np.count_nonzero(occupied & active)),
@@ -463,7 +464,7 @@ def _prepare(mf, opts: Options, timer: StageTimer, auxmol, plan: RunPlan | None,
         focks = timer.run("reference" if own_scf else "orbital_check", rohf_fock, mf)
     orbital_check = timer.run("orbital_check", check_orbitals, mf, fock=not own_scf,
                               la=check_ops, rohf_focks=focks)
-    ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.frozen_core, focks)
+    ref = timer.run("reference", reference_from_scf, mf, opts.frozen, opts.core, focks)
     if own_scf:  # ROHF's semicanonicalisation above was the last use of the SCF's J/K
         release_integrals(mf)
         return_freed_memory()  # the MP2 step's --max-memory budget is its own
@@ -525,7 +526,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         int3c2e_expcutoff=float(mol._env[gto.PTR_EXPCUTOFF] or INT3C_EXPCUTOFF),
         blocks=plan.blocks.as_dict() if plan.blocks else {"storage": "none", "b_mb": 0.0},
         max_memory_mb=opts.max_memory, note=note, scaling=scaling.as_dict(),
-        cartesian=bool(mol.cart))
+        cartesian=bool(mol.cart), core_rule=opts.core or None)
     backend = BackendInfo(requested=opts.backend, resolved=la.backend, nki_mode=la.nki_mode,
                           resolution=la.resolution, ops=la.summary(), cpu_blas=cpu_blas,
                           nki_matmul=la.policy.nki_matmul if la.backend == "nki" else None,
@@ -654,9 +655,13 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None,
                 f"{dev[k]:.3e} (tolerance {ORTHONORMALITY_TOL:.0e}); {advice}")
         occ = per_spin(mf.mo_occ, spin)
         order = occ[:-1] >= occ[1:] if occ.size else np.array([True])
-        if not np.all(order):
-            raise OrbitalError(f"the {label}occupied orbitals are not the lowest ones (mo_occ "
-                               "is not in aufbau order); pass the SCF's own canonical orbitals")
+        if isinstance(mf, pyscf_scf.rohf.ROHF) and not np.all(order):
+            # RHF and UHF take their spaces by mo_occ (an excited or core-hole determinant of
+            # a MOM SCF runs, with reference._warn_inverted's WARNING); dfmp2's ROHF
+            # semicanonicalisation is written for doubly, singly and empty shells in order
+            raise OrbitalError("the ROHF occupied orbitals are not the lowest ones (mo_occ is "
+                               "not in aufbau order), which dfmp2's ROHF-MBPT(2) does not "
+                               "handle; pass the SCF's own canonical orbitals, or use UHF")
     conv_tol = float(getattr(mf, "conv_tol", 1e-9))
     grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
     if conv_tol > LOOSE_CONV_TOL:
@@ -799,7 +804,8 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    grid=grid_record(mf) if xc is not None else None,
                    solver=getattr(mf, "solver", None),
                    conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
-                                       or float(mf.conv_tol) ** 0.5))
+                                       or float(mf.conv_tol) ** 0.5),
+                   hamiltonian=hamiltonian_record(mf))
 
 
 def check_float64_k(mf) -> None:
@@ -1014,7 +1020,8 @@ class DFMP2:
         if self._scf.mo_occ is None:
             raise InputError("the SCF object has no orbitals yet: run it first (mf.run())")
         frozen = self.frozen
-        frozen_core = bool(self.options.get("frozen_core", False))
+        frozen_core = (self.options.get("core_rule", "pyscf")
+                       if self.options.get("frozen_core", False) else False)
         mo_occ = np.asarray(self._scf.mo_occ)
         if not KINDS[kind]:
             active = frozen_mask(self.mol, mo_occ, frozen, frozen_core, strict=False)
@@ -1079,7 +1086,8 @@ class DFMP2:
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss
         self.e_singles = self.result.e_singles
-        log.info("E(DF-MP2) = %.12f  E_corr = %.12f", self.e_tot, self.e_corr)
+        d = self.result.corr_decimals  # 12, or fewer where the MP2 step ran below float64
+        log.info("E(DF-MP2) = %.*f  E_corr = %.*f", d, self.e_tot, d, self.e_corr)
         return self.e_corr, None
 
     def run(self, **options) -> "DFMP2":

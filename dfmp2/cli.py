@@ -26,6 +26,7 @@ from ._names import (
 from ._version import __version__
 from .errors import DFMP2Error, InputError, Interrupted
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
+from .results import FULL_DECIMALS, decimals_for, interaction_error
 
 
 def _configure_logging(verbose: int, quiet: bool):
@@ -386,7 +387,7 @@ def _batch_entries(arguments) -> list[tuple[str, object]]:
     entries = []
     for argument in arguments:
         path = Path(argument)
-        if path.suffix.lower() == ".xyz" and path.is_file():
+        if path.suffix.lower() != ".json" and os.path.isfile(argument):  # xyz, whatever its name
             try:
                 frames = read_xyz_frames(path)
             except DFMP2Error:  # its own run names the problem; the other entries still run
@@ -405,6 +406,8 @@ def _batch_json(json_path, name: str, index: int, suffix: str = ".json") -> str 
         return None
     safe = "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name.split("/")[-1])
     safe = safe.removesuffix(".xyz").removesuffix(".json").replace("#", "-")
+    if len(safe) > 64:  # an atom string: its start and its place in the batch
+        safe = f"{safe[:48].rstrip('_.')}-{index}"
     if "{name}" in json_path or "{index}" in json_path:
         return json_path.replace("{name}", safe).replace("{index}", str(index))
     return os.path.join(json_path, safe + suffix)
@@ -454,30 +457,41 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
             writes[key] = (name, flag)
     leader = ranks is None or ranks.rank == 0
     rows = []
-    for index, (name, geometry) in enumerate(entries, 1):
-        if ranks is not None:
-            _same_entry(ranks, index)
-        if leader and not quiet:
-            click.echo(f"[{index}/{len(entries)}] {name}", err=True)
-        collected: list = []
-        failed = False
-        try:
-            entry = {**options, "_plot": _batch_json(options.get("_plot"), name, index, ".png"),
-                     "chkfile": _batch_json(options.get("chkfile"), name, index, ".chk")}
-            _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
-                      entry, environment, ranks, explicit, collect=collected, label=name)
-        except click.exceptions.Exit as exc:
-            if exc.exit_code >= 128:  # a signal ends the batch: the finished jobs' rows first
-                done = collected[0] if collected else None  # one whose output was finished
-                if leader and (rows or done is not None):
-                    rows.append((name, done, done is None))
+    # between entries (and in an entry's output checks, before its own handlers) a signal
+    # also ends the batch with the finished rows, instead of killing it without a word
+    restore, _pending = _raise_on_signals()
+    try:
+        for index, (name, geometry) in enumerate(entries, 1):
+            collected: list = []
+            failed = False
+            try:
+                if ranks is not None:
+                    _same_entry(ranks, index)
+                if leader and not quiet:
+                    click.echo(f"[{index}/{len(entries)}] {name}", err=True)
+                entry = {**options,
+                         "_plot": _batch_json(options.get("_plot"), name, index, ".png"),
+                         "chkfile": _batch_json(options.get("chkfile"), name, index, ".chk")}
+                _run_rank(geometry, _batch_json(json_path, name, index), verbose, quiet,
+                          entry, environment, ranks, explicit, collect=collected, label=name)
+            except Interrupted as exc:  # before the entry's run began: nothing of it to keep
+                if leader and rows:
                     click.echo(_batch_table(rows))
-                raise
-            failed = True
-        # an entry computed but not written (its error line says why) keeps its energies
-        result = collected[0] if collected else None
-        rows.append((name, result if result is not None or failed else "done on rank 0",
-                     failed))
+                raise _interrupted(exc, f" ({name}, before it ran)") from None
+            except click.exceptions.Exit as exc:
+                if exc.exit_code >= 128:  # a signal ends the batch: the finished rows first
+                    done = collected[0] if collected else None  # its output was finished
+                    if leader and (rows or done is not None):
+                        rows.append((name, done, done is None))
+                        click.echo(_batch_table(rows))
+                    raise
+                failed = True
+            # an entry computed but not written (its error line says why) keeps its energies
+            result = collected[0] if collected else None
+            rows.append((name, result if result is not None or failed else "done on rank 0",
+                         failed))
+    finally:
+        restore()
     if leader:
         click.echo(_batch_table(rows))
     if any(failed for _name, _result, failed in rows):
@@ -527,16 +541,18 @@ def _batch_table(rows) -> str:
                 continue
             lines.append(f"{name:<{width}s}  {result.molecule.formula:<10s} "
                          f"{result.sizes.nbasis:5d} "
-                         + " ".join(f"{value(result):20.12f}"
-                                    for value in _batch_columns(result)[1])
+                         + " ".join(f"{value(result):20.{d}f}"
+                                    for value, d in zip(*_batch_columns(result)[1:]))
                          + ("  (output not written: its error is above)" if failed else ""))
         tables.append("\n".join(lines))
     return "\n\n".join(tables)
 
 
-def _batch_columns(result) -> tuple[tuple[str, ...], tuple]:
-    """(headings, a function per heading that reads it from a Result) of a batch row: the
-    energies, then a counterpoise run's interaction energies (Eh) per level."""
+def _batch_columns(result) -> tuple[tuple[str, ...], tuple, tuple[int, ...]]:
+    """(headings, a function per heading that reads it from a Result, the decimals each is
+    printed to) of a batch row: the energies, then a counterpoise run's interaction energies
+    (Eh) per level. The reference's energy has 12 decimals; those that hold the correlation
+    energy the decimals its precision leaves (:attr:`Result.corr_decimals`)."""
     if result is not None and result.double_hybrid:
         heads, names = (("E(KS)", "E(PT2) scaled", f"E({result.dh_name}) total"),
                         ("e_scf", "e_scs", "e_scs_tot"))
@@ -545,11 +561,15 @@ def _batch_columns(result) -> tuple[tuple[str, ...], tuple]:
         heads, names = (("E(HF)", "E(corr) MP2", "E(MP2) total", f"E({label}) total"),
                         ("e_scf", "e_corr", "e_tot", "e_scs_tot"))
     values = tuple((lambda r, n=n: getattr(r, n)) for n in names)
+    corr = result.corr_decimals if result is not None else FULL_DECIMALS
+    decimals = tuple(FULL_DECIMALS if n == "e_scf" else corr for n in names)
     inter = result.interaction if result is not None else None
     if inter:
         heads += tuple(f"E(int) {label}" for label in inter["levels"].values())
         values += tuple((lambda r, k=k: r.interaction[k]["eh"]) for k in inter["levels"])
-    return heads, values
+        decimals += tuple(decimals_for(interaction_error(k, result.precision_error))
+                          for k in inter["levels"])
+    return heads, values, decimals
 
 
 def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
@@ -574,7 +594,11 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         except DFMP2Error as exc:
             raise _fail(exc, who) from None
     elif unwritable is not None:
-        raise _fail(unwritable)
+        if _output_error(json_path, None, None, geometry) is None:
+            # the JSON could be written (another output failed its check): an earlier run's
+            # result there must not pass for this run's
+            _record_failure(json_path, unwritable)
+        raise _fail(unwritable, who)
     if not leader:  # rank 0 logs for the run; the others only their errors
         logging.getLogger("dfmp2").setLevel(logging.ERROR)
     terminal = _TerminalProgress(enabled=not quiet and leader)
@@ -724,7 +748,8 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
     if collect is not None:  # a batch entry: the batch prints one table
         collect.append(result)
     else:
-        click.echo(f"{energy:.12f}" if quiet else result.summary(verbose=verbose >= 1))
+        click.echo(f"{energy:.{result.corr_decimals}f}" if quiet
+                   else result.summary(verbose=verbose >= 1))
     if write_error:  # the summary above (a batch: its row) still carries every energy
         raise _fail(write_error, who)
 
@@ -907,7 +932,10 @@ def show(paths, verbose):
     for path in paths:
         try:
             if path == "-":
-                result = Result.from_json(click.get_text_stream("stdin").read())
+                try:
+                    result = Result.from_json(click.get_binary_stream("stdin").read())
+                except InputError as exc:
+                    raise InputError(f"stdin: {exc}") from None
             else:
                 result = Result.read(path)
         except InputError as exc:

@@ -18,12 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from .errors import DFMP2Error, InputError
+from .results import SCALED_NAMES
 
 __all__ = ["Fragments", "levels", "parse_fragments", "run_counterpoise"]
-
-#: The keys of the scaled-MP2 level by the run's label.
-_SCALED_KEYS = {"SCS-MP2": "scs_mp2", "SOS-MP2": "sos_mp2", "scaled MP2": "scaled_mp2"}
-
 
 def levels(result) -> dict[str, tuple[str, str]]:
     """The levels of a run's interaction energy: key -> (label, Result attribute of the
@@ -34,7 +31,7 @@ def levels(result) -> dict[str, tuple[str, str]]:
                 "double_hybrid": (name, "e_scs_tot")}
     label = result.scaled_label
     return {"hf": ("HF", "e_scf"), "mp2": ("MP2", "e_tot"),
-            _SCALED_KEYS[label]: (label, "e_scs_tot")}
+            SCALED_NAMES[label]: (label, "e_scs_tot")}
 
 
 @dataclass(frozen=True)

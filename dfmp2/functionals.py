@@ -132,16 +132,19 @@ def resolve(xc: str | None, os_scale: float | None, ss_scale: float | None,
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise InputError(f"{name} must be a finite number >= 0, got {value}")
     if xc is None:
+        # SCS-MP2 and SOS-MP2 are their published scales; any other pair is "scaled MP2"
+        # (Psi4's CUSTOM SCS-MP2), whatever flags gave it
         if sos:
-            os_ = SOS_MP2[0] if os_scale is None else os_scale
-            source = SOS_MP2[2] if os_scale is None else "given (--os-scale), SS scale 0"
-            return Scaling("SOS-MP2", os_, 0.0, source)
-        if os_scale is None and ss_scale is None:
-            return Scaling("SCS-MP2", SCS_MP2[0], SCS_MP2[1], SCS_MP2[2])
-        os_ = SCS_MP2[0] if os_scale is None else os_scale
-        ss_ = SCS_MP2[1] if ss_scale is None else ss_scale
-        return Scaling("scaled MP2", os_, ss_,
-                       "given (--os-scale/--ss-scale; the other SCS-MP2's)")
+            os_, ss_ = (SOS_MP2[0] if os_scale is None else os_scale), 0.0
+            given = "given (--sos --os-scale: SS scale 0)"
+        else:
+            os_ = SCS_MP2[0] if os_scale is None else os_scale
+            ss_ = SCS_MP2[1] if ss_scale is None else ss_scale
+            given = "given (--os-scale/--ss-scale; the other SCS-MP2's)"
+        for label, (c_os, c_ss, citation) in (("SCS-MP2", SCS_MP2), ("SOS-MP2", SOS_MP2)):
+            if (os_, ss_) == (c_os, c_ss):
+                return Scaling(label, c_os, c_ss, citation)
+        return Scaling("scaled MP2", os_, ss_, given)
     if not isinstance(xc, str) or not xc.strip():
         raise InputError(f"xc must name a functional, got {xc!r}")
     if _DISPERSION.search(_key(xc)):

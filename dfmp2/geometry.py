@@ -210,10 +210,19 @@ def read_xyz_frames(path: str | os.PathLike) -> list[Geometry]:
             start += 1
         if start >= len(lines):
             return frames
-        if not _fields(lines[start])[0].isdigit():  # no count line: no next frame
+        if not _is_count_line(lines[start]):  # no count line: no next frame
             raise InputError(
                 f"{path} line {start + 1}: line {count_line} says {len(geometry.atoms)} atoms "
                 f"but more lines follow: {lines[start].strip()!r}")
+
+
+def _is_count_line(line: str) -> bool:
+    """Whether ``line`` can open another frame: a whole number, not followed by the three
+    coordinates that make it an atom line with an atomic number (``2 0 0 3`` is helium)."""
+    fields = _fields(line)
+    if not fields[0].isdigit():
+        return False
+    return not (len(fields) >= 4 and all(_number(f) is not None for f in fields[1:4]))
 
 
 def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int]:

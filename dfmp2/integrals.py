@@ -6,6 +6,7 @@ The metric, its factor and int3c2e streaming are in :mod:`dfmp2.df`.
 from __future__ import annotations
 
 import inspect
+import logging
 
 from pyscf import df, gto
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -24,6 +25,8 @@ from .molecule import (
     quiet_pyscf,
 )
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "auxbasis_record",
     "make_auxmol",
@@ -31,14 +34,34 @@ __all__ = [
 ]
 
 
-#: Advice when PySCF has no MP2-fit partner for the orbital basis or cannot build the one named.
-_AUX_ADVICE = ("choose one with --auxbasis (Python: auxbasis=), e.g. cc-pvtz-ri or def2-tzvpp-ri "
-               "(MP2-fit sets), or def2-universal-jkfit")
-#: The same for the JK-fit basis of a DF-SCF (:func:`make_auxmol` with ``jk=True``).
-_JK_AUX_ADVICE = ("choose one with --scf-auxbasis (Python: scf_auxbasis=), e.g. cc-pvtz-jkfit "
-                  "or def2-universal-jkfit (JK-fit sets)")
+#: Fitting sets to suggest when PySCF has no partner for the orbital basis or cannot build the
+#: one named, in order: MP2-fit (RI) sets, then def2-universal-jkfit; for a DF-SCF's JK fit
+#: (:func:`make_auxmol` with ``jk=True``) JK-fit sets. Only those that cover every element of
+#: the molecule are named (:func:`_aux_advice`).
+_AUX_SUGGESTIONS = {False: ("cc-pvtz-ri", "def2-tzvpp-ri", "def2-universal-jkfit"),
+                    True: ("cc-pvtz-jkfit", "def2-universal-jkfit")}
 _AUX_ERRORS = (BasisNotFoundError, KeyError, RuntimeError, ValueError, TypeError, IndexError,
                AttributeError, AssertionError)
+
+
+def _aux_advice(mol, jk: bool) -> str:
+    """What to do when no fitting basis could be made for ``mol``: the option to set and the
+    sets of :data:`_AUX_SUGGESTIONS` that PySCF's library has for every element of it."""
+    flag = "--scf-auxbasis (Python: scf_auxbasis=)" if jk else "--auxbasis (Python: auxbasis=)"
+    elements = sorted({element_of(atom[0]) for atom in mol._atom} - {"X"})
+
+    def covers(name: str) -> bool:
+        try:
+            with quiet_pyscf():
+                return all(gto.basis.load(name, element) for element in elements)
+        except _AUX_ERRORS:
+            return False
+
+    fits = [name for name in _AUX_SUGGESTIONS[jk] if covers(name)]
+    if fits:
+        return f"choose one with {flag}, e.g. {' or '.join(fits)}"
+    return (f"choose one with {flag} that has {', '.join(elements)} (none of "
+            f"{', '.join(_AUX_SUGGESTIONS[jk])} has them all), or a dict per element")
 
 
 def _quiet_copy(mol):
@@ -59,7 +82,7 @@ def resolve_auxbasis(mol, auxbasis=None):
     except _AUX_ERRORS as exc:
         raise InputError(
             f"no default RI auxiliary basis for basis {_basis_text(mol)} "
-            f"(PySCF: {type(exc).__name__}: {first_line(exc)}); {_AUX_ADVICE}"
+            f"(PySCF: {type(exc).__name__}: {first_line(exc)}); {_aux_advice(mol, jk=False)}"
         ) from None
 
 
@@ -116,7 +139,7 @@ def auxbasis_record(mol, auxbasis=None) -> dict[str, str]:
     spec = resolve_auxbasis(mol, auxbasis)
     names: dict[str, list[str]] = {}
     for label in sorted({a[0] for a in mol._atom}):
-        value = spec.get(label, spec.get("default")) if isinstance(spec, dict) else spec
+        value = _spec_of(spec, label)
         if isinstance(value, str):
             name = value
         elif auxbasis is None:
@@ -136,26 +159,66 @@ def make_auxmol(mol, auxbasis=None, jk: bool = False):
     the molecule is that of a DF-SCF's JK fit, ``auxbasis`` given (its default is
     :func:`dfmp2.scf.jk_auxbasis`), and the line names ``--scf-auxbasis``."""
     spec = resolve_auxbasis(mol, auxbasis)
-    what, advice = (("SCF fitting basis", _JK_AUX_ADVICE) if jk else
-                    ("auxiliary basis", _AUX_ADVICE))
+    what = "SCF fitting basis" if jk else "auxiliary basis"
     check_basis_files(spec, [atom[0] for atom in mol._atom], what)
     try:
         with quiet_pyscf():
             auxmol = df.addons.make_auxmol(_quiet_copy(mol), spec)
     except BasisNotFoundError as exc:
         raise InputError(
-            f"{what} {_aux_text(auxbasis, spec)}: {first_line(exc)}; {advice}"
+            f"{what} {_aux_text(auxbasis, spec)}: {first_line(exc)}; {_aux_advice(mol, jk)}"
         ) from None
     except _AUX_ERRORS as exc:
         raise InputError(
             f"{what} {_aux_text(auxbasis, spec)} could not be built (PySCF: "
-            f"{type(exc).__name__}: {first_line(exc)}); {advice}"
+            f"{type(exc).__name__}: {first_line(exc)}); {_aux_advice(mol, jk)}"
         ) from None
     check_every_atom_has_functions(
         auxmol, f"the {what} {_aux_text(auxbasis, spec)}",
         f"give an {what} for every element (a name, or a dict with every element)")
+    if not jk:
+        _warn_short_fit(mol, auxmol, spec)
     auxmol.verbose = mol.verbose
     return auxmol
+
+
+def _max_l(mol) -> dict[str, int]:
+    """The highest angular momentum of ``mol``'s functions per atom label."""
+    out: dict[str, int] = {}
+    for shell in range(mol.nbas):
+        label = mol.atom_symbol(mol.bas_atom(shell))
+        out[label] = max(out.get(label, 0), int(mol.bas_angular(shell)))
+    return out
+
+
+def _warn_short_fit(mol, auxmol, spec) -> None:
+    """A WARNING where a named MP2 fitting set stops at the orbital basis's own highest angular
+    momentum on an element: RI sets are made to reach at least one above it (cc-pVXZ-RI,
+    def2-XVPP-RI, ...), and one that does not fits the products of those functions poorly.
+    PySCF's table gives every Pople set cc-pVDZ-RI: water in 6-31G(2df,p) with it is 1.3e-3
+    Eh from exact MP2 (cc-pVTZ-RI: 2e-5). Sets PySCF generates (even-tempered) are left be."""
+    orbital, fitted = _max_l(mol), _max_l(auxmol)
+    short = sorted({(element_of(label), orbital[label], fitted.get(label, -1))
+                    for label in orbital
+                    if isinstance(_spec_of(spec, label), str)
+                    and fitted.get(label, -1) <= orbital[label]})
+    if short:
+        letters = "spdfghik"
+        where = ", ".join(f"{el} (orbital basis to {letters[lo]}, fitting set to "
+                          f"{letters[la] if la >= 0 else 'nothing'})" for el, lo, la in short)
+        log.warning("the MP2 fitting set reaches no higher angular momentum than the orbital "
+                    "basis on %s: it fits products of those functions poorly (water in "
+                    "6-31G(2df,p) with cc-pVDZ-RI: E(corr) 1.3e-3 Eh off); give --auxbasis "
+                    "(Python: auxbasis=) a set made for them, e.g. cc-pvtz-ri", where)
+
+
+def _spec_of(spec, label: str):
+    """The fitting basis ``spec`` (a name, or a dict per label) gives atom ``label``: PySCF's
+    lookup, the label ('O1'), then its element ('O'), then 'default'."""
+    if not isinstance(spec, dict):
+        return spec
+    return next((spec[key] for key in (label, element_of(label), "default") if key in spec),
+                None)
 
 
 def _aux_text(auxbasis, spec) -> str:

@@ -6,7 +6,7 @@ import numbers
 import os
 from dataclasses import MISSING, dataclass, fields
 
-from ._names import BACKENDS, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
+from ._names import BACKENDS, CORE_RULES, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
 from .errors import InputError
 from .functionals import parse_grid, resolve
 
@@ -37,7 +37,11 @@ class Options:
         int larger than a spin's occupied count freezes that spin's lowest virtuals too.
     frozen_core : freeze the chemical core of each element, PySCF's ``chemcore`` table (0
         orbitals for H-Be, 1 for B-Mg, 5 for Al-Zn, 9 for Ga-Sr, ...: the alkali and
-        alkaline-earth metals keep their outermost core shell correlated).
+        alkaline-earth metals keep their outermost core shell correlated), or by ``core_rule``.
+    core_rule : which frozen core ``frozen_core`` means: 'pyscf' (the table above) or 'psi4'
+        (Psi4's FREEZE_CORE TRUE: the previous noble gas's shells, so Li-Be freeze 1, Na-Mg 5,
+        K-Zn 9; :func:`dfmp2.reference.psi4_core_orbitals`), which a QCSchema input's
+        ``freeze_core`` keyword sets.
     backend : 'auto', 'pytorch' or 'nki'; fused_energy : use the fused pair-energy op.
     cpu_blas : 'auto' (numpy's OpenBLAS on AMD CPUs with AVX2/FMA and Intel CPUs with
         AVX-512, else torch's), 'torch' (MKL in the CPU wheel) or 'numpy': whose BLAS runs the
@@ -97,6 +101,7 @@ class Options:
     reference: str | None = None
     frozen: int | tuple[int, ...] | None = None
     frozen_core: bool = False
+    core_rule: str = "pyscf"
     backend: str = "auto"
     cpu_blas: str = "auto"
     fused_energy: bool = True
@@ -179,6 +184,10 @@ class Options:
             raise InputError(f"basis must be a basis-set name, got {self.basis!r}")
         if self.ecp is not None and (not isinstance(self.ecp, str) or not self.ecp.strip()):
             raise InputError(f"ecp must be an ECP name or 'none', got {self.ecp!r}")
+        _choice("core_rule", self.core_rule, CORE_RULES)
+        if self.core_rule != "pyscf" and not self.frozen_core:
+            raise InputError(f"core_rule={self.core_rule!r} chooses which core frozen_core "
+                             "freezes; it needs frozen_core=True")
         if self.frozen is not None and self.frozen_core:
             raise InputError("give either frozen_core (--frozen-core) or frozen (--frozen), not "
                              "both")
@@ -244,6 +253,12 @@ class Options:
                 raise InputError(f"chkfile must be a file path (str or os.PathLike), got "
                                  f"{self.chkfile!r}")
             object.__setattr__(self, "chkfile", os.fspath(self.chkfile))
+
+    @property
+    def core(self) -> bool | str:
+        """The frozen core as :func:`dfmp2.reference.frozen_mask` takes it: False, or its
+        rule (:attr:`core_rule`)."""
+        return self.core_rule if self.frozen_core else False
 
     @property
     def resolved_reference(self) -> str:

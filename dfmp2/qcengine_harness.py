@@ -50,8 +50,8 @@ def harness():
     from qcengine.programs.model import ProgramHarness
 
     class DFMP2Harness(ProgramHarness):
-        """dfmp2 in the calling process: methods ``mp2``, ``scs-mp2``, ``sos-mp2`` and the double
-        hybrids (:mod:`dfmp2.functionals`)."""
+        """dfmp2 in the calling process: methods ``mp2``, ``scs-mp2``, ``sos-mp2``,
+        ``custom-scs-mp2`` and the double hybrids (:mod:`dfmp2.functionals`)."""
 
         _defaults: ClassVar[dict[str, Any]] = {
             "name": "dfmp2",

@@ -5,7 +5,9 @@ Keywords take Psi4's names where Psi4 has one (:data:`PSI4_KEYWORDS`), so an inp
 Psi4 through QCEngine runs here unchanged, plus dfmp2's own option names (:data:`OWN_KEYWORDS`).
 An unknown keyword, method, driver or value is an :class:`~dfmp2.errors.InputError` naming
 the valid ones. Methods: ``mp2`` (``return_energy`` the MP2 total), ``scs-mp2`` and ``sos-mp2``
-(the scaled total), and the double hybrids of :mod:`dfmp2.functionals` by name (``b2plyp``,
+(the scaled total at the published scales, as Psi4 returns them), ``custom-scs-mp2`` (the
+total at ``mp2_os_scale``/``mp2_ss_scale``, Psi4's), and the double hybrids of
+:mod:`dfmp2.functionals` by name (``b2plyp``,
 ``dsd-pbep86``, ...: the double hybrid's total, on an RKS or UKS reference).
 """
 
@@ -26,7 +28,14 @@ __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo"
            "read_input", "result_dict", "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
-METHODS = ("mp2", "scs-mp2", "sos-mp2")
+METHODS = ("mp2", "scs-mp2", "sos-mp2", "custom-scs-mp2")
+
+#: Methods whose energy is a scaled total (``return_result``): fixed scales for the first two,
+#: the keywords' for the last.
+SCALED_METHODS = ("scs-mp2", "sos-mp2", "custom-scs-mp2")
+
+#: Keywords that set the MP2 scales (Psi4's and dfmp2's own names).
+_SCALE_KEYWORDS = {"mp2_os_scale", "mp2_ss_scale", "os_scale", "ss_scale"}
 
 
 def method_options(method: str) -> dict:
@@ -44,9 +53,9 @@ def method_options(method: str) -> dict:
 
 
 def method_energy(result, method: str) -> float:
-    """``return_result`` of a method: the scaled total for scs-mp2 and sos-mp2, else the run's
-    own answer (the MP2 total, or a double hybrid's total)."""
-    return result.e_scs_tot if method in ("scs-mp2", "sos-mp2") else result.e_return
+    """``return_result`` of a method: the scaled total for :data:`SCALED_METHODS`, else the
+    run's own answer (the MP2 total, or a double hybrid's total)."""
+    return result.e_scs_tot if method in SCALED_METHODS else result.e_return
 
 
 def _flag(name: str, value) -> bool:
@@ -227,8 +236,13 @@ def read_input(source) -> SchemaJob:
         raise InputError(f"keyword reference={reference!r} is a Kohn-Sham reference: it needs a "
                          f"double-hybrid method, not {method!r}")
     given = {k.lower() for k in keywords}
+    if method in ("scs-mp2", "sos-mp2") and given & _SCALE_KEYWORDS:
+        raise InputError(f"method {method!r} is {method.upper()} at its published scales (Psi4 "
+                         f"returns them whatever {', '.join(sorted(given & _SCALE_KEYWORDS))} "
+                         "say); for other scales use method 'custom-scs-mp2' (Psi4's), or 'mp2' "
+                         "(the scaled energies are in extras)")
     if "xc" in by_method and given & {"mp2_os_scale", "mp2_ss_scale"}:
-        raise InputError(f"keywords mp2_os_scale/mp2_ss_scale set SCS-MP2's scales (Psi4 "
+        raise InputError(f"keywords mp2_os_scale/mp2_ss_scale set custom SCS-MP2's scales (Psi4 "
                          f"ignores them for {method}); to change the double hybrid's PT2 "
                          "scales give dfmp2's own keywords os_scale and ss_scale")
     options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
@@ -278,9 +292,10 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
     model, keywords = dict(given["model"]), dict(given.get("keywords") or {})
     options = {**job.options, **overrides}
     for option, value in overrides.items():
-        # frozen and frozen_core are two ways of one setting: the command line's replaces both
-        replaced = {option} | ({"frozen", "frozen_core"} if option in ("frozen", "frozen_core")
-                               else set())
+        # frozen and frozen_core (with the input's core rule) are one setting: the command
+        # line's replaces them all
+        frozen_options = {"frozen", "frozen_core", "core_rule"}
+        replaced = {option} | (frozen_options if option in frozen_options else set())
         for other in replaced - {option} - set(overrides):  # both given: Options refuses
             options.pop(other, None)
         if option == "basis":
@@ -323,6 +338,8 @@ def keyword_options(keywords: dict) -> dict:
         else:
             valid = sorted(PSI4_KEYWORDS) + sorted(OWN_KEYWORDS)
             raise InputError(f"unknown keyword {name!r}; valid keywords: {', '.join(valid)}")
+    if options.get("frozen_core"):  # Psi4's FREEZE_CORE TRUE: its own rule, not PySCF's table
+        options["core_rule"] = "psi4"
     if options.get("scf_type") == "conv":  # Psi4 ignores DF_BASIS_SCF under exact integrals
         options.pop("scf_auxbasis", None)
     radial, angular = options.pop("_radial", None), options.pop("_angular", None)
@@ -447,6 +464,20 @@ def run_qcschema(source, **overrides) -> dict:
     return result_dict(result, job)
 
 
+def load_json(text, what: str):
+    """``text`` (str or bytes) parsed as JSON, or one :class:`InputError` line naming ``what``
+    and why not: not JSON (where), not UTF-8, nested too deeply for Python's parser."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} is not JSON: line {exc.lineno}, column {exc.colno}: "
+                         f"{exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise InputError(f"{what} nests its JSON too deeply to read") from None
+
+
 def _load(source) -> dict:
     """The input as a dict: a dict, a QCSchema model object (qcelemental's AtomicInput, v1 or
     v2), JSON text, or the path of a JSON file."""
@@ -469,11 +500,11 @@ def _load(source) -> dict:
         except OSError as exc:
             raise InputError(f"cannot read QCSchema input {str(source)!r}: "
                              f"{exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"QCSchema input is not JSON: line {exc.lineno}, column {exc.colno}: "
-                         f"{exc.msg}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"QCSchema input {str(source)!r} is not UTF-8 text (byte "
+                             f"{exc.start}: {exc.reason}); JSON files are UTF-8") from None
+    data = load_json(text, "QCSchema input" if text is source
+                     else f"QCSchema input {str(source)!r}")
     if not isinstance(data, dict):
         raise InputError("QCSchema input must be a JSON object (an AtomicInput)")
     return data

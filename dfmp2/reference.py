@@ -114,7 +114,40 @@ def reference_kind(mf) -> tuple[str, str | None]:
     if isinstance(mf, pyscf_scf.hf.RHF):
         return ("rks" if xc is not None else "rhf"), xc
     raise InputError(f"DFMP2 needs an RHF, UHF, ROHF, RKS or UKS reference; got "
-                     f"{type(mf).__name__}")
+                     f"{_class_name(mf)}")
+
+
+def _class_name(mf) -> str:
+    """A refused SCF object's class as its module places it: PySCF's X2C classes are named
+    UHF, UKS, ... like the one-component ones, but are two-component (GHF-like) methods."""
+    cls = type(mf)
+    where = cls.__module__.removeprefix("pyscf.")
+    if where.startswith("x2c"):
+        return f"{cls.__name__} of pyscf.{where} (two-component X2C, spinor orbitals)"
+    return cls.__name__ if where.startswith(("scf.", "dft.")) else f"{where}.{cls.__name__}"
+
+
+def hamiltonian_record(mf) -> str | None:
+    """What an SCF object adds to its molecule's non-relativistic Hamiltonian, in words for the
+    record: PySCF's spin-free X2C-1e (``mf.x2c()``), a one-electron Hamiltonian of its own (a
+    ``get_hcore`` set on the object or its class: an external field, ...), a solvent model
+    (``with_solvent``). None for the molecule's own. The MP2 step uses the object's orbitals and
+    orbital energies with the molecule's two-electron integrals, as PySCF's DF-MP2 does."""
+    from pyscf.x2c import sfx2c1e
+
+    parts = []
+    if isinstance(mf, sfx2c1e.SFX2C1E_SCF):
+        parts.append("spin-free X2C-1e one-electron Hamiltonian (PySCF's x2c/sfx2c1e)")
+    elif "get_hcore" in vars(mf) or type(mf).get_hcore is not pyscf_scf.hf.SCF.get_hcore:
+        parts.append("the SCF object's own one-electron Hamiltonian (get_hcore: an external "
+                     "field or another added term)")
+    solvent = getattr(mf, "with_solvent", None)
+    if solvent is not None:
+        eps = getattr(solvent, "eps", None)
+        parts.append(f"{type(solvent).__name__} solvent model"
+                     + (f" (dielectric constant {eps:g})" if isinstance(eps, (int, float)) else "")
+                     + " in the reference only: MP2 on its orbitals, no solvent response")
+    return "; ".join(parts) or None
 
 
 #: The occupations each kind of reference may hold.
@@ -205,23 +238,59 @@ def _check_occupations(occ: np.ndarray, allowed: tuple, label: str, kind: str) -
                        f"{' and '.join(map(str, allowed))}; it holds {shown}{hint}")
 
 
-def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
+#: Electrons of the noble gases that close periods 1-7 (0 before the first period).
+_FULL_SHELL = (0, 2, 10, 18, 36, 54, 86, 118)
+
+def psi4_core_orbitals(mol) -> int:
+    """Psi4's FREEZE_CORE TRUE (``BasisSet::n_frozen_core``): each real atom freezes the
+    electrons of the noble gas before its period (He for Li-Ne, Ne for Na-Ar, Ar for K-Kr,
+    ...; a noble gas counts in the next period, and from period 6 the (n-2)f shell too where
+    the atom has filled it), less what its ECP covers (none below zero); when no valence
+    electron would be left, the largest such shell is unfrozen once. Ghost atoms freeze
+    nothing. Returns the frozen orbitals (electrons // 2)."""
+    electrons, valence, largest = 0, -int(mol.charge), 0
+    for atom in range(mol.natm):
+        charge = int(round(mol.atom_charge(atom)))  # Z less the ECP's core electrons
+        if charge <= 0:
+            continue
+        ecp = int(mol.atom_nelec_core(atom))
+        z = charge + ecp
+        period = next(p for p, closed in enumerate(_FULL_SHELL) if closed > z)
+        core = _FULL_SHELL[period - 1] + (14 if period > 5 and z - _FULL_SHELL[period - 1] >= 18
+                                          else 0)
+        largest = max(largest, period)
+        core = max(core - ecp, 0)
+        valence += charge - core
+        electrons += core
+    if valence <= 0 and largest > 1:
+        electrons -= _FULL_SHELL[largest - 1] - _FULL_SHELL[largest - 2]
+    return max(electrons, 0) // 2
+
+
+def core_orbitals(mol, rule) -> int:
+    """The frozen-core orbitals of ``mol`` by ``rule`` (:data:`CORE_RULES`; True is
+    'pyscf'): PySCF's ``chemcore`` (ECP-covered cores excluded) or Psi4's."""
+    return psi4_core_orbitals(mol) if rule == "psi4" else chemcore(mol)
+
+
+def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool | str = False,
                 strict: bool = True) -> np.ndarray:
     """Boolean mask over the MOs of one spin, True = active. ``frozen``: None, an int n (the
-    lowest n orbitals), or a list of MO indices (PySCF semantics); ``frozen_core``: the chemical
-    core per element (ECP-covered cores excluded). ``strict``: an int that freezes every
+    lowest n orbitals), or a list of MO indices (PySCF semantics); ``frozen_core``: False, or
+    the rule of the frozen core (True or 'pyscf': the chemical core per element, ECP-covered
+    cores excluded; 'psi4': :func:`psi4_core_orbitals`). ``strict``: an int that freezes every
     occupied orbital is an error (an open shell checks both spins together instead)."""
     nmo = len(mo_occ)
     mask = np.ones(nmo, dtype=bool)
     if frozen_core:
-        frozen = chemcore(mol)
+        frozen = core_orbitals(mol, frozen_core)
     if frozen is None:
         return mask
     if isinstance(frozen, (int, np.integer)):
         nocc = int(np.count_nonzero(mo_occ > 0))
         if strict and frozen >= nocc and nocc > 0:
             raise InputError(f"{_frozen_label(frozen, frozen_core)} freezes all {nocc} occupied "
-                             "orbitals" + _CORE_HINT * frozen_core)
+                             "orbitals" + _CORE_HINT * bool(frozen_core))
         mask[: int(frozen)] = False
         return mask
     if any(isinstance(k, (list, tuple, np.ndarray)) for k in frozen):
@@ -239,7 +308,9 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool = False,
 
 def frozen_per_spin(frozen) -> tuple:
     """PySCF's UHF ``frozen``: an int or one list (the same for both spins), or a pair of
-    lists ``[alpha list, beta list]``. Returns (alpha, beta)."""
+    lists ``[alpha list, beta list]`` (a 2-D array too). Returns (alpha, beta)."""
+    if isinstance(frozen, np.ndarray):
+        frozen = frozen.tolist() if frozen.ndim else int(frozen)
     if (isinstance(frozen, (list, tuple)) and len(frozen) == 2
             and all(isinstance(f, (list, tuple, np.ndarray)) for f in frozen)):
         return tuple(frozen[0]), tuple(frozen[1])
@@ -320,14 +391,16 @@ _CORE_HINT = ("; the chemical core is the neutral atoms' (PySCF's table), which 
               "not have: give --frozen N (frozen=) with fewer orbitals")
 
 
-def _frozen_label(frozen, frozen_core: bool) -> str:
+def _frozen_label(frozen, frozen_core: bool | str) -> str:
     """How a refusal names what froze the orbitals: the option the user gave."""
+    if frozen_core == "psi4":
+        return (f"freeze_core (Psi4's rule: {frozen} core orbital{'s' * (frozen != 1)})")
     if frozen_core:
         return f"--frozen-core (frozen_core: {frozen} core orbital{'s' * (frozen != 1)})"
     return f"frozen={list(frozen) if isinstance(frozen, (list, tuple)) else frozen}"
 
 
-def reference_from_scf(mf, frozen=None, frozen_core: bool = False,
+def reference_from_scf(mf, frozen=None, frozen_core: bool | str = False,
                        rohf_focks: np.ndarray | None = None) -> Reference:
     """The :class:`Reference` of a converged SCF object with the orbitals that ``frozen`` /
     ``frozen_core`` leave active (frozen per spin for open shells: see :func:`frozen_per_spin`);
@@ -358,9 +431,10 @@ def reference_from_scf(mf, frozen=None, frozen_core: bool = False,
                                   np.flatnonzero(~occupied & active), mo_energy)
     nalpha, nbeta = (int(np.count_nonzero(s[2] > 0)) for s in spins)
     if nalpha and not any(space.nocc for space in spaces):
-        label = _frozen_label(chemcore(mol) if frozen_core else frozen, frozen_core)
+        label = _frozen_label(core_orbitals(mol, frozen_core) if frozen_core else frozen,
+                              frozen_core)
         raise InputError(f"{label} freezes every occupied orbital of both spins ({nalpha} "
-                         f"alpha, {nbeta} beta)" + _CORE_HINT * frozen_core)
+                         f"alpha, {nbeta} beta)" + _CORE_HINT * bool(frozen_core))
     _warn_inverted(spaces)
     return Reference(kind, tuple(spaces), e_singles, nalpha, nbeta, xc)
 

@@ -52,7 +52,10 @@ class ScfInfo:
     own SCF (PySCF's DIIS, or DIIS then PySCF's second-order solver when DIIS stalled, and
     whether a KS SCF stalled on its grid's noise was accepted: :func:`dfmp2.scf.run_scf`;
     None for an SCF object given to dfmp2), ``conv_tol_grad`` the orbital-gradient threshold
-    it was converged to (PySCF's sqrt(conv_tol) where the object set none)."""
+    it was converged to (PySCF's sqrt(conv_tol) where the object set none), ``hamiltonian``
+    what an SCF object given to dfmp2 added to the molecule's Hamiltonian (X2C, its own
+    one-electron terms, a solvent model: :func:`dfmp2.reference.hamiltonian_record`; None for
+    the molecule's own)."""
 
     kind: str
     xc: str | None
@@ -71,6 +74,7 @@ class ScfInfo:
     grid: dict | None = None
     solver: str | None = None
     conv_tol_grad: float | None = None
+    hamiltonian: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,9 @@ class Method:
     correlation energy (no active pairs); ``scaling`` what the scaled energy is (label, scales,
     source; :class:`dfmp2.functionals.Scaling`), its scales also in ``os_scale``/``ss_scale``;
     ``cartesian`` whether the orbital basis ran with Cartesian functions (PySCF's ``cart``: 6 d,
-    10 f, ... per shell, another energy than the spherical default)."""
+    10 f, ... per shell, another energy than the spherical default); ``core_rule`` the rule of
+    a frozen core ('pyscf', 'psi4': :attr:`dfmp2.options.Options.core_rule`; None without
+    one)."""
 
     reference: str
     basis_name: str | None
@@ -138,6 +144,62 @@ class Method:
     note: str | None = None
     scaling: dict = field(default_factory=dict)
     cartesian: bool = False
+    core_rule: str | None = None
+
+
+#: How far a reduced-precision MP2 step's correlation energy may lie from the float64 one,
+#: relative to |E(corr)|, by what ran below float64 (``Method.stage_precision``; the largest
+#: applies). Measured against float64 on the same orbitals (docs/performance.md, "Accuracy of
+#: the reduced-precision paths"):
+#: - ``pairs``: the pair products in float32, the sums in float64 (``--precision mixed``; the
+#:   NKI pair kernels): 5e-9 to 8e-8 of |E(corr)| from water to (H2O)16 and C10H22;
+#: - ``fp32``: the sums in float32 too (``--precision fp32``): up to 1e-7 of |E(corr)|, and
+#:   earlier code 2e-5 on (H2O)8, so ten times the margin of ``pairs``;
+#: - ``nki``: the transform or the fit on NKI in float32, whose rounding the metric's
+#:   condition number amplifies up to the limits that move them to the host
+#:   (``pipeline.TRANSFORM_HOST_CONDITION``): up to 6e-7 (water, cc-pVDZ-RI, 1.2e-7 Eh);
+#: - ``bf16x3``: the NKI pair kernels' products as three bfloat16 matmuls: the bound 6 * 2^-18
+#:   (2.3e-5) of ``--nki-matmul bf16x3``, with the float32 stages' share on top.
+REDUCED_PRECISION_REL = {"pairs": 1e-6, "fp32": 1e-5, "nki": 5e-6, "bf16x3": 3e-5}
+
+#: Decimals the summary prints of energies a float64 run computed (Hartree).
+FULL_DECIMALS = 12
+
+
+def precision_error(method: Method, e_corr: float) -> float:
+    """How far the MP2 energies of a run with ``method`` may lie from float64 ones (Eh): 0.0
+    when every stage ran in float64, else :data:`REDUCED_PRECISION_REL` of the weakest stage
+    times ``|e_corr|``. A record from before stages were recorded goes by its precision."""
+    placements = {stage: rec["placement"] for stage, rec in method.stage_precision.items()}
+    if not placements and method.precision != "fp64":
+        placements = {"pair_energy": f"pytorch {method.precision}"}
+    rel = 0.0
+    for stage, placement in placements.items():
+        if placement.endswith("fp64"):
+            continue
+        if placement.endswith("bf16x3"):
+            kind = "bf16x3"
+        elif stage in ("transform", "fit"):
+            kind = "nki"
+        else:
+            kind = "fp32" if method.precision == "fp32" else "pairs"
+        rel = max(rel, REDUCED_PRECISION_REL[kind])
+    return rel * abs(e_corr)
+
+
+def decimals_for(error: float, most: int = FULL_DECIMALS) -> int:
+    """Decimals to print of a value whose error may reach ``error``: ``most`` for 0.0, else
+    the last decimal above the error (at least 1)."""
+    if error <= 0.0:
+        return most
+    return max(1, min(most, math.floor(-math.log10(error))))
+
+
+def interaction_error(level: str, error: float) -> float:
+    """How far a counterpoise level's interaction energy may lie from float64's, given the
+    complex's ``error`` (:func:`precision_error`): 0.0 for the reference's level ('hf', 'ks'),
+    else twice it (the fragments' errors add up to about the complex's)."""
+    return 0.0 if level in ("hf", "ks") else 2.0 * error
 
 
 @dataclass(frozen=True)
@@ -235,6 +297,18 @@ class Result:
         """'SCS-MP2', 'SOS-MP2', 'scaled MP2' or the double hybrid's name."""
         return self.method.scaling.get("label", "SCS-MP2")
 
+    @property
+    def precision_error(self) -> float:
+        """How far this run's MP2 energies may lie from float64 ones, in Eh (0.0 for a float64
+        run; :func:`precision_error`)."""
+        return precision_error(self.method, self.e_corr)
+
+    @property
+    def corr_decimals(self) -> int:
+        """Decimals printed of every energy that holds the correlation energy: 12 for a float64
+        run, else down to the decimal that :attr:`precision_error` leaves."""
+        return decimals_for(self.precision_error)
+
     def properties(self) -> dict:
         """QCSchema ``AtomicResultProperties`` names and values (Hartree)."""
         s = self.sizes
@@ -297,11 +371,13 @@ class Result:
         }
 
     def _scaled_extras(self) -> dict:
-        """The scaled energies under their name: ``scs_mp2_*`` (SCS-MP2, or Psi4's convention
-        for given scales), ``sos_mp2_*``; none for a double hybrid (its record has them)."""
+        """The scaled energies under their name: ``scs_mp2_*`` (SCS-MP2's published scales),
+        ``sos_mp2_*`` (SOS-MP2's), ``custom_scs_mp2_*`` for other scales (Psi4's name: its
+        SCS-MP2 variables always hold the published scales); none for a double hybrid (its
+        record has them)."""
         if self.double_hybrid:
             return {}
-        prefix = "sos_mp2" if self.scaled_label == "SOS-MP2" else "scs_mp2"
+        prefix = SCALED_NAMES[self.scaled_label]
         return {f"{prefix}_correlation_energy": self.e_scs,
                 f"{prefix}_total_energy": self.e_scs_tot}
 
@@ -333,18 +409,24 @@ class Result:
         if missing:
             raise InputError(f"the record lacks dfmp2's {', '.join(missing)}: it was not "
                              "written by Result.to_dict (dfmp2 run --json)")
+        if data.get("success") is not True:
+            raise InputError(f"the record's success is {data.get('success')!r}, not true: "
+                             "dfmp2 writes true on every result it saves")
+        _check_shape(data)
         energies = {k: props[k] for k in _READ_PROPERTIES}
         dh = extras.get("double_hybrid")
         if dh is not None:
             energies["e_pt2"] = _object(dh, "extras.double_hybrid").get("e_pt2")
         else:
-            energies["e_scs"] = extras.get("sos_mp2_correlation_energy",
-                                           extras.get("scs_mp2_correlation_energy"))
+            energies["e_scs"] = next(
+                (extras[f"{prefix}_correlation_energy"] for prefix in SCALED_NAMES.values()
+                 if f"{prefix}_correlation_energy" in extras), None)
         for name, value in energies.items():
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not math.isfinite(value)):
                 raise InputError(f"the record's energy {name} is {value!r}, not a finite "
                                  "number")
+        _check_totals(data, props, energies, dh)
         molecule = {**_object(extras["molecule"], "extras.molecule"),
                     "qcschema": data.get("molecule")}
         return cls(
@@ -366,15 +448,11 @@ class Result:
 
     @classmethod
     def from_json(cls, text: str) -> Result:
-        """The Result of JSON text :meth:`to_json` wrote (:meth:`from_dict`)."""
-        from .errors import InputError
+        """The Result of JSON text (str or UTF-8 bytes) :meth:`to_json` wrote
+        (:meth:`from_dict`)."""
+        from .qcschema import load_json
 
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not JSON: line {exc.lineno}, column {exc.colno}: "
-                             f"{exc.msg}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(text, "the record"))
 
     @classmethod
     def read(cls, path) -> Result:
@@ -397,7 +475,7 @@ class Result:
         energies; with ``verbose`` also the backend, BLAS and per-op records and stage times."""
         mo, scf, s, m = self.molecule, self.scf, self.sizes, self.method
         ghosts = f" + {mo.nghost} ghost" if mo.nghost else ""
-        frozen = _frozen_text(s)
+        frozen = _frozen_text(s) + _CORE_RULE_TEXT.get(m.core_rule, "")
         ref = scf.kind.upper() + (f" ({scf.xc})" if scf.xc else "")
         lines = [
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
@@ -428,6 +506,8 @@ class Result:
                                           else "  LUMO none (no virtual orbitals)"),
             f"  MP2 space  {_mp2_space(s)} ({frozen})",
         ]
+        if scf.hamiltonian:
+            lines.append(f"  Hamiltonian  {scf.hamiltonian}")
         if scf.s2 is not None:
             spin = (mo.multiplicity - 1) / 2
             lines.append(f"  <S^2> {scf.s2:.6f}  (S(S+1) = {spin * (spin + 1):.6f}, deviation "
@@ -439,36 +519,50 @@ class Result:
                          f"{dh['c_os']:g} OS + {dh['c_ss']:g} SS, no singles ({dh['source']})")
         if m.note:
             lines.append(f"  note: {m.note}")
+        d = self.corr_decimals
+        if (reduced := self._reduced_precision_line()) is not None:
+            lines.append(reduced)
         scf_label = "E(HF)" if self.e_hf is not None else f"E({scf.kind.upper()})"
         lines += [
             "",
             f"  {scf_label:<22s}{self.e_scf:22.12f} Eh",
-            f"  {'E(OS) opposite-spin':<22s}{self.e_corr_os:22.12f} Eh",
-            f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.12f} Eh",
-            *([f"  {'E(singles)':<22s}{self.e_singles:22.12f} Eh"]
+            f"  {'E(OS) opposite-spin':<22s}{self.e_corr_os:22.{d}f} Eh",
+            f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.{d}f} Eh",
+            *([f"  {'E(singles)':<22s}{self.e_singles:22.{d}f} Eh"]
               if self.scf.kind == "rohf" else []),
         ]
         if dh is not None:
             name = self.dh_name
             lines += [
-                f"  {'E(PT2) scaled':<22s}{self.e_scs:22.12f} Eh",
-                f"  {f'E({name}) total':<22s}{self.e_scs_tot:22.12f} Eh",
+                f"  {'E(PT2) scaled':<22s}{self.e_scs:22.{d}f} Eh",
+                f"  {f'E({name}) total':<22s}{self.e_scs_tot:22.{d}f} Eh",
             ]
         else:
             label = self.scaled_label
             lines += [
-                f"  {'E(corr) MP2':<22s}{self.e_corr:22.12f} Eh",
-                f"  {'E(MP2) total':<22s}{self.e_tot:22.12f} Eh",
-                f"  {f'E(corr) {label}':<22s}{self.e_scs:22.12f} Eh"
+                f"  {'E(corr) MP2':<22s}{self.e_corr:22.{d}f} Eh",
+                f"  {'E(MP2) total':<22s}{self.e_tot:22.{d}f} Eh",
+                f"  {f'E(corr) {label}':<22s}{self.e_scs:22.{d}f} Eh"
                 + (f"  (os {m.os_scale:g}, ss {m.ss_scale:g})" if label == "scaled MP2"
                    else ""),
-                f"  {f'E({label}) total':<22s}{self.e_scs_tot:22.12f} Eh",
+                f"  {f'E({label}) total':<22s}{self.e_scs_tot:22.{d}f} Eh",
             ]
         if self.interaction:
-            lines += ["", *_interaction_lines(self.interaction)]
+            lines += ["", *_interaction_lines(self.interaction, self.precision_error)]
         if verbose:
             lines += ["", *self._machinery()]
         return "\n".join(lines)
+
+    def _reduced_precision_line(self) -> str | None:
+        """The summary's line for a run whose MP2 step did not run in float64 throughout: what
+        ran below it and to which decimal its energies are printed; None for a float64 run."""
+        if self.precision_error <= 0.0:
+            return None
+        below = [f"{stage} {rec['placement']}" for stage, rec in
+                 self.method.stage_precision.items() if not rec["placement"].endswith("fp64")]
+        what = ", ".join(below) or f"precision {self.method.precision}"
+        return (f"  precision  {what}: MP2 energies printed to 1e-{self.corr_decimals} Eh, "
+                f"below which its rounding may reach (--json keeps every digit)")
 
     def _machinery(self) -> list[str]:
         """The backend, BLAS, per-op and timing lines of ``summary(verbose=True)``."""
@@ -544,13 +638,66 @@ class Result:
 #: some only for some runs): an input's extras must not use them (:mod:`dfmp2.qcschema`), or
 #: reading the result back would take the input's value for dfmp2's.
 RESULT_EXTRAS = ("scs_mp2_correlation_energy", "scs_mp2_total_energy",
-                 "sos_mp2_correlation_energy", "sos_mp2_total_energy", "molecule", "scf",
+                 "sos_mp2_correlation_energy", "sos_mp2_total_energy",
+                 "custom_scs_mp2_correlation_energy", "custom_scs_mp2_total_energy",
+                 "molecule", "scf",
                  "sizes", "method", "backend", "timings", "versions", "environment",
                  "distributed", "interaction", "double_hybrid", "pair_energies")
+
+#: The name of a scaled MP2 energy in ``extras`` (``*_correlation_energy``, ``*_total_energy``)
+#: and of its level in a counterpoise record, by its label (:class:`dfmp2.functionals.Scaling`).
+SCALED_NAMES = {"SCS-MP2": "scs_mp2", "SOS-MP2": "sos_mp2", "scaled MP2": "custom_scs_mp2"}
 
 #: The properties :meth:`Result.from_dict` reads its energies from.
 _READ_PROPERTIES = ("scf_total_energy", "mp2_opposite_spin_correlation_energy",
                     "mp2_same_spin_correlation_energy", "mp2_singles_energy")
+
+
+#: The (schema_name, schema_version) of the records dfmp2 writes: its own and a v1
+#: AtomicResult, and a v2 AtomicResult (whose driver is in input_data.specification).
+_RESULT_SCHEMAS = {("qcschema_output", 1), ("qcschema_atomic_result", 2)}
+
+
+def _check_shape(data: dict) -> None:
+    """A record :meth:`Result.from_dict` reads is one dfmp2 wrote: a v1 or v2 AtomicResult of
+    an energy; one line naming what differs otherwise."""
+    from .errors import InputError
+
+    schema = (data.get("schema_name"), data.get("schema_version"))
+    if schema not in _RESULT_SCHEMAS:
+        raise InputError(f"schema_name {schema[0]!r} with schema_version {schema[1]!r} is not "
+                         "an AtomicResult dfmp2 writes (qcschema_output 1, "
+                         "qcschema_atomic_result 2)")
+    spec = (data.get("input_data") or {}).get("specification") if schema[1] == 2 else None
+    driver = (spec or {}).get("driver") if schema[1] == 2 else data.get("driver")
+    if driver != "energy":
+        raise InputError(f"the record's driver is {driver!r}; dfmp2 computes energies only")
+
+
+def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
+    """The totals a record states (``mp2_total_energy``, ``return_result``) are those of the
+    parts the summary is made from, to :data:`TOTALS_AGREE` Eh: a file edited (or truncated
+    into another run's) is refused, not shown with other numbers than it states."""
+    from .errors import InputError
+
+    e_scf = energies["scf_total_energy"]
+    if dh is None:
+        e_corr = sum(energies[k] for k in ("mp2_opposite_spin_correlation_energy",
+                                           "mp2_same_spin_correlation_energy",
+                                           "mp2_singles_energy"))
+        stated = {"properties.mp2_total_energy": (props.get("mp2_total_energy"), e_scf + e_corr)}
+    else:  # a double hybrid's answer: its KS energy and scaled PT2
+        stated = {"return_result": (data.get("return_result"), e_scf + energies["e_pt2"])}
+    for name, (value, parts) in stated.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and abs(value - parts) > TOTALS_AGREE:
+            raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
+                             f"({parts!r}): the file was changed after dfmp2 wrote it")
+
+
+#: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a
+#: sum of three or four terms; anything an edit would change is far larger).
+TOTALS_AGREE = 1e-9
 
 
 def _object(value, what: str) -> dict:
@@ -621,6 +768,11 @@ def _grid_text(grid: dict) -> str:
     return f"{what} ({prune or 'unpruned'}), {grid['points']} points"
 
 
+#: What the summary adds to its frozen orbitals for each rule of a frozen core.
+_CORE_RULE_TEXT = {"pyscf": ": frozen core, PySCF's table",
+                   "psi4": ": frozen core, Psi4's rule (previous noble gas)"}
+
+
 def _frozen_text(s: Sizes) -> str:
     """'all electrons', '1 occupied and 0 virtual frozen', or per spin where the spins differ."""
     alpha = (s.nfrozen_occ, s.nfrozen_vir)
@@ -666,8 +818,9 @@ def versions() -> dict:
             "numpy": numpy.__version__, "python": platform.python_version()}
 
 
-def _interaction_lines(inter: dict) -> list[str]:
-    """The counterpoise section of the summary: the fragments, then E_int per level."""
+def _interaction_lines(inter: dict, error: float = 0.0) -> list[str]:
+    """The counterpoise section of the summary: the fragments, then E_int per level, each to
+    the decimals its :func:`interaction_error` leaves (``error``: the complex's)."""
     def atoms(first: int, stop: int) -> str:
         return f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
 
@@ -677,6 +830,9 @@ def _interaction_lines(inter: dict) -> list[str]:
              f"in the complex's basis: {frags}"]
     for level, label in inter["levels"].items():
         value = inter[level]
-        lines.append(f"  {'E(int) ' + label:<22s}{value['eh']:22.12f} Eh "
-                     f"{value['kcal_mol']:12.4f} kcal/mol")
+        level_error = interaction_error(level, error)
+        d = decimals_for(level_error)
+        dk = decimals_for(level_error * inter.get("hartree_to_kcal_mol", 627.5), most=4)
+        lines.append(f"  {'E(int) ' + label:<22s}{value['eh']:22.{d}f} Eh "
+                     f"{value['kcal_mol']:12.{dk}f} kcal/mol")
     return lines

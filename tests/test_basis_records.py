@@ -76,8 +76,13 @@ def test_unknown_or_incomplete_auxbasis_keeps_stdout_clean(capfd):
     with pytest.raises(InputError, match=r"auxiliary basis 'def2-svp-ri': .*I.*--auxbasis") as info:
         make_auxmol(mol, "def2-svp-ri")  # no iodine in it: PySCF prints ETB advice to stdout
     assert "\n" not in str(info.value)
+    # only the suggested sets that have iodine are named
+    assert str(info.value).endswith("e.g. def2-universal-jkfit")
     with pytest.raises(InputError, match=r"auxiliary basis 'no-such-ri'.*--auxbasis"):
         make_auxmol(mol, "no-such-ri")
+    with pytest.raises(InputError, match=r"SCF fitting basis 'no-such-jk'.*--scf-auxbasis.*"
+                                         r"e\.g\. def2-universal-jkfit$"):
+        make_auxmol(mol, "no-such-jk", jk=True)
     out, err = capfd.readouterr()
     assert out == "" and "basis-set-exchange" not in err
 
@@ -112,3 +117,33 @@ def test_a_cartesian_basis_is_recorded():
     assert cart.to_dict()["extras"]["method"]["cartesian"] is True
     assert "cc-pvdz  (Cartesian functions)" in cart.summary()
     assert "Cartesian" not in spherical.summary()
+
+
+def test_auxbasis_record_finds_a_labelled_atoms_set_under_its_element():
+    """PySCF gives atom O1 the basis of key 'O' (then 'default'); so does the record: the run
+    fits in cc-pVTZ-RI on O, not in an even-tempered set."""
+    mol = gto.M(atom="O1 0 0 0; H1 0 0.76 0.59; H 0 -0.76 0.59",
+                basis={"O": "cc-pvtz", "H1": "aug-cc-pvdz", "H": "cc-pvdz"}, verbose=0)
+    assert auxbasis_record(mol) == {"H": "cc-pvdz-ri, aug-cc-pvdz-ri", "O": "cc-pvtz-ri"}
+    assert make_auxmol(mol).nao_nr() == df.addons.make_auxmol(
+        mol, df.make_auxbasis(mol, mp2fit=True)).nao_nr()
+
+
+def test_a_fitting_set_that_stops_at_the_orbital_basiss_angular_momentum_is_warned(caplog):
+    """PySCF's table gives 6-31G(2df,p) cc-pVDZ-RI, whose f functions on O cannot fit f x f
+    products well (1.3e-3 Eh in water's E(corr)); RI partners that reach one higher are not
+    warned about, nor is an even-tempered set PySCF generates."""
+    import logging
+
+    def warned(basis, auxbasis=None):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dfmp2"):
+            make_auxmol(build_mole(WATER, basis=basis), auxbasis)
+        return caplog.text
+
+    text = warned("6-31g(2df,p)")
+    assert "fitting set reaches no higher angular momentum than the orbital basis on O " \
+           "(orbital basis to f, fitting set to f)" in text and "cc-pvtz-ri" in text
+    for basis, auxbasis in (("6-31g(2df,p)", "cc-pvtz-ri"), ("cc-pvtz", None), ("6-31g*", None),
+                            ("def2-tzvpp", None), ("aug-cc-pvqz", None), ("pcseg-2", None)):
+        assert "fitting set reaches" not in warned(basis, auxbasis), (basis, auxbasis)

@@ -175,3 +175,107 @@ def test_an_interrupted_batch_prints_the_rows_of_the_jobs_it_finished(monkeypatc
     first = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
                                       str(INPUTS / "methane.xyz"), "--basis", "sto-3g"])
     assert first.exit_code == 128 + signal.SIGTERM and first.stdout == ""  # no finished job
+
+
+def test_a_signal_between_two_entries_ends_the_batch_with_the_finished_rows(monkeypatch,
+                                                                             tmp_path):
+    """A signal while no entry's run holds the handlers (here: the second entry's output
+    checks) ends the batch as one during a run does: the finished rows, one line naming the
+    entry, exit 128 + n, and no file half made by the checks."""
+    import signal
+
+    import dfmp2.cli as cli
+
+    calls, checks = [], cli._output_error
+
+    def signalled_in_the_second_check(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return checks(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_output_error", signalled_in_the_second_check)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
+                                       str(INPUTS / "methane.xyz"), "--basis", "sto-3g",
+                                       "--json", str(out)])
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert f"({INPUTS / 'methane.xyz'}, before it ran): interrupted by SIGTERM" in result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == [
+        str(INPUTS / "water.xyz")]
+    assert sorted(p.name for p in out.iterdir()) == ["water.json"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the batch's handlers restored
+
+
+def test_an_output_check_that_fails_replaces_an_earlier_result_and_names_its_entry(tmp_path):
+    """hf.json of an earlier run must not pass for this run's when hf's plot path is refused."""
+    out = tmp_path / "out"
+    out.mkdir()
+    water, methane = str(INPUTS / "water.xyz"), str(INPUTS / "methane.xyz")
+    first = CliRunner().invoke(main, ["run", water, methane, "--basis", "sto-3g",
+                                      "--json", str(out), "-q"])
+    assert first.exit_code == 0, first.output
+    (out / "methane.png").mkdir()
+    second = CliRunner().invoke(main, ["run", water, methane, "--basis", "sto-3g",
+                                       "--json", str(out), "--plot", str(out)])
+    assert second.exit_code == 1
+    assert f"error ({methane}): plot" in second.stderr and "is a directory" in second.stderr
+    record = json.loads((out / "methane.json").read_text())
+    assert record["success"] is False and "is a directory" in record["error"]["error_message"]
+
+
+def test_a_non_utf8_or_too_deep_json_input_fails_its_own_entry(tmp_path):
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"id": "Ångström"}'.encode("latin-1"))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    result = CliRunner().invoke(main, ["run", str(latin1), str(deep), str(INPUTS / "water.xyz"),
+                                       "--basis", "sto-3g"])
+    assert result.exit_code == 1, result.output
+    assert f"error ({latin1}): QCSchema input '{latin1}' is not UTF-8 text" in result.stderr
+    assert f"QCSchema input '{deep}' nests its JSON too deeply to read" in result.stderr
+    assert "Traceback" not in result.output
+    assert "H2O" in result.stdout  # the last entry ran
+
+
+def test_show_refuses_binary_and_too_deep_input_in_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("{\"a\": " * 50000 + "1" + "}" * 50000)
+    shown = CliRunner().invoke(main, ["show", str(deep)])
+    assert shown.exit_code == 1
+    assert shown.stderr.strip() == f"error: {deep}: the record nests its JSON too deeply to read"
+    binary = CliRunner().invoke(main, ["show", "-"], input=b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    assert binary.exit_code == 1
+    assert binary.stderr.startswith("error: stdin: the record is not UTF-8 text")
+
+
+def test_an_atom_line_with_an_atomic_number_is_not_read_as_another_frame(tmp_path):
+    """A wrong count line (2 for 5 atoms) in a file of atomic numbers: '1 0 0 6' is an atom,
+    not the count line of a second frame, so the file is refused, not split."""
+    path = tmp_path / "numbers.xyz"
+    path.write_text("2\ncluster\n2 0 0 0\n2 0 0 3\n1 0 0 6\n1 0 0 6.74\n2 0 0 9\n")
+    with pytest.raises(InputError, match="line 5: line 1 says 2 atoms but more lines follow"):
+        read_xyz_frames(path)
+    path.write_text("2\nHe2\n2 0 0 0\n2 0 0 3\n1 atom\nHe\n2 0 0 0\n")  # a count line with text
+    assert [len(f.atoms) for f in read_xyz_frames(path)] == [2, 1]
+
+
+def test_a_multi_frame_file_of_another_suffix_runs_each_frame(tmp_path):
+    path = tmp_path / "traj.txt"
+    path.write_text(FRAMES)
+    result = CliRunner().invoke(main, ["run", str(path), "--basis", "sto-3g"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["traj#1", "traj#2"]
+
+
+def test_a_long_atom_string_gets_a_file_name_that_fits(tmp_path):
+    atoms = "; ".join(f"H 0 0 {0.74 * k:.6f}" for k in range(2)) + "; " + "; ".join(
+        f"He {5 + 3 * k:.6f} 0 0" for k in range(14))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = CliRunner().invoke(main, ["run", atoms, str(INPUTS / "water.xyz"), "--basis",
+                                       "sto-3g", "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 2 and all(len(name) < 100 for name in names)

@@ -134,8 +134,27 @@ def test_sos_and_given_scales(water_mp2):
     assert given.e_scs == pytest.approx(water_mp2.e_corr_os + 0.5 * water_mp2.e_corr_ss,
                                         abs=TOL_OUTCORE)
     assert "(os 1, ss 0.5)" in given.summary()
+    # given scales are filed under Psi4's CUSTOM SCS-MP2 name, never as SCS-MP2's
+    extras = given.to_dict()["extras"]
+    assert extras["custom_scs_mp2_total_energy"] == given.e_scs_tot
+    assert "scs_mp2_total_energy" not in extras and "sos_mp2_total_energy" not in extras
+    assert dfmp2.Result.from_json(given.to_json()).e_scs == given.e_scs
     assert water_mp2.scaled_label == "SCS-MP2"
     assert water_mp2.method.scaling["source"].startswith("S. Grimme")
+
+
+def test_scales_are_named_by_their_values_not_the_flags_that_gave_them():
+    """SOS-MP2 and SCS-MP2 are their published scales; --sos with another --os-scale is a
+    scaled MP2 (its scales printed), and the published scales given by hand are SCS-MP2."""
+    from dfmp2.functionals import SCS_MP2, SOS_MP2, resolve
+
+    assert resolve(None, None, None, True).label == "SOS-MP2"
+    assert resolve(None, SOS_MP2[0], None, True).label == "SOS-MP2"
+    other = resolve(None, 1.2, None, True)
+    assert (other.label, other.os, other.ss) == ("scaled MP2", 1.2, 0.0)
+    assert resolve(None, SCS_MP2[0], SCS_MP2[1], False).label == "SCS-MP2"
+    assert resolve(None, 1.3, 0.0, False).label == "SOS-MP2"
+    assert resolve(None, 1.0, None, False).label == "scaled MP2"
 
 
 def test_custom_double_hybrid_and_custom_scales():

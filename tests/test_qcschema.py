@@ -49,7 +49,8 @@ def frozen_core():
 def test_v1_in_v1_out_validates_and_carries_the_run(frozen_core):
     job, direct, out = frozen_core
     assert job.version == 1 and job.options == {"basis": "cc-pvdz", "frozen_core": True,
-                                                "scf_type": "df", "auxbasis": "cc-pvdz-ri"}
+                                                "core_rule": "psi4", "scf_type": "df",
+                                                "auxbasis": "cc-pvdz-ri"}
     model = v1.AtomicResult(**out)  # validates
     assert model.schema_name == "qcschema_output" and model.schema_version == 1
     assert out["return_result"] == out["properties"]["return_energy"] == direct.e_tot
@@ -93,15 +94,48 @@ def test_ghost_atoms_come_and_go_as_real_false():
     assert out["return_result"] < bare["return_result"]  # the ghost basis lowers the energy
 
 
-def test_scs_mp2_returns_the_scs_total_and_psi4_scales_apply():
+def test_custom_scs_mp2_takes_psi4s_scales_and_scs_mp2_is_the_published_one():
+    """As in Psi4: custom-scs-mp2 returns the total at mp2_os_scale/mp2_ss_scale (its extras
+    as custom_scs_mp2_*); scs-mp2 and sos-mp2 are their published scales, and scale keywords
+    with them are refused rather than returned under their name."""
     out = qcschema.run_qcschema(v1_input({"mp2_os_scale": 1.0, "mp2_ss_scale": 0.5},
-                                         method="scs-mp2"))
+                                         method="custom-scs-mp2"))
     props, extras = out["properties"], out["extras"]
     e_scs = props["scf_total_energy"] + props["mp2_opposite_spin_correlation_energy"] + 0.5 * \
         props["mp2_same_spin_correlation_energy"]
     assert abs(out["return_result"] - e_scs) <= TOL_OUTCORE
-    assert extras["scs_mp2_total_energy"] == out["return_result"]
+    assert extras["custom_scs_mp2_total_energy"] == out["return_result"]
+    assert "scs_mp2_total_energy" not in extras
     assert extras["method"]["os_scale"] == 1.0 and extras["method"]["ss_scale"] == 0.5
+    for method, keywords in (("scs-mp2", {"mp2_os_scale": 1.0}), ("sos-mp2", {"os_scale": 1.2}),
+                             ("scs-mp2", {"MP2_SS_SCALE": 0.5})):
+        with pytest.raises(InputError, match=rf"method '{method}' is {method.upper()} at its "
+                                             r"published scales.*'custom-scs-mp2'"):
+            qcschema.read_input(v1_input(keywords, method=method))
+    scs = qcschema.run_qcschema(v1_input(method="scs-mp2"))
+    props = scs["properties"]
+    e_scs = props["scf_total_energy"] + 1.2 * props["mp2_opposite_spin_correlation_energy"] + \
+        props["mp2_same_spin_correlation_energy"] / 3
+    assert abs(scs["return_result"] - e_scs) <= TOL_OUTCORE
+    assert scs["extras"]["scs_mp2_total_energy"] == scs["return_result"]
+
+
+def test_freeze_core_follows_psi4s_rule():
+    """Psi4's FREEZE_CORE TRUE freezes the previous noble gas's shells (NaH: [Ne], 5
+    orbitals, where PySCF's table, --frozen-core, freezes 1); the run equals frozen=5."""
+    nah = {"symbols": ["Na", "H"], "geometry": [0.0, 0.0, 0.0, 0.0, 0.0, 3.566]}
+    job = qcschema.read_input(v1_input({"freeze_core": True}, molecule=nah))
+    assert job.options["frozen_core"] is True and job.options["core_rule"] == "psi4"
+    out = qcschema.run_qcschema(v1_input({"freeze_core": True}, molecule=nah))
+    result = dfmp2.Result.from_dict(out)
+    assert result.sizes.nfrozen_occ == 5 and result.method.core_rule == "psi4"
+    assert "frozen core, Psi4's rule" in result.summary()
+    by_hand = dfmp2.run(job.mole, basis="cc-pvdz", frozen=5)
+    assert out["return_result"] == pytest.approx(by_hand.e_tot, abs=TOL_OUTCORE)
+    # freeze_core false sets no rule; the command line's --frozen-core replaces the input's
+    assert "core_rule" not in qcschema.keyword_options({"freeze_core": False})
+    cli = qcschema.with_overrides(job, {"frozen_core": True})
+    assert "core_rule" not in cli.options
 
 
 def test_psi4_keywords_map_onto_options():

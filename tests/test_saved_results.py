@@ -136,8 +136,8 @@ def test_dfmp2_show_prints_the_runs_summary(tmp_path):
     out.write_text("{")
     bad = runner.invoke(main, ["show", str(out)])
     assert bad.exit_code == 1
-    assert bad.output.strip() == f"error: {out}: not JSON: line 1, column 2: Expecting " \
-                                 "property name enclosed in double quotes"
+    assert bad.output.strip() == f"error: {out}: the record is not JSON: line 1, column 2: " \
+                                 "Expecting property name enclosed in double quotes"
     folder = runner.invoke(main, ["show", str(tmp_path)])
     assert folder.exit_code == 1 and folder.output.strip() == (
         f"error: cannot read {str(tmp_path)!r}: Is a directory")
@@ -169,3 +169,25 @@ def test_the_summary_says_when_the_scf_dropped_near_linear_dependencies():
     assert (result.sizes.nbasis, result.sizes.nmo) == (46, 45)
     assert "(45 orbitals: 1 near-linearly dependent combination dropped)" in result.summary()
     assert "dropped)" not in dfmp2.run(WATER, basis="sto-3g").summary()
+
+
+def test_a_record_changed_after_it_was_written_is_refused_in_one_line():
+    """Another schema, driver or success flag than dfmp2 writes, or a total that is not the
+    sum of the record's parts, is refused: ``show`` never prints other numbers than the file
+    states."""
+    data = dfmp2.run(WATER, basis="sto-3g").to_dict()
+    for where, value, message in (
+            (("schema_version",), 99, "schema_version 99 is not an AtomicResult dfmp2 writes"),
+            (("schema_name",), "qcschema_input", "schema_name 'qcschema_input'"),
+            (("driver",), "gradient", "driver is 'gradient'; dfmp2 computes energies only"),
+            (("success",), None, "success is None, not true"),
+            (("properties", "mp2_total_energy"), -5.0,
+             r"mp2_total_energy -5.0 is not the sum of its parts .*changed after")):
+        broken = json.loads(json.dumps(data))
+        record = broken
+        for key in where[:-1]:
+            record = record[key]
+        record[where[-1]] = value
+        with pytest.raises(InputError, match=message):
+            Result.from_dict(broken)
+    assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]

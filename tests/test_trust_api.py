@@ -251,6 +251,77 @@ def test_an_excited_determinant_gets_a_warning(caplog):
     assert "lies above the lowest virtual" in caplog.text
 
 
+def test_a_mom_excited_determinant_runs_as_pyscf_does(caplog):
+    """A MOM SCF keeps its canonical orbitals in energy order, its occupied ones not first:
+    dfmp2 takes the spaces by mo_occ (as the same state from a symmetry-adapted SCF, whose
+    occupied columns come first), with the inverted-orbital WARNING, and agrees with PySCF."""
+    from pyscf.mp.dfump2 import DFUMP2
+    from pyscf.scf import addons
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    ground = scf.UHF(mol).run(conv_tol=1e-11)
+    occ = [ground.mo_occ[0].copy(), ground.mo_occ[1].copy()]
+    for o in occ:
+        o[[4, 5]] = [0, 1]  # HOMO -> LUMO in both spins
+    mom = addons.mom_occ_(scf.UHF(mol), ground.mo_coeff, occ)
+    mom.conv_tol = 1e-10
+    mom.kernel(mom.make_rdm1(ground.mo_coeff, occ))
+    assert mom.converged and mom.mo_occ[0][4] == 0 and mom.mo_occ[0][5] == 1
+    ref = DFUMP2(mom)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel(with_t2=False)
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        pt = dfmp2.DFMP2(mom, auxbasis="cc-pvdz-ri", backend="pytorch").run()
+    assert "lies above the lowest virtual" in caplog.text
+    assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP64)
+    assert pt.nocc == (5, 5)
+
+
+def test_a_per_spin_frozen_array_counts_each_spin():
+    """``frozen`` as a 2-D numpy array (alpha row, beta row), as PySCF takes it."""
+    mol = gto.M(atom="C 0 0 0; H 0 0.9 0.5; H 0 -0.9 0.5", basis="cc-pvdz", spin=2, verbose=0)
+    mf = scf.UHF(mol).run(conv_tol=1e-11)
+    as_array = dfmp2.DFMP2(mf, auxbasis="cc-pvdz-ri", frozen=np.array([[0], [0]]),
+                           backend="pytorch").run()
+    as_lists = dfmp2.DFMP2(mf, auxbasis="cc-pvdz-ri", frozen=[[0], [0]],
+                           backend="pytorch").run()
+    assert as_array.nocc == as_lists.nocc == (4, 2)
+    assert as_array.nmo == as_lists.nmo
+    assert as_array.e_corr == pytest.approx(as_lists.e_corr, abs=TOL_IDENTITY)
+
+
+def test_a_two_component_x2c_object_is_refused_as_what_it_is():
+    from pyscf import x2c
+
+    mf = x2c.UHF(gto.M(atom="H 0 0 0; F 0 0 0.9", basis="sto-3g", verbose=0)).run()
+    with pytest.raises(InputError, match=r"got UHF of pyscf\.x2c\.x2c \(two-component X2C"):
+        dfmp2.DFMP2(mf).run()
+
+
+def test_the_record_names_what_the_scf_object_added_to_the_hamiltonian(water_rhf):
+    """X2C, a get_hcore of the object's own (an external field) and a solvent model are
+    recorded (summary and JSON); the molecule's own Hamiltonian records nothing."""
+    from pyscf import solvent
+
+    mol = water_rhf.mol
+    field = scf.RHF(mol)
+    hcore = field.get_hcore() + 0.01 * mol.intor("int1e_r")[2]
+    field.get_hcore = lambda *args: hcore
+    cases = {"X2C-1e": scf.RHF(mol).x2c(), "own one-electron": field,
+             "ddCOSMO solvent model": solvent.ddCOSMO(scf.RHF(mol))}
+    for words, mf in cases.items():
+        mf.conv_tol = 1e-10
+        result = dfmp2.DFMP2(mf.run(), auxbasis="cc-pvdz-ri", backend="pytorch").run().result
+        assert words in result.scf.hamiltonian
+        assert f"Hamiltonian  {result.scf.hamiltonian}" in result.summary()
+        assert json.loads(result.to_json())["extras"]["scf"]["hamiltonian"] == (
+            result.scf.hamiltonian)
+    plain = dfmp2.DFMP2(water_rhf, backend="pytorch").run().result
+    assert plain.scf.hamiltonian is None and "Hamiltonian" not in plain.summary()
+    newton = scf.RHF(mol).newton().run(conv_tol=1e-10)
+    assert dfmp2.DFMP2(newton, backend="pytorch").run().result.scf.hamiltonian is None
+
+
 def test_near_whole_occupations_are_refused_with_the_hint(water_rhf):
     smeared = water_rhf.copy()
     smeared.mo_occ = water_rhf.mo_occ.copy()
@@ -756,3 +827,33 @@ def test_the_readme_s_python_names_are_reachable_from_the_package():
     for name in ("InputError", "OrbitalError", "PrecisionError", "ConvergenceError",
                  "ResourceError", "BackendUnavailableError", "UnsupportedShapeError"):
         assert getattr(dfmp2, name) is getattr(errors, name) and name in dfmp2.__all__
+
+
+@pytest.mark.parametrize("atoms,basis,charge,psi4,pyscf", [
+    ("Li 0 0 0; H 0 0 1.6", "cc-pvdz", 0, 1, 0),
+    ("Na 0 0 0; H 0 0 1.9", "cc-pvdz", 0, 5, 1),
+    ("K 0 0 0; H 0 0 2.24", "def2-svp", 0, 9, 5),
+    ("Ga 0 0 0; H 0 0 1.6", "def2-svp", 0, 9, 9),      # 3d correlated in both
+    ("Rb 0 0 0; H 0 0 2.4", "def2-svp", 0, 4, 0),      # [Kr] less the ECP's 28 electrons
+    ("Au 0 0 0; H 0 0 1.5", "def2-svp", 0, 4, 0),      # [Xe]4f14 less the ECP's 60
+    ("Ne 0 0 0", "cc-pvdz", 0, 1, 1),                  # no valence left: one shell unfrozen
+    ("Al 0 0 0", "cc-pvdz", 3, 1, 5),                  # Al3+: the same
+    (WATER + "; @O 3 0 0", "cc-pvdz", 0, 1, 1),        # a ghost freezes nothing
+])
+def test_psi4s_frozen_core_rule(atoms, basis, charge, psi4, pyscf):
+    """Psi4's FREEZE_CORE TRUE (the previous noble gas, ECP electrons excluded, one shell
+    unfrozen where no valence would be left) against PySCF's chemcore table."""
+    from pyscf.data.elements import chemcore
+
+    from dfmp2.molecule import build_mole
+    from dfmp2.reference import psi4_core_orbitals
+
+    mol = build_mole(atoms, basis=basis, charge=charge, spin=0)
+    assert (psi4_core_orbitals(mol), chemcore(mol)) == (psi4, pyscf)
+
+
+def test_a_core_rule_needs_a_frozen_core():
+    with pytest.raises(InputError, match="core_rule='psi4' .* needs frozen_core=True"):
+        dfmp2.Options(core_rule="psi4")
+    with pytest.raises(InputError, match="core_rule"):
+        dfmp2.Options(frozen_core=True, core_rule="orca")

@@ -60,7 +60,7 @@ def test_iodine_all_electron_on_request_and_frozen_core_counts_the_ecp():
     proc = _dfmp2("run", "H 0 0 0; I 0 0 1.609", "--basis", "def2-svp", "--frozen-core")
     assert proc.returncode == 0, proc.stderr
     assert "ECP        I: def2-svp (28 core electrons)" in proc.stdout
-    assert "(4 occupied and 0 virtual frozen)" in proc.stdout  # 4s4p: 18 - 14 ECP orbitals
+    assert "(4 occupied and 0 virtual frozen: frozen core, PySCF's table)" in proc.stdout  # 4s4p
     assert "auxiliary  H: def2-svp-ri, I: even-tempered (PySCF aug_etb, beta=2.0)" in proc.stdout
 
 
