@@ -20,3 +20,13 @@ MAX_THREADS = 65536
 #: The rules ``frozen_core`` may follow (``Options.core_rule``): PySCF's ``chemcore`` table, or
 #: Psi4's FREEZE_CORE TRUE (:func:`dfmp2.reference.psi4_core_orbitals`).
 CORE_RULES = ("pyscf", "psi4")
+
+
+def cartesian_elsewhere(basis) -> bool:
+    """Whether Gaussian and Psi4 run the basis named ``basis`` with Cartesian functions by
+    default (its ``.gbs`` file in Psi4 says ``cartesian``): the 3-21G and 6-31G families, not
+    6-311G (spherical, as everything else)."""
+    import re
+
+    return isinstance(basis, str) and re.match(r"(3-21|6-31)(?!1)", basis.strip().lower()) \
+        is not None

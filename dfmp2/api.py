@@ -79,7 +79,7 @@ LOOSE_CONV_TOL = 1e-8
 #: own threshold for dropping overlap eigenvalues (scf.hf.overlap_zero_eigenvalue_threshold).
 LINDEP_OVERLAP = 1e-6
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
-_MOLE_SETTINGS = ("basis", "charge", "spin", "ecp")
+_MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
 #: molecule's are): its functional, grid, reference, fitting, precision and convergence.
 _SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_precision",
@@ -177,7 +177,7 @@ def _setup(geometry, options: dict, comm):
         opts = dataclasses.replace(opts, charge=int(mol.charge), spin=int(mol.spin))
     else:
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
-                         ecp=opts.ecp)
+                         ecp=opts.ecp, cartesian=opts.cartesian)
     check_reference_spin(mol, opts.resolved_reference)
     _warn_beyond_physical_memory(opts.max_memory)
     auxmol = make_auxmol(mol, opts.auxbasis)

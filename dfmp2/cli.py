@@ -174,6 +174,10 @@ _D = Options.default
 @click.option("--ecp", default=_D("ecp"), metavar="NAME|none",
               help="Effective core potentials [default: the ECP PySCF's library has for "
                    "--basis, e.g. def2-* beyond Kr]; 'none' for all electrons.")
+@click.option("--cartesian/--spherical", default=_D("cartesian"),
+              help="Cartesian (6d, 10f) or spherical (5d, 7f) functions [default: spherical, "
+                   "as PySCF; Gaussian and Psi4 run 3-21G and 6-31G sets Cartesian, so "
+                   "--cartesian gives their energies].")
 @click.option("--scf-type", type=click.Choice(SCF_TYPES), default=_D("scf_type"),
               show_default=True, help="Density-fitted SCF (JK-fit basis) or exact integrals.")
 @click.option("--scf-auxbasis", default=_D("scf_auxbasis"),

@@ -191,10 +191,10 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     opts = Options.from_kwargs(**options)
     if isinstance(geometry, str) or not hasattr(geometry, "atom"):
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
-                         ecp=opts.ecp)
+                         ecp=opts.ecp, cartesian=opts.cartesian)
     else:  # a Mole: the settings given with it apply, as in its run (api._setup)
-        mol = build_mole(geometry, **{k: options[k] for k in ("basis", "charge", "spin", "ecp")
-                                      if k in options})
+        mol = build_mole(geometry, **{k: options[k] for k in ("basis", "charge", "spin", "ecp",
+                                                              "cartesian") if k in options})
     sizes = _int_list("--fragments", fragments)
     start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
     for n in sizes:

@@ -532,7 +532,7 @@ def _pp_partner(basis, elements):
     return table
 
 
-def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
+def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
     basis = DEFAULT_BASIS if basis is None else basis
     _check_basis_arg(basis)
     labels = [label for label, _ in parsed.atoms]
@@ -550,7 +550,7 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp) -> gto.Mole:
     mol.ecp = {element: name for element, (name, _) in _ecp_table(basis, ecp, real).items()}
     mol.charge = 0 if charge is None else int(charge)
     mol.unit = "Angstrom"
-    mol.cart = False
+    mol.cart = bool(cartesian)
     mol.verbose = 0
     mol = _build(mol, basis, parsed.source)
     return _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
@@ -579,17 +579,22 @@ def is_ghost_label(label: str) -> bool:
     return unghosted(label) != label
 
 
-def _from_mole(given: gto.Mole, basis, charge, spin, ecp) -> gto.Mole:
+def _from_mole(given: gto.Mole, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
     """Check a given ``Mole``; settings that are not None are applied to a rebuilt copy."""
     source = "the given Mole"
     _check_integer("the given Mole's charge", given.charge)
     _check_integer("the given Mole's spin (2S)", given.spin)
     if given._built:
         _check_unchanged_since_build(given)
-    if given._built and basis is None and charge is None and spin is None and ecp is None:
+    if cartesian is not None and bool(cartesian) == bool(given.cart):
+        cartesian = None  # as it is
+    if given._built and basis is None and charge is None and spin is None and ecp is None \
+            and cartesian is None:
         mol = _check_built(given, given.charge, given.spin, source)
     else:
         mol = given.copy()
+        if cartesian is not None:
+            mol.cart = bool(cartesian)
         labels = [a[0] for a in gto.format_atom(mol.atom, unit=1)]
         real = sorted({element_of(label) for label in labels if not is_ghost_label(label)})
         if basis is not None:
@@ -667,8 +672,9 @@ def _check_integer(name: str, value) -> None:
         raise InputError(f"{name} must be an integer, got {value!r}")
 
 
-def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None) -> gto.Mole:
-    """A built PySCF ``Mole`` (spherical functions, Angstrom input), every setting checked.
+def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None,
+               cartesian=None) -> gto.Mole:
+    """A built PySCF ``Mole`` (Angstrom input), every setting checked.
 
     Parameters
     ----------
@@ -685,6 +691,9 @@ def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None) -> gto.Mo
         cc-pVXZ-PP, ...); for a ``Mole``, its own ECPs, with a warning when its basis has library
         ECPs it lacks. ``'none'``: all electrons. Another name: that ECP on every element it has a
         potential for.
+    cartesian : bool, optional
+        Cartesian (True) or spherical (False) functions; None means spherical for a path or
+        string and the ``Mole``'s own ``cart`` for a ``Mole``.
 
     Returns
     -------
@@ -700,5 +709,5 @@ def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None) -> gto.Mo
     _check_integer("spin", spin)
     parsed = parse_geometry(geometry)
     if isinstance(parsed, gto.Mole):
-        return _from_mole(parsed, basis, charge, spin, ecp)
-    return _from_geometry(parsed, basis, charge, spin, ecp)
+        return _from_mole(parsed, basis, charge, spin, ecp, cartesian)
+    return _from_geometry(parsed, basis, charge, spin, ecp, cartesian)

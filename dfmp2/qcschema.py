@@ -21,6 +21,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+from ._names import cartesian_elsewhere
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
@@ -126,6 +127,7 @@ PSI4_KEYWORDS = {
     "df_basis_scf": ("scf_auxbasis", _text),
     "mp2_os_scale": ("os_scale", _number(float)),
     "mp2_ss_scale": ("ss_scale", _number(float)),
+    "puream": ("cartesian", lambda n, v: not _flag(n, v)),
     "e_convergence": ("conv_tol", _convergence),
     "d_convergence": ("conv_tol_grad", _convergence),
     "maxiter": ("max_cycle", _number(int)),
@@ -140,7 +142,8 @@ PSI4_GRID = (75, 302)
 OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
                 "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
                 "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target",
-                "grid", "pair_energies", "os_scale", "ss_scale", "device", "device_memory")
+                "grid", "pair_energies", "os_scale", "ss_scale", "device", "device_memory",
+                "cartesian")
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,8 @@ def read_input(source) -> SchemaJob:
                          f"ignores them for {method}); to change the double hybrid's PT2 "
                          "scales give dfmp2's own keywords os_scale and ss_scale")
     options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
+    if "cartesian" not in options and cartesian_elsewhere(options["basis"]):
+        options["cartesian"] = True  # Psi4's default for this basis (its puream keyword: not)
     return SchemaJob(_mole(molecule), options, method, version, as_v1, program)
 
 

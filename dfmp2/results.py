@@ -14,6 +14,8 @@ import math
 import platform
 from dataclasses import asdict, dataclass, field
 
+from ._names import cartesian_elsewhere
+
 __all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo", "versions"]
 
 
@@ -481,7 +483,9 @@ class Result:
             f"{mo.formula}  charge {mo.charge:+d}  multiplicity {mo.multiplicity}  "
             f"{_count(mo.natom - mo.nghost, 'atom')}{ghosts}  {s.nbasis} basis functions",
             f"  basis      {_per_element(m.basis)}"
-            + ("  (Cartesian functions)" if m.cartesian else "")
+            + ("  (Cartesian functions)" if m.cartesian else
+               "  (spherical functions; Gaussian and Psi4 run this set Cartesian: --cartesian)"
+               if cartesian_elsewhere(m.basis_name) else "")
             + (f"  ({s.nmo} orbitals: {s.nbasis - s.nmo} near-linearly dependent "
                f"{'combination' if s.nbasis - s.nmo == 1 else 'combinations'} dropped)"
                if s.nmo < s.nbasis else ""),

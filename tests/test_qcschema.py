@@ -476,3 +476,20 @@ def test_a_schema_input_in_an_ecp_basis_gets_the_ecp():
     mol = build_mole(job.mole, basis=job.options["basis"])
     assert ecp_record(mol) == {"I": {"name": "def2-svp", "core_electrons": 28}}
     assert mol.nelectron == 26
+
+
+def test_puream_and_psi4s_cartesian_pople_sets():
+    """As in Psi4: a 6-31G-family basis runs Cartesian unless puream says otherwise, others
+    spherical; the command line's --spherical is echoed as dfmp2's own keyword."""
+    pople = {"model": {"method": "mp2", "basis": "6-31g*"}}
+    assert qcschema.read_input({**v1_input(), **pople}).options["cartesian"] is True
+    spherical = qcschema.read_input({**v1_input({"puream": True}), **pople})
+    assert spherical.options["cartesian"] is False
+    assert "cartesian" not in qcschema.read_input(v1_input()).options  # cc-pVDZ: spherical
+    assert "cartesian" not in qcschema.read_input(
+        {**v1_input(), "model": {"method": "mp2", "basis": "6-311g**"}}).options
+    told = qcschema.with_overrides(qcschema.read_input({**v1_input(), **pople}),
+                                   {"cartesian": False})
+    assert told.options["cartesian"] is False and told.input["keywords"] == {"cartesian": False}
+    with pytest.raises(InputError, match="'puream' and 'cartesian' both set cartesian"):
+        qcschema.read_input(v1_input({"puream": True, "cartesian": False}))

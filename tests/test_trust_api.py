@@ -857,3 +857,25 @@ def test_a_core_rule_needs_a_frozen_core():
         dfmp2.Options(core_rule="psi4")
     with pytest.raises(InputError, match="core_rule"):
         dfmp2.Options(frozen_core=True, core_rule="orca")
+
+
+def test_cartesian_functions_on_request_as_gaussian_and_psi4_run_pople_sets():
+    """--cartesian gives 6-31G* its 6 d functions (Gaussian's and Psi4's default for the
+    6-31G family: 3.7e-3 Eh apart from spherical on water); a Mole keeps its own cart unless
+    told, a copy takes the one given; the summary says which ran where others differ."""
+    cart = dfmp2.run(WATER, basis="6-31g*", cartesian=True)
+    mole = gto.M(atom=WATER, basis="6-31g*", cart=True, verbose=0)
+    assert cart.sizes.nbasis == 19 and cart.method.cartesian
+    assert cart.e_tot == pytest.approx(dfmp2.run(mole).e_tot, abs=TOL_FP64)
+    spherical = dfmp2.run(mole, cartesian=False)
+    assert spherical.sizes.nbasis == 18 and mole.cart  # a copy: the caller's Mole is as it was
+    assert abs(spherical.e_tot - cart.e_tot) > 1e-3
+    assert "(spherical functions; Gaussian and Psi4 run this set Cartesian: --cartesian)" in \
+        spherical.summary()
+    assert "(Cartesian functions)" in cart.summary()
+    assert "functions)" not in dfmp2.run(WATER, basis="sto-3g").summary().split("\n")[1]
+    with pytest.raises(InputError, match="cartesian must be True, False or None"):
+        dfmp2.Options(cartesian="yes")
+    mf = scf.RHF(gto.M(atom=WATER, basis="sto-3g", verbose=0)).run()
+    with pytest.raises(InputError, match="cartesian"):
+        dfmp2.DFMP2(mf, cartesian=True).run()
