@@ -358,7 +358,9 @@ def _basis_problem(exc: Exception, basis) -> str:
         return f"has no functions for element {element} in {name}"
     if text.startswith("Basis set not found for"):
         return text.replace("Basis set not found for", "has no functions for element")
-    return f"unknown basis name (PySCF: {text}); check the spelling, e.g. cc-pvdz or def2-svp"
+    return (f"not in PySCF's basis library (PySCF: {text}); check the spelling (e.g. cc-pvdz, "
+            "def2-svp), or give a set PySCF lacks (cc-pV6Z, d-aug-, jun-cc-pVXZ, ...) as a "
+            "file path in NWChem format, e.g. from basissetexchange.org")
 
 
 def _build(mol, basis, source: str) -> gto.Mole:

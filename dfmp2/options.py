@@ -186,7 +186,9 @@ class Options:
         if self.reference is not None:
             _choice("reference", self.reference, REFERENCES)
         if not isinstance(self.basis, str) or not self.basis.strip():
-            raise InputError(f"basis must be a basis-set name, got {self.basis!r}")
+            raise InputError(f"basis must be a basis-set name (or a file path), got "
+                             f"{self.basis!r}; for a basis per element build a pyscf Mole "
+                             "with mol.basis = {'O': ..., 'H': ...} and pass the Mole")
         if self.ecp is not None and (not isinstance(self.ecp, str) or not self.ecp.strip()):
             raise InputError(f"ecp must be an ECP name or 'none', got {self.ecp!r}")
         if self.cartesian is not None and not _is_bool(self.cartesian):
