@@ -440,6 +440,9 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
             if flag == "--chkfile":  # one SCF per geometry: a shared chkfile fits the first only
                 raise _fail(f"--chkfile {path!r}: with {len(entries)} geometries each SCF "
                             "needs its own checkpoint; give a path with {name} or {index}")
+            if path == "-":
+                raise _fail(f"--json - writes one result to stdout; with {len(entries)} "
+                            "geometries give a directory or a path with {name} or {index}")
             if not os.path.isdir(path):
                 raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
                             "needs its own file; give a directory or a path with {name} or "
@@ -749,7 +752,9 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
             plot_pair_energies(result, plot_path)
         except InputError as exc:
             write_error = str(exc)
-    if collect is not None:  # a batch entry: the batch prints one table
+    if collect is not None:  # a batch entry: the batch prints one table (-v: and its summary)
+        if verbose and not quiet:
+            click.echo(f"== {who.strip(' ()') or 'entry'}\n{result.summary(verbose=True)}\n")
         collect.append(result)
     else:
         click.echo(f"{energy:.{result.corr_decimals}f}" if quiet
@@ -951,6 +956,10 @@ def show(paths, verbose):
     if len(paths) == 1:
         click.echo(rows[0][1].summary(verbose=verbose))
         return
+    if verbose:  # each record's whole summary, then the table
+        for path, result, _failed in rows:
+            if result is not None:
+                click.echo(f"== {path}\n{result.summary(verbose=True)}\n")
     click.echo(_batch_table(rows))
     if any(failed for _path, _result, failed in rows):
         raise click.exceptions.Exit(1)

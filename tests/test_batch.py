@@ -279,3 +279,21 @@ def test_a_long_atom_string_gets_a_file_name_that_fits(tmp_path):
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in out.iterdir())
     assert len(names) == 2 and all(len(name) < 100 for name in names)
+
+
+def test_verbose_batches_and_shows_print_each_whole_summary(tmp_path):
+    water, methane = str(INPUTS / "water.xyz"), str(INPUTS / "methane.xyz")
+    out = tmp_path / "out"
+    out.mkdir()
+    ran = CliRunner().invoke(main, ["run", water, methane, "--basis", "sto-3g", "-v",
+                                    "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    assert f"== {water}\n" in ran.stdout and f"== {methane}\n" in ran.stdout
+    assert ran.stdout.count("SCF J/K:") == 2 and "E(SCS-MP2) total" in ran.stdout
+    shown = CliRunner().invoke(main, ["show", "-v", str(out / "water.json"),
+                                      str(out / "methane.json")])
+    assert shown.exit_code == 0 and shown.stdout.count("SCF J/K:") == 2
+    stdout = CliRunner().invoke(main, ["run", water, methane, "--json", "-"])
+    assert stdout.exit_code == 1
+    assert "--json - writes one result to stdout; with 2 geometries give a directory" in \
+        stdout.stderr
