@@ -410,8 +410,8 @@ def _batch_json(json_path, name: str, index: int, suffix: str = ".json") -> str 
         return None
     safe = "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name.split("/")[-1])
     safe = safe.removesuffix(".xyz").removesuffix(".json").replace("#", "-")
-    if len(safe) > 64:  # an atom string: its start and its place in the batch
-        safe = f"{safe[:48].rstrip('_.')}-{index}"
+    if len(safe) > 128:  # an atom string (a file system takes 255 bytes): its start and place
+        safe = f"{safe[:100].rstrip('_.')}-{index}"
     if "{name}" in json_path or "{index}" in json_path:
         return json_path.replace("{name}", safe).replace("{index}", str(index))
     return os.path.join(json_path, safe + suffix)

@@ -162,10 +162,39 @@ def _finished_said(complex_result, parts):
     except DFMP2Error as exc:
         if complex_result is None:  # a distributed run's other ranks: rank 0 says it
             raise
-        done = [f"the complex {complex_result.e_return:.10f} Eh",
-                *(f"fragment {k + 1} {p.e_return:.10f} Eh" for k, p in enumerate(parts))]
+        d = min(10, complex_result.corr_decimals)  # no digit its precision does not vouch for
+        done = [f"the complex {complex_result.e_return:.{d}f} Eh",
+                *(f"fragment {k + 1} {p.e_return:.{d}f} Eh" for k, p in enumerate(parts))]
         raise _reworded(exc, f"{exc}; finished before it: {', '.join(done)} (total energies)"
                         ) from None
+
+
+def _warn_cores_apart(complex_mol, fragment_moles, rule) -> None:
+    """A WARNING where the fragments' frozen cores do not add up to the complex's: Psi4's rule
+    gives a shell back to a molecule that would have no valence electron (Li+ alone, not Li+
+    beside water), so its fragments freeze another core than the complex, as Psi4 run
+    fragment by fragment does; PySCF's table freezes each atom's core alike everywhere."""
+    import logging
+
+    from .molecule import quiet_pyscf
+    from .reference import core_orbitals
+
+    def built(frag):  # the fragments' Moles are built in their own runs
+        frag = frag.copy()
+        frag.verbose = 0
+        with quiet_pyscf():
+            frag.build(dump_input=False, parse_arg=False)
+        return frag
+
+    whole = core_orbitals(complex_mol, rule)
+    parts = [core_orbitals(built(frag), rule) for frag in fragment_moles]
+    if sum(parts) != whole:
+        logging.getLogger(__name__).warning(
+            "the fragments freeze %s core orbitals (%s), the complex %d: %s rule gives a shell "
+            "back to a fragment that would have no valence electron, so E(int) compares two "
+            "cores; PySCF's table (--frozen-core on a geometry) freezes them alike",
+            sum(parts), " + ".join(map(str, parts)), whole,
+            "Psi4's" if rule == "psi4" else "the")
 
 
 def _reworded(exc: DFMP2Error, message: str) -> DFMP2Error:
@@ -212,6 +241,8 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     # computed only to be lost to a fragment that cannot run (the fragments' own pair energies
     # are not asked for: the plot shows the complex's)
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
+    if opts.frozen_core:
+        _warn_cores_apart(mol, moles, opts.core)
     # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
     # (a -PP basis's partners, the ECPs of the elements it has): not named again for it
     # (ecp 'none' is passed on: the fragments say, as the complex does, what it means)

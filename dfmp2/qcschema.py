@@ -314,6 +314,13 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
             keywords[_keyword_of(option)] = list(value) if isinstance(value, tuple) else value
     if options.get("scf_type") == "conv" and "scf_auxbasis" not in overrides:
         options.pop("scf_auxbasis", None)  # Psi4 ignores DF_BASIS_SCF under exact integrals
+    if options.get("frozen_core"):  # the freeze_core it is echoed as: Psi4's rule
+        options["core_rule"] = "psi4"
+    if "basis" in overrides and "cartesian" not in overrides and not any(
+            _option_of(k) == "cartesian" for k in keywords):  # Psi4's default for the new basis
+        options.pop("cartesian", None)
+        if cartesian_elsewhere(options["basis"]):
+            options["cartesian"] = True
     given["model"], given["keywords"] = model, keywords
     return replace(job, options=options, input=given)
 
@@ -404,6 +411,9 @@ def result_dict(result, job: SchemaJob) -> dict:
     })
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method
+    if job.method == "custom-scs-mp2":  # Psi4 sets its CUSTOM SCS-MP2 variables whatever the
+        data["extras"]["custom_scs_mp2_correlation_energy"] = result.e_scs  # scales are
+        data["extras"]["custom_scs_mp2_total_energy"] = result.e_scs_tot
     for key, value in (given.get("extras") or {}).items():  # the input's extras pass through,
         data["extras"].setdefault(key, value)  # as QCEngine passes them (none is dfmp2's name)
     for key in ("id", "protocols"):

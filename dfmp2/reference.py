@@ -243,11 +243,12 @@ _FULL_SHELL = (0, 2, 10, 18, 36, 54, 86, 118)
 
 def psi4_core_orbitals(mol) -> int:
     """Psi4's FREEZE_CORE TRUE (``BasisSet::n_frozen_core``): each real atom freezes the
-    electrons of the noble gas before its period (He for Li-Ne, Ne for Na-Ar, Ar for K-Kr,
-    ...; a noble gas counts in the next period, and from period 6 the (n-2)f shell too where
-    the atom has filled it), less what its ECP covers (none below zero); when no valence
-    electron would be left, the largest such shell is unfrozen once. Ghost atoms freeze
-    nothing. Returns the frozen orbitals (electrons // 2)."""
+    electrons of the noble gas that closes the period before its own (He for Li-Ne, Ne for
+    Na-Ar, Ar for K-Kr, ...: the noble gas of a period is in it, as Psi4's ``lower_bound``
+    places it; from period 6 the (n-2)f shell too where the atom has filled it), less what its
+    ECP covers (none below zero); when no valence electron would be left, the largest such
+    shell is unfrozen once. Ghost atoms freeze nothing. Returns the frozen orbitals
+    (electrons // 2)."""
     electrons, valence, largest = 0, -int(mol.charge), 0
     for atom in range(mol.natm):
         charge = int(round(mol.atom_charge(atom)))  # Z less the ECP's core electrons
@@ -255,7 +256,7 @@ def psi4_core_orbitals(mol) -> int:
             continue
         ecp = int(mol.atom_nelec_core(atom))
         z = charge + ecp
-        period = next(p for p, closed in enumerate(_FULL_SHELL) if closed > z)
+        period = next(p for p, closed in enumerate(_FULL_SHELL) if closed >= z)
         core = _FULL_SHELL[period - 1] + (14 if period > 5 and z - _FULL_SHELL[period - 1] >= 18
                                           else 0)
         largest = max(largest, period)

@@ -159,7 +159,8 @@ class Method:
 #:   earlier code 2e-5 on (H2O)8, so ten times the margin of ``pairs``;
 #: - ``nki``: the transform or the fit on NKI in float32, whose rounding the metric's
 #:   condition number amplifies up to the limits that move them to the host
-#:   (``pipeline.TRANSFORM_HOST_CONDITION``): up to 6e-7 (water, cc-pVDZ-RI, 1.2e-7 Eh);
+#:   (``pipeline.TRANSFORM_HOST_CONDITION``): 3e-8 to 7e-7 on the cc-pVDZ ladder, about
+#:   1.5e-6 for H2O aug-cc-pVTZ frozen core with an even-tempered fit (3.8e-7 Eh);
 #: - ``bf16x3``: the NKI pair kernels' products as three bfloat16 matmuls: the bound 6 * 2^-18
 #:   (2.3e-5) of ``--nki-matmul bf16x3``, with the float32 stages' share on top.
 REDUCED_PRECISION_REL = {"pairs": 1e-6, "fp32": 1e-5, "nki": 5e-6, "bf16x3": 3e-5}

@@ -294,3 +294,22 @@ def test_a_fragment_that_fails_says_the_totals_finished_before_it():
                                                r"finished before it: the complex -\d+\.\d{10} Eh"
                                                r", fragment 1 -\d+\.\d{10} Eh"):
         run_counterpoise("H 0 0 0; I 0 0 1.609", "1,1", basis="def2-svp", max_cycle=10)
+
+
+def test_psi4s_rule_warns_where_a_fragment_gets_a_shell_back(caplog):
+    """Li+ beside water: the complex freezes Li 1s and O 1s, the Li+ fragment alone keeps its
+    1s (Psi4 gives the shell back to a molecule with no valence electron), so E(int) compares
+    two cores: said in a WARNING. PySCF's table freezes them alike and says nothing."""
+    import logging
+
+    complex_ = "Li 0 0 0; O 0 0 1.9; H 0 0.76 2.5; H 0 -0.76 2.5"
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.run_counterpoise(complex_, "1,3", basis="sto-3g", charge=1,
+                               fragment_charges="1,0", frozen_core=True, core_rule="psi4")
+    assert "the fragments freeze 1 core orbitals (0 + 1), the complex 2" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        dfmp2.run_counterpoise("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; O 0 0 3; H 0 0.76 3.59; "
+                               "H 0 -0.76 3.59", "3,3", basis="sto-3g", frozen_core=True,
+                               core_rule="psi4")
+    assert "core orbitals" not in caplog.text

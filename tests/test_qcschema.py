@@ -132,10 +132,11 @@ def test_freeze_core_follows_psi4s_rule():
     assert "frozen core, Psi4's rule" in result.summary()
     by_hand = dfmp2.run(job.mole, basis="cc-pvdz", frozen=5)
     assert out["return_result"] == pytest.approx(by_hand.e_tot, abs=TOL_OUTCORE)
-    # freeze_core false sets no rule; the command line's --frozen-core replaces the input's
+    # freeze_core false sets no rule; the command line's --frozen-core stands for the keyword
+    # it is echoed as, so it keeps Psi4's rule
     assert "core_rule" not in qcschema.keyword_options({"freeze_core": False})
     cli = qcschema.with_overrides(job, {"frozen_core": True})
-    assert "core_rule" not in cli.options
+    assert cli.options["core_rule"] == "psi4"
 
 
 def test_psi4_keywords_map_onto_options():
@@ -493,3 +494,23 @@ def test_puream_and_psi4s_cartesian_pople_sets():
     assert told.options["cartesian"] is False and told.input["keywords"] == {"cartesian": False}
     with pytest.raises(InputError, match="'puream' and 'cartesian' both set cartesian"):
         qcschema.read_input(v1_input({"puream": True, "cartesian": False}))
+
+
+def test_overrides_keep_the_inputs_conventions():
+    """The command line's --basis re-derives Psi4's Cartesian default (unless the input says
+    puream), its --frozen-core freezes the core the echoed freeze_core means (Psi4's), and
+    custom-scs-mp2 files its energies under Psi4's CUSTOM name whatever the scales."""
+    pople = qcschema.read_input({**v1_input(), "model": {"method": "mp2", "basis": "6-31g*"}})
+    to_dunning = qcschema.with_overrides(pople, {"basis": "cc-pvdz"})
+    assert "cartesian" not in to_dunning.options
+    to_pople = qcschema.with_overrides(qcschema.read_input(v1_input()), {"basis": "6-31g*"})
+    assert to_pople.options["cartesian"] is True
+    said = qcschema.read_input({**v1_input({"puream": True}),
+                                "model": {"method": "mp2", "basis": "6-31g*"}})
+    assert qcschema.with_overrides(said, {"basis": "6-31g**"}).options["cartesian"] is False
+    frozen = qcschema.with_overrides(qcschema.read_input(v1_input()), {"frozen_core": True})
+    assert frozen.options["core_rule"] == "psi4" and frozen.input["keywords"] == {
+        "freeze_core": True}
+    out = qcschema.run_qcschema(v1_input(method="custom-scs-mp2"))
+    assert out["extras"]["custom_scs_mp2_total_energy"] == out["return_result"] == \
+        out["extras"]["scs_mp2_total_energy"]

@@ -836,8 +836,12 @@ def test_the_readme_s_python_names_are_reachable_from_the_package():
     ("Ga 0 0 0; H 0 0 1.6", "def2-svp", 0, 9, 9),      # 3d correlated in both
     ("Rb 0 0 0; H 0 0 2.4", "def2-svp", 0, 4, 0),      # [Kr] less the ECP's 28 electrons
     ("Au 0 0 0; H 0 0 1.5", "def2-svp", 0, 4, 0),      # [Xe]4f14 less the ECP's 60
-    ("Ne 0 0 0", "cc-pvdz", 0, 1, 1),                  # no valence left: one shell unfrozen
-    ("Al 0 0 0", "cc-pvdz", 3, 1, 5),                  # Al3+: the same
+    ("Ne 0 0 0", "cc-pvdz", 0, 1, 1),                  # a noble gas is in its own period
+    ("Ne 0 0 0; Ne 0 0 3", "cc-pvdz", 0, 2, 2),
+    ("He 0 0 0; He 0 0 3", "cc-pvdz", 0, 0, 0),
+    ("Ar 0 0 0; " + WATER.replace("0.757", "3.757").replace("0 0 0", "3 0 0", 1),
+     "cc-pvdz", 0, 6, 6),
+    ("Al 0 0 0", "cc-pvdz", 3, 1, 5),                  # Al3+: no valence left, a shell given back
     (WATER + "; @O 3 0 0", "cc-pvdz", 0, 1, 1),        # a ghost freezes nothing
 ])
 def test_psi4s_frozen_core_rule(atoms, basis, charge, psi4, pyscf):
