@@ -99,6 +99,12 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
     BLAS record.
     """
     _check_callbacks(progress, environment)
+    if progress is not None:  # counts as Python ints (some are numpy's), for JSON and the like
+        given = progress
+
+        def progress(stage: str, done, total) -> None:
+            given(stage, int(done), int(total))
+
     with limit_threads(threads):
         return _run(geometry, progress, environment, options)
 

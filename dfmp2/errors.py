@@ -82,6 +82,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         self.name = name
 
+    def __reduce__(self):  # pickled with its own arguments (a worker process's error)
+        return (type(self), (self.signum, self.name))
+
 
 class NotComputedError(DFMP2Error, AttributeError):
     """An energy was asked for before the calculation ran (``run()`` first)."""

@@ -9,18 +9,17 @@ and Psi4 do. The ``*_record`` functions describe the built molecule for the resu
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import math
 import os
 import re
-import warnings
 
 import numpy as np
 from pyscf import gto
 from pyscf.data.elements import ELEMENTS
 from pyscf.lib.exceptions import BasisNotFoundError
 
+from ._quiet import quiet
 from .errors import InputError
 from .geometry import GHOST_PREFIX, Geometry, parse_geometry, read_xyz
 
@@ -68,15 +67,14 @@ def first_line(exc: Exception) -> str:
 def quiet_pyscf():
     """Keep PySCF's advice (install basis-set-exchange, ETB recipes printed to stdout, 'ECP not
     found' on stderr) off the terminal while we turn its errors into ours; logged at DEBUG."""
-    captured = io.StringIO()
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(captured), \
-                contextlib.redirect_stderr(captured):
-            warnings.filterwarnings("ignore", message=_PYSCF_ADVICE)
+    with quiet(ignore_warnings=_PYSCF_ADVICE) as captured:  # this thread's output only
+        start = captured.tell()
+        try:
             yield
-    finally:
-        if captured.getvalue().strip():
-            log.debug("PySCF said: %s", " ".join(captured.getvalue().split()))
+        finally:
+            said = captured.getvalue()[start:]
+            if said.strip():
+                log.debug("PySCF said: %s", " ".join(said.split()))
 
 
 def unghosted(label: str) -> str:

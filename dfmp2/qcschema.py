@@ -13,15 +13,14 @@ total at ``mp2_os_scale``/``mp2_ss_scale``, Psi4's), and the double hybrids of
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import os
 from dataclasses import dataclass, replace
 
 from ._names import cartesian_elsewhere
+from ._quiet import quiet
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
@@ -201,7 +200,7 @@ def read_input(source) -> SchemaJob:
     version = schema_version(data)
     models = _models(version)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # qcelemental prints its warnings
+        with quiet():  # qcelemental prints its warnings (this thread's output only)
             model = models.AtomicInput(**data)
     except Exception as exc:  # pydantic's validation error: keep its first lines
         raise InputError(f"invalid QCSchema v{version} AtomicInput: "

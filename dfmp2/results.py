@@ -638,6 +638,19 @@ class Result:
     def __str__(self) -> str:
         return self.summary()
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own would be thousands of characters): what ran and its
+        answer, to the decimals the run vouches for."""
+        m = self.method
+        label = self.dh_name or "MP2"
+        return (f"<dfmp2.Result {self.molecule.formula} {self.scf.kind.upper()}/"
+                f"{m.basis_name or 'mixed basis'} {label} {self.e_return:.{self.corr_decimals}f} "
+                f"Eh>")
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        """IPython and Jupyter show the summary for a cell that ends in a result."""
+        printer.text(repr(self) if cycle else self.summary())
+
 
 #: The names a result's ``extras`` may use for dfmp2's own records (:meth:`Result.to_dict`;
 #: some only for some runs): an input's extras must not use them (:mod:`dfmp2.qcschema`), or

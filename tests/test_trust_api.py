@@ -883,3 +883,67 @@ def test_cartesian_functions_on_request_as_gaussian_and_psi4_run_pople_sets():
     mf = scf.RHF(gto.M(atom=WATER, basis="sto-3g", verbose=0)).run()
     with pytest.raises(InputError, match="cartesian"):
         dfmp2.DFMP2(mf, cartesian=True).run()
+
+
+def test_quiet_keeps_every_other_threads_output_and_the_streams(capsys):
+    """PySCF's printing is kept off the terminal for the thread that runs dfmp2 only: another
+    thread's print in the meantime is shown, and the process's streams and warning filters
+    are as they were afterwards."""
+    import sys
+    import threading
+    import warnings
+
+    from dfmp2._quiet import quiet
+
+    before = (sys.stdout, sys.stderr, list(warnings.filters))
+    entered, release = threading.Event(), threading.Event()
+    said = []
+
+    def worker():
+        with quiet(ignore_warnings="PySCF advice") as buffer:
+            print("hidden")
+            entered.set()
+            release.wait(10)
+        said.append(buffer.getvalue())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert entered.wait(10)
+    print("shown")
+    release.set()
+    thread.join()
+    out = capsys.readouterr().out
+    assert "shown" in out and "hidden" not in out and said == ["hidden\n"]
+    assert (sys.stdout, sys.stderr, list(warnings.filters)) == before
+
+
+def test_runs_in_two_threads_at_once_leave_the_process_as_it_was():
+    import sys
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    serial = [dfmp2.run(g, basis="sto-3g").e_tot for g in (WATER, "H 0 0 0; H 0 0 0.74")]
+    before = (sys.stdout, sys.stderr, list(warnings.filters))  # the libraries' imports done
+    with ThreadPoolExecutor(2) as pool:  # several rounds: the old race needed a few
+        both = list(pool.map(lambda g: dfmp2.run(g, basis="sto-3g").e_tot,
+                             [WATER, "H 0 0 0; H 0 0 0.74"] * 6))
+    assert both == serial * 6
+    assert (sys.stdout, sys.stderr, list(warnings.filters)) == before
+
+
+def test_what_a_workflow_engine_gets_back():
+    """Progress counts are Python ints (JSON-ready), the repr is one line, an interruption
+    pickles with its signal."""
+    import pickle
+
+    from dfmp2.errors import Interrupted
+
+    seen = []
+    result = dfmp2.run(WATER, basis="sto-3g", progress=lambda *args: seen.append(args))
+    assert seen and all(type(done) is int and type(total) is int for _, done, total in seen)
+    json.dumps(seen)
+    text = repr(result)
+    assert text.startswith("<dfmp2.Result H2O RHF/sto-3g MP2 ") and "\n" not in text
+    assert len(text) < 100
+    again = pickle.loads(pickle.dumps(Interrupted(15, "SIGTERM")))
+    assert (again.signum, again.name, str(again)) == (15, "SIGTERM", "interrupted by SIGTERM")
