@@ -22,6 +22,16 @@ WATER = str(INPUTS / "water.xyz")
 OH = "O 0 0 0; H 0 0 0.97"
 
 
+def _with(data: dict, where: tuple, value) -> dict:
+    """A deep copy of the record ``data`` with the field at path ``where`` set to ``value``."""
+    broken = json.loads(json.dumps(data))
+    record = broken
+    for key in where[:-1]:
+        record = record[key]
+    record[where[-1]] = value
+    return broken
+
+
 def _round_trip(result: Result) -> Result:
     again = Result.from_json(result.to_json())
     assert again.to_dict() == json.loads(result.to_json())  # every record, as JSON holds it
@@ -105,13 +115,8 @@ def test_a_record_of_another_dfmp2_version_names_the_fields_it_lacks():
                                    "extras.sizes.nocc is True, not int"),
                                   (("extras", "method", "os_scale"), "1.2",
                                    "extras.method.os_scale is '1.2', not float")):
-        broken = json.loads(json.dumps(data))
-        record = broken
-        for key in where[:-1]:
-            record = record[key]
-        record[where[-1]] = value
         with pytest.raises(InputError, match=message):
-            Result.from_dict(broken)
+            Result.from_dict(_with(data, where, value))
     data["extras"]["method"]["metric_condition"] = float("inf")  # a singular metric's, read
     for field, value in (("metric_condition", float("nan")), ("os_scale", float("inf"))):
         broken = json.loads(json.dumps(data))
@@ -183,11 +188,6 @@ def test_a_record_changed_after_it_was_written_is_refused_in_one_line():
             (("success",), None, "success is None, not true"),
             (("properties", "mp2_total_energy"), -5.0,
              r"mp2_total_energy -5.0 is not the sum of its parts .*changed after")):
-        broken = json.loads(json.dumps(data))
-        record = broken
-        for key in where[:-1]:
-            record = record[key]
-        record[where[-1]] = value
         with pytest.raises(InputError, match=message):
-            Result.from_dict(broken)
+            Result.from_dict(_with(data, where, value))
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
