@@ -41,7 +41,7 @@ __all__ = [
 _AUX_SUGGESTIONS = {False: ("cc-pvtz-ri", "def2-tzvpp-ri", "def2-universal-jkfit"),
                     True: ("cc-pvtz-jkfit", "def2-universal-jkfit")}
 _AUX_ERRORS = (BasisNotFoundError, KeyError, RuntimeError, ValueError, TypeError, IndexError,
-               AttributeError, AssertionError)
+               AttributeError, AssertionError, UserWarning)  # UserWarning: python -W error
 
 
 def _aux_advice(mol, jk: bool) -> str:

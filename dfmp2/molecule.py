@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import warnings
 
 import numpy as np
 from pyscf import gto
@@ -54,7 +55,6 @@ MIN_DISTANCE = 0.1
 #: Coordinates beyond this (Angstrom) are refused: a unit mix-up or a corrupted file, never a
 #: molecule (integrals and the distance search overflow long before float64 does).
 MAX_COORDINATE = 1e5
-_PYSCF_ADVICE = r"(Basis|ECP) may be available in basis-set-exchange"
 
 
 def first_line(exc: Exception) -> str:
@@ -66,8 +66,14 @@ def first_line(exc: Exception) -> str:
 @contextlib.contextmanager
 def quiet_pyscf():
     """Keep PySCF's advice (install basis-set-exchange, ETB recipes printed to stdout, 'ECP not
-    found' on stderr) off the terminal while we turn its errors into ours; logged at DEBUG."""
-    with quiet(ignore_warnings=_PYSCF_ADVICE) as captured:  # this thread's output only
+    found' on stderr, its warnings) off the terminal while we turn its errors into ours; logged
+    at DEBUG. This thread's output only (:mod:`dfmp2._quiet`). Where warnings are errors
+    (``python -W error``), PySCF's basis-set-exchange advice would arrive as an exception, also
+    on paths where PySCF goes on after it (an RI set lacking an element, generated instead):
+    there its advice alone is ignored for the time inside, by the process-wide filter list
+    (not thread-safe, which a process that turns warnings into errors accepts)."""
+    with quiet() as captured, (_advice_ignored() if _advice_is_an_error()
+                               else contextlib.nullcontext()):
         start = captured.tell()
         try:
             yield
@@ -75,6 +81,28 @@ def quiet_pyscf():
             said = captured.getvalue()[start:]
             if said.strip():
                 log.debug("PySCF said: %s", " ".join(said.split()))
+
+
+def _advice_is_an_error() -> bool:
+    """Whether the filters turn PySCF's advice (a UserWarning) into an exception: the first
+    filter that matches it decides, as in ``warnings`` (its module aside)."""
+    text = "Basis may be available in basis-set-exchange"
+    for action, message, category, _module, _line in warnings.filters:
+        if (message is None or message.match(text)) and issubclass(UserWarning, category):
+            return action == "error"
+    return False
+
+
+@contextlib.contextmanager
+def _advice_ignored():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PYSCF_ADVICE)
+        yield
+
+
+#: PySCF's advice to install basis-set-exchange, warned before the error it announces or the
+#: fallback it takes.
+_PYSCF_ADVICE = r"(Basis|ECP) may be available in basis-set-exchange"
 
 
 def unghosted(label: str) -> str:
@@ -125,7 +153,8 @@ def _load_ecp(name: str, element: str) -> list:
     try:
         with quiet_pyscf():
             return gto.basis.load_ecp(name, element) or []
-    except (BasisNotFoundError, RuntimeError, KeyError, ValueError, TypeError, OSError) as exc:
+    except (BasisNotFoundError, RuntimeError, KeyError, ValueError, TypeError, OSError,
+            UserWarning) as exc:  # UserWarning: python -W error, PySCF's advice before its error
         # TypeError: names PySCF maps to two library files (aug-cc-pVXZ-PP) it cannot read
         raise InputError(
             f"unknown ECP {name!r} (PySCF: {first_line(exc)}); give an ECP name from PySCF's "
@@ -375,6 +404,8 @@ def _build(mol, basis, source: str) -> gto.Mole:
         with quiet_pyscf():
             mol.build(dump_input=False, parse_arg=False)
     except BasisNotFoundError as exc:
+        raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
+    except UserWarning as exc:  # python -W error: PySCF's advice before its BasisNotFoundError
         raise InputError(f"basis {basis!r}: {_basis_problem(exc, basis)}") from None
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AssertionError,
             SyntaxError) as exc:  # PySCF asserts on some basis names and evals basis numbers

@@ -900,7 +900,7 @@ def test_quiet_keeps_every_other_threads_output_and_the_streams(capsys):
     said = []
 
     def worker():
-        with quiet(ignore_warnings="PySCF advice") as buffer:
+        with quiet() as buffer:
             print("hidden")
             entered.set()
             release.wait(10)
@@ -915,6 +915,42 @@ def test_quiet_keeps_every_other_threads_output_and_the_streams(capsys):
     out = capsys.readouterr().out
     assert "shown" in out and "hidden" not in out and said == ["hidden\n"]
     assert (sys.stdout, sys.stderr, list(warnings.filters)) == before
+
+
+def test_quiet_takes_warnings_leaves_streams_it_did_not_make_and_lets_none_be():
+    """A warning raised inside goes through sys.stderr into the buffer (no warning filter is
+    touched); a stream someone else put in place meanwhile stays; with no console (None
+    streams) another thread prints nothing, as without dfmp2, instead of failing."""
+    import io
+    import subprocess
+    import sys
+
+    code = ("import warnings, dfmp2._quiet as q\n"
+            "with q.quiet() as b:\n    warnings.warn('PySCF advice')\n"
+            "print(repr(b.getvalue()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "PySCF advice" in proc.stdout and proc.stderr == ""
+    from dfmp2._quiet import quiet
+
+    before = sys.stdout
+    theirs = io.StringIO()
+    try:
+        with quiet():
+            sys.stdout = theirs
+        assert sys.stdout is theirs
+    finally:
+        sys.stdout = before
+    code = ("import sys, threading, dfmp2._quiet as q\n"
+            "sys.stdout = sys.stderr = None\n"
+            "inside, done = threading.Event(), threading.Event()\n"
+            "def worker():\n    with q.quiet():\n        inside.set(); done.wait(10)\n"
+            "t = threading.Thread(target=worker); t.start(); inside.wait(10)\n"
+            "print('nowhere'); done.set(); t.join()\n"
+            "assert sys.stdout is None and sys.stderr is None\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_runs_in_two_threads_at_once_leave_the_process_as_it_was():
@@ -947,3 +983,24 @@ def test_what_a_workflow_engine_gets_back():
     assert len(text) < 100
     again = pickle.loads(pickle.dumps(Interrupted(15, "SIGTERM")))
     assert (again.signum, again.name, str(again)) == (15, "SIGTERM", "interrupted by SIGTERM")
+
+
+def test_warnings_as_errors_still_run_what_pyscf_only_advises_on():
+    """python -W error: PySCF's basis-set-exchange advice before its fallback (def2-SVP-RI has
+    no iodine: an even-tempered set) must not end the run, and before an error it announces
+    the run still ends in dfmp2's one line."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-W", "error", "-m", "dfmp2", "run",
+                               "H 0 0 0; I 0 0 1.609", "-q", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    ran = run("--basis", "def2-svp")
+    assert ran.returncode == 0, ran.stderr
+    assert float(ran.stdout) == pytest.approx(-297.3749, abs=1e-3)
+    refused = run("--basis", "cc-pvdz")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "error: basis 'cc-pvdz': has no functions for element I in " \
+                                     "cc-pvdz"
