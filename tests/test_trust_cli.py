@@ -339,3 +339,13 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_exit_130(monkeypatch):
     result = CliRunner().invoke(main, ["run", WATER])
     assert result.exit_code == 130, (result.output, result.exception)
     assert result.stderr.strip() == "error: interrupted by SIGINT; exit status 130"
+
+
+def test_pyscfs_warnings_stay_off_the_terminal_outside_a_test_runner():
+    """In a plain process (no test runner recording warnings) PySCF's basis-set-exchange advice,
+    warned before the errors and fallbacks below, reaches neither stream."""
+    unknown = _dfmp2("run", "H 0 0 0; H 0 0 0.74", "--basis", "no-such", "--ecp", "no-such-ecp")
+    assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "basis-set-exchange. It is recommended" not in unknown.stderr
+    fallback = _dfmp2("run", "H 0 0 0; I 0 0 1.609", "--basis", "def2-svp", "-q")
+    assert fallback.returncode == 0 and fallback.stderr == ""
