@@ -1,14 +1,57 @@
-"""Checks on output files before any work (nothing is computed only to be lost)."""
+"""Checks on input and output files before any work (nothing is computed only to be lost),
+and writes that leave a whole file or none."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from tempfile import NamedTemporaryFile
 
 from .errors import InputError
 
-__all__ = ["check_writable_file"]
+__all__ = ["check_readable_file", "check_writable_file", "write_text_file"]
+
+
+def write_text_file(path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all. A regular file (or a new one) is written
+    beside it under a temporary name and renamed over it, so a write that fails (a full disk)
+    leaves what was there and no piece of a file; a device or a pipe (``/dev/stdout``) is
+    written directly. The new file takes the old one's permissions, or the umask's. Raises
+    ``OSError``."""
+    target = os.path.realpath(path)  # a link stays: the file it names is replaced
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(path, "w") as handle:
+            handle.write(text)
+        return
+    folder = os.path.dirname(target) or "."
+    part = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{os.urandom(4).hex()}"
+                        ".part")
+    descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        if os.path.isfile(target):
+            os.chmod(part, stat.S_IMODE(os.stat(target).st_mode))
+        os.replace(part, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(part)
+        raise
+
+
+def check_readable_file(path, what: str) -> None:
+    """``path`` is a regular file to read whole: a device (/dev/zero) or a pipe would be read
+    without end or wait for a writer, so they are refused in one line naming ``what``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: the read names it
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{what} {str(path)!r} is a directory; give a file")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what} {str(path)!r} is not a regular file (a device or a pipe); "
+                         "give a JSON file")
 
 
 def check_writable_file(path: str, what: str, replaced: bool = False) -> None:

@@ -14,8 +14,10 @@ NKI_MATMULS = ("fp32", "bf16x3")
 NKI_TARGETS = ("auto", "trn1", "trn2")
 #: torch.distributed backends of a torchrun job: CPU, CUDA, Trainium (torch-xla).
 DIST_BACKENDS = ("gloo", "nccl", "xla")
-#: Most threads a pool may be given (OpenBLAS and OpenMP take a C int; no machine has more).
-MAX_THREADS = 65536
+#: Most threads a pool may be given: five times the largest machines' hardware threads (two
+#: 192-core, 2-way SMT CPUs: 768). Far more does not start: libgomp fails to create 16384 threads
+#: ("Resource temporarily unavailable") and 32768 ran a 24 GiB machine out of memory on import.
+MAX_THREADS = 4096
 
 #: The rules ``frozen_core`` may follow (``Options.core_rule``): PySCF's ``chemcore`` table, or
 #: Psi4's FREEZE_CORE TRUE (:func:`dfmp2.reference.psi4_core_orbitals`).

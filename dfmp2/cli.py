@@ -6,6 +6,7 @@ The only place that reads ``DFMP2_*`` environment variables (through click's ``e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -594,7 +595,6 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
                   if leader else None)
     if ranks is not None:  # rank 0 alone writes; every rank stops with it
         from .distributed import current
-        from .errors import DFMP2Error
 
         try:
             current().agree(unwritable, "the output checks")
@@ -624,7 +624,6 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     try:
         from . import qcschema
         from .api import run as run_dfmp2
-        from .errors import DFMP2Error
 
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
@@ -740,11 +739,14 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
         return
     write_error = None
     if json_path:
+        from ._files import write_text_file
+
         try:
-            with open(json_path, "w") as handle:
-                handle.write(text + "\n")
+            write_text_file(json_path, text + "\n")
         except OSError as exc:
             write_error = f"cannot write JSON to {json_path!r}: {exc.strerror}"
+            # what was there is whole, but an earlier run's: it must not pass for this one's
+            _record_failure(json_path, OSError(write_error))
     if plot_path is not None and write_error is None:
         from .plot import plot_pair_energies
 
@@ -875,8 +877,8 @@ def _record_failure(json_path, exc: Exception, job=None) -> None:
     a QCSchema ``FailedOperation``-shaped record (``success`` false, the error's type and
     message, the QCSchema input when there was one), so that it never holds an earlier run's
     result under this run's name; where there was no file, none is made (the error line says
-    what failed), nor is a device or FIFO written. A file that cannot be written now is left
-    alone."""
+    what failed), nor is a device or FIFO written. A file that cannot be replaced now (a full
+    disk) is removed."""
     if not json_path or json_path == "-" or not os.path.isfile(json_path):
         return
     import json
@@ -893,11 +895,13 @@ def _record_failure(json_path, exc: Exception, job=None) -> None:
               "input_data": None if job is None else qcschema.input_echo(job),
               "extras": {"provenance": {"creator": "dfmp2", "version": __version__,
                                         "routine": "dfmp2"}}}
+    from ._files import write_text_file
+
     try:
-        with open(json_path, "w") as handle:
-            handle.write(json.dumps(record, indent=2) + "\n")
-    except OSError:
-        pass
+        write_text_file(json_path, json.dumps(record, indent=2) + "\n")
+    except OSError:  # no room even for the record: the earlier result goes (a removal frees)
+        with contextlib.suppress(OSError):
+            os.remove(json_path)
 
 
 def _fail(message, who: str = "") -> click.exceptions.Exit:
@@ -1002,9 +1006,10 @@ def nki_model(nocc, nvir, naux, target, json_path):
     else:
         _echo_model(report, reference)
         if json_path:
+            from ._files import write_text_file
+
             try:
-                with open(json_path, "w") as handle:
-                    handle.write(json.dumps(report, indent=1) + "\n")
+                write_text_file(json_path, json.dumps(report, indent=1) + "\n")
             except OSError as exc:
                 raise _fail(f"cannot write JSON to {json_path!r}: {exc.strerror}") from None
     if not report["passed"]:

@@ -17,6 +17,7 @@ string that names an existing file is always read as an xyz file, whatever it co
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -166,6 +167,13 @@ def _zmatrix_entry(fields: list[str], k: int, where: str):
 
 
 def _read_lines(path: Path) -> list[str]:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # pathlib's tests raise this one instead of False
+            raise InputError(f"geometry file {str(path)[:80]!r}...: its name is too long for "
+                             "the file system (a part over 255 bytes); give a shorter path"
+                             ) from None
     if path.is_dir():
         raise InputError(f"{str(path)!r} is a directory, not an xyz file; name the file in it")
     if path.exists() and not path.is_file():

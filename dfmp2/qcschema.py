@@ -358,7 +358,9 @@ def keyword_options(keywords: dict) -> dict:
         if "grid" in options:
             raise InputError("keywords dft_radial_points/dft_spherical_points contradict grid; "
                              "give one of them")
-        options["grid"] = (radial or PSI4_GRID[0], angular or PSI4_GRID[1])
+        # a count given as 0 is a count (the grid's check refuses it), not "not given"
+        options["grid"] = (PSI4_GRID[0] if radial is None else radial,
+                           PSI4_GRID[1] if angular is None else angular)
     return options
 
 
@@ -490,6 +492,8 @@ def load_json(text, what: str):
         raise InputError(f"{what} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except RecursionError:
         raise InputError(f"{what} nests its JSON too deeply to read") from None
+    except ValueError as exc:  # a number past Python's 4300-digit limit, and the like
+        raise InputError(f"{what} holds JSON Python cannot read: {exc}") from None
 
 
 def _load(source) -> dict:
@@ -508,6 +512,9 @@ def _load(source) -> dict:
                          f"JSON text or a JSON file's path), got {type(source).__name__}")
     text = source
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
+        from ._files import check_readable_file
+
+        check_readable_file(source, "QCSchema input")
         try:
             with open(source, encoding="utf-8") as handle:
                 text = handle.read()

@@ -460,8 +460,10 @@ class Result:
     @classmethod
     def read(cls, path) -> Result:
         """The Result saved in the JSON file ``path`` (``dfmp2 run --json PATH``)."""
+        from ._files import check_readable_file
         from .errors import InputError
 
+        check_readable_file(path, "result")
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
@@ -708,7 +710,7 @@ def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
         stated = {"return_result": (data.get("return_result"), e_scf + energies["e_pt2"])}
     for name, (value, parts) in stated.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and abs(value - parts) > TOTALS_AGREE:
+                and not abs(value - parts) <= TOTALS_AGREE:  # NaN too
             raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
                              f"({parts!r}): the file was changed after dfmp2 wrote it")
 

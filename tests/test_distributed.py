@@ -451,3 +451,22 @@ def test_the_pair_gather_counts_against_max_memory():
     assert f"give --max-memory {err.value.least_mb} " in str(err.value)
     assert err.value.least_mb > 20000
     assert distributed.gather_bytes(2, 1900, 8400, 256, 8) == 257 * 1900 * 8400 * 8
+
+
+def test_a_torchrun_environment_that_cannot_meet_is_one_line(monkeypatch):
+    """RANK outside WORLD_SIZE, or a rendezvous without MASTER_ADDR (or with a port that is not
+    a number): one line naming what torchrun sets, not torch.distributed's traceback."""
+    from dfmp2.errors import BackendUnavailableError, InputError
+
+    with pytest.raises(InputError, match="RANK=5 is not a rank of WORLD_SIZE=2"):
+        distributed.init_from_environment({"RANK": "5", "WORLD_SIZE": "2"}, "gloo")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(BackendUnavailableError, match=r"process group did not form "
+                                                      r"\(MASTER_ADDR=None, MASTER_PORT=None\)"):
+        distributed.init_from_environment({"RANK": "0", "WORLD_SIZE": "2"}, "gloo")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    with pytest.raises(BackendUnavailableError, match="MASTER_PORT='abc'.*start it with torchrun"):
+        distributed.init_from_environment({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR":
+                                           "127.0.0.1", "MASTER_PORT": "abc"}, "gloo")

@@ -514,3 +514,12 @@ def test_overrides_keep_the_inputs_conventions():
     out = qcschema.run_qcschema(v1_input(method="custom-scs-mp2"))
     assert out["extras"]["custom_scs_mp2_total_energy"] == out["return_result"] == \
         out["extras"]["scs_mp2_total_energy"]
+
+
+def test_a_grid_count_of_zero_is_refused_not_replaced():
+    """dft_radial_points 0 is a count the grid check refuses, not "not given" (Psi4's 75 ran
+    while the record echoed 0)."""
+    options = qcschema.keyword_options({"dft_radial_points": 0})
+    assert options["grid"] == (0, 302)
+    with pytest.raises(InputError, match="grid"):
+        dfmp2.Options(xc="b2plyp", **options)

@@ -191,3 +191,9 @@ def test_a_record_changed_after_it_was_written_is_refused_in_one_line():
         with pytest.raises(InputError, match=message):
             Result.from_dict(_with(data, where, value))
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
+
+
+def test_a_nan_total_is_refused_as_not_the_sum_of_its_parts():
+    data = dfmp2.run(WATER, basis="sto-3g").to_dict()
+    with pytest.raises(InputError, match="mp2_total_energy nan is not the sum of its parts"):
+        Result.from_dict(_with(data, ("properties", "mp2_total_energy"), float("nan")))

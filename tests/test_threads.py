@@ -64,7 +64,7 @@ def test_limit_holds_every_pool_and_restores_it(two_threads):
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
 def test_limit_refuses_what_is_not_a_count(bad):
-    with pytest.raises(InputError, match="threads must be a whole number from 1 to 65536"), \
+    with pytest.raises(InputError, match="threads must be a whole number from 1 to 4096"), \
             threads.limit(bad):
         pass
 

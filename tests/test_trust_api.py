@@ -718,9 +718,9 @@ def test_with_df_of_the_same_atoms_written_another_way_is_taken():
     ({"device": "cpu", "device_memory": 100}, "--device-memory sets the budget of a CUDA"),
     ({"backend": "pytorch", "nki_target": "trn2"}, "--nki-target trn2 .* contradicts"),
     ({"scratch_dir": " "}, "scratch_dir .* is empty"),
-    ({"threads": np.int64(0)}, "threads must be a whole number from 1 to 65536"),
+    ({"threads": np.int64(0)}, "threads must be a whole number from 1 to 4096"),
     # values that crashed deep inside, or were taken for "not given"
-    ({"threads": 10**30}, "threads must be a whole number from 1 to 65536, got 1000"),
+    ({"threads": 10**30}, "threads must be a whole number from 1 to 4096, got 1000"),
     ({"charge": 10**30}, r"charge 1000\d+ is beyond any molecule"),
     ({"charge": -10**30}, r"charge -1000\d+ is beyond any molecule"),
     ({"spin": 10**30}, r"spin 1000\d+ is beyond any molecule"),

@@ -349,3 +349,77 @@ def test_pyscfs_warnings_stay_off_the_terminal_outside_a_test_runner():
     assert "basis-set-exchange. It is recommended" not in unknown.stderr
     fallback = _dfmp2("run", "H 0 0 0; I 0 0 1.609", "--basis", "def2-svp", "-q")
     assert fallback.returncode == 0 and fallback.stderr == ""
+
+
+def test_a_json_write_that_fails_leaves_no_piece_and_no_earlier_result(tmp_path, monkeypatch):
+    """A full disk mid-write: the file is written beside its target and renamed, so no piece
+    of one is left; the earlier run's result at the path is replaced by a failure record (or
+    removed, where not even that fits), so it never passes for this run's."""
+    import errno
+    import json
+
+    import dfmp2._files as files
+    from dfmp2._files import write_text_file
+
+    target = tmp_path / "x.json"
+    target.write_text('{"earlier": true}\n')
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    with pytest.raises(OSError):
+        write_text_file(target, '{"new": true}\n')
+    assert target.read_text() == '{"earlier": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]  # no .part left
+    monkeypatch.undo()
+
+    calls = []
+
+    def full_once(path, text):  # the result does not fit; the small failure record does
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_text_file(path, text)
+
+    monkeypatch.setattr(files, "write_text_file", full_once)
+    ran = CliRunner().invoke(main, ["run", "H 0 0 0; H 0 0 0.74", "--basis", "sto-3g",
+                                    "--json", str(target)])
+    assert ran.exit_code == 1 and "No space left on device" in ran.stderr
+    assert json.loads(target.read_text())["success"] is False
+    monkeypatch.setattr(files, "write_text_file", lambda path, text: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    target.write_text('{"earlier": true}\n')
+    ran = CliRunner().invoke(main, ["run", "H 0 0 0; H 0 0 0.74", "--basis", "sto-3g",
+                                    "--json", str(target)])
+    assert ran.exit_code == 1 and not target.exists()  # not even the record fitted
+
+
+def test_devices_pipes_huge_numbers_and_long_names_are_one_line(tmp_path):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    for args, message in (
+            (["show", "/dev/zero"], "result '/dev/zero' is not a regular file (a device or a "
+                                    "pipe)"),
+            (["show", str(fifo)], "is not a regular file (a device or a pipe)"),
+            (["run", str(fifo)], "QCSchema input"),
+            (["run", "a" * 300 + ".xyz"], "its name is too long for the file system")):
+        ran = CliRunner().invoke(main, args)
+        assert ran.exit_code == 1 and message in ran.stderr, (args, ran.output)
+        assert len(ran.stderr.strip().splitlines()) == 1
+    big = tmp_path / "big.json"
+    big.write_text('{"schema_name": "qcschema_input", "keywords": {"maxiter": ' + "9" * 5000
+                   + "}}")
+    ran = CliRunner().invoke(main, ["run", str(big)])
+    assert ran.exit_code == 1 and "holds JSON Python cannot read" in ran.stderr
