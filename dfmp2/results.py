@@ -154,12 +154,12 @@ class Method:
 #: applies). Measured against float64 on the same orbitals (docs/performance.md, "Accuracy of
 #: the reduced-precision paths"):
 #: - ``pairs``: the pair products in float32, the sums in float64 (``--precision mixed``; the
-#:   NKI pair kernels): 5e-9 to 8e-8 of |E(corr)| from water to (H2O)16 and C10H22;
+#:   NKI pair kernels): 7e-10 to 5e-8 of |E(corr)| from water to (H2O)16 and C10H22;
 #: - ``fp32``: the sums in float32 too (``--precision fp32``): up to 1e-7 of |E(corr)|, and
 #:   earlier code 2e-5 on (H2O)8, so ten times the margin of ``pairs``;
 #: - ``nki``: the transform or the fit on NKI in float32, whose rounding the metric's
 #:   condition number amplifies up to the limits that move them to the host
-#:   (``pipeline.TRANSFORM_HOST_CONDITION``): 3e-8 to 7e-7 on the cc-pVDZ ladder, about
+#:   (``pipeline.TRANSFORM_HOST_CONDITION``): 1e-7 to 7e-7 on the cc-pVDZ ladder, about
 #:   1.5e-6 for H2O aug-cc-pVTZ frozen core with an even-tempered fit (3.8e-7 Eh);
 #: - ``bf16x3``: the NKI pair kernels' products as three bfloat16 matmuls: the bound 6 * 2^-18
 #:   (2.3e-5) of ``--nki-matmul bf16x3``, with the float32 stages' share on top.
