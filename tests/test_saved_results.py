@@ -145,7 +145,7 @@ def test_dfmp2_show_prints_the_runs_summary(tmp_path):
                                  "Expecting property name enclosed in double quotes"
     folder = runner.invoke(main, ["show", str(tmp_path)])
     assert folder.exit_code == 1 and folder.output.strip() == (
-        f"error: cannot read {str(tmp_path)!r}: Is a directory")
+        f"error: result {str(tmp_path)!r} is a directory; give a file")
     gone = runner.invoke(main, ["show", str(tmp_path / "none.json")])
     assert gone.exit_code == 1 and gone.output.count("\n") == 1 and "No such file" in gone.output
 
