@@ -100,7 +100,12 @@ def _convergence(name: str, value) -> float:
     (Psi4's own reading of ``e_convergence 8``)."""
     number = _number(float)(name, value)
     if number >= 1 and number == int(number):
-        return 10.0 ** -int(number)
+        threshold = 10.0 ** -min(int(number), 400)
+        if threshold == 0.0:  # 1e-n below float64's smallest: no SCF converges to it
+            raise InputError(f"keyword {name}={value!r}: a whole number n means 1e-n, and "
+                             "that is below what a float64 energy resolves; give 6 to 12 "
+                             "(1e-6 to 1e-12) or a threshold")
+        return threshold
     return number
 
 

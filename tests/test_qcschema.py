@@ -426,7 +426,9 @@ def test_keywords_take_whole_and_finite_numbers_and_psi4s_convergence_exponents(
     assert qcschema.keyword_options({"e_convergence": 1e-9}) == {"conv_tol": 1e-9}
     for keywords, why in (({"maxiter": float("inf")}, "a finite number"),
                           ({"maxiter": 50.5}, "a whole number"),
-                          ({"dft_radial_points": 60.9}, "a whole number")):
+                          ({"dft_radial_points": 60.9}, "a whole number"),
+                          ({"e_convergence": 1e308}, "below what a float64 energy resolves"),
+                          ({"d_convergence": 400}, "below what a float64 energy resolves")):
         with pytest.raises(InputError, match=why):
             qcschema.keyword_options(keywords)
 
