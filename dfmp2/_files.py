@@ -16,28 +16,47 @@ __all__ = ["check_readable_file", "check_writable_file", "write_text_file"]
 def write_text_file(path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all. A regular file (or a new one) is written
     beside it under a temporary name and renamed over it, so a write that fails (a full disk)
-    leaves what was there and no piece of a file; a device or a pipe (``/dev/stdout``) is
-    written directly. The new file takes the old one's permissions, or the umask's. Raises
-    ``OSError``."""
-    target = os.path.realpath(path)  # a link stays: the file it names is replaced
-    if os.path.exists(target) and not os.path.isfile(target):
-        with open(path, "w") as handle:
-            handle.write(text)
+    leaves what was there and no piece of a file. Written in place, as ``open(path, "w")``
+    would: a device or a pipe, anything under /dev or /proc (``/dev/stdout``, which may stand
+    for the file a shell redirects to), and a file whose directory takes no new file (read-only,
+    or sticky and another user's) while the file itself is writable. The new file takes the old
+    one's permissions, or the umask's. Raises ``OSError``."""
+    try:
+        mode = os.stat(path).st_mode  # follows links: what a write would reach
+    except FileNotFoundError:
+        mode = None
+    if (mode is not None and not stat.S_ISREG(mode)) or \
+            os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        _write_in_place(path, text)
         return
+    target = os.path.realpath(path)  # a link stays: the file it names is replaced
     folder = os.path.dirname(target) or "."
     part = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{os.urandom(4).hex()}"
                         ".part")
-    descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    try:
+        descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    except PermissionError:  # the directory takes no new file; the file may still be written
+        _write_in_place(path, text)
+        return
     try:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(text)
-        if os.path.isfile(target):
-            os.chmod(part, stat.S_IMODE(os.stat(target).st_mode))
-        os.replace(part, target)
+        if mode is not None:
+            os.chmod(part, stat.S_IMODE(mode))
+        try:
+            os.replace(part, target)
+        except PermissionError:  # a sticky directory: another user's file is not renamed over
+            os.remove(part)
+            _write_in_place(path, text)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(part)
         raise
+
+
+def _write_in_place(path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
 
 
 def check_readable_file(path, what: str) -> None:
@@ -49,6 +68,8 @@ def check_readable_file(path, what: str) -> None:
         return  # missing or unreadable: the read names it
     if stat.S_ISDIR(mode):
         raise InputError(f"{what} {str(path)!r} is a directory; give a file")
+    if stat.S_ISFIFO(mode) and os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return  # the process's own pipe (cat r.json | dfmp2 show /dev/stdin): its writer runs
     if not stat.S_ISREG(mode):
         raise InputError(f"{what} {str(path)!r} is not a regular file (a device or a pipe); "
                          "give a JSON file")

@@ -901,7 +901,7 @@ def _record_failure(json_path, exc: Exception, job=None) -> None:
         write_text_file(json_path, json.dumps(record, indent=2) + "\n")
     except OSError:  # no room even for the record: the earlier result goes (a removal frees)
         with contextlib.suppress(OSError):
-            os.remove(json_path)
+            os.remove(os.path.realpath(json_path))  # the file, not a link to it
 
 
 def _fail(message, who: str = "") -> click.exceptions.Exit:

@@ -101,7 +101,7 @@ def _convergence(name: str, value) -> float:
     number = _number(float)(name, value)
     if number >= 1 and number == int(number):
         threshold = 10.0 ** -min(int(number), 400)
-        if threshold == 0.0:  # 1e-n below float64's smallest: no SCF converges to it
+        if number > 16:  # below float64's resolution of an energy: no SCF converges to it
             raise InputError(f"keyword {name}={value!r}: a whole number n means 1e-n, and "
                              "that is below what a float64 energy resolves; give 6 to 12 "
                              "(1e-6 to 1e-12) or a threshold")

@@ -233,3 +233,23 @@ def test_tiny_shapes_pass_their_float64_checks(shape):
     report = nki_model.run_model(nocc, nvir, naux, "trn1")
     assert all(kernel["passed"] for kernel in report["kernels"].values()), report["kernels"]
     assert nki_model.SPLIT_RTOL == 6 * 2.0**-18
+
+
+@pytest.mark.parametrize("shape", [(8, 64, 128), (8, 200, 1000)])
+def test_the_bf16x3_bound_still_catches_a_wrong_or_missing_exchange_term(shape):
+    """Per term and first order: an exchange sum of the wrong sign, or none, lies far outside
+    its bound, which a scale of the (much larger) direct term or of sum |B| would hide."""
+    import torch
+
+    from dfmp2.energy import reference_pair_sums
+
+    ni, nvir, naux = shape
+    rng = np.random.default_rng(7)
+    ovl = torch.from_numpy(rng.standard_normal((ni, nvir, naux)) * 0.05)
+    e_o = torch.from_numpy(rng.uniform(-1.5, -0.3, ni))
+    e_v = torch.from_numpy(rng.uniform(0.1, 3.0, nvir))
+    args = (ovl, ovl, e_o, e_o, e_v, e_v, torch.ones((ni, ni), dtype=torch.float64), True)
+    direct, exchange = reference_pair_sums(*args)
+    bound = nki_model._split_bound(*args)
+    assert bound[1] < abs(exchange) and 2 * abs(exchange) > bound[1]
+    assert bound[0] < 1e-3 * abs(direct)

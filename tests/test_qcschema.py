@@ -428,7 +428,7 @@ def test_keywords_take_whole_and_finite_numbers_and_psi4s_convergence_exponents(
                           ({"maxiter": 50.5}, "a whole number"),
                           ({"dft_radial_points": 60.9}, "a whole number"),
                           ({"e_convergence": 1e308}, "below what a float64 energy resolves"),
-                          ({"d_convergence": 400}, "below what a float64 energy resolves")):
+                          ({"d_convergence": 17}, "below what a float64 energy resolves")):
         with pytest.raises(InputError, match=why):
             qcschema.keyword_options(keywords)
 

@@ -423,3 +423,36 @@ def test_devices_pipes_huge_numbers_and_long_names_are_one_line(tmp_path):
                    + "}}")
     ran = CliRunner().invoke(main, ["run", str(big)])
     assert ran.exit_code == 1 and "holds JSON Python cannot read" in ran.stderr
+
+
+def test_a_json_path_written_in_place_where_a_rename_cannot_go(tmp_path, monkeypatch):
+    """A directory that takes no new file (read-only, or sticky and another user's) but a file
+    that is writable, and /dev/stdout (a pipe, or the file a shell redirects to): written in
+    place, as before, not refused after the run."""
+    import dfmp2._files as files
+    from dfmp2._files import write_text_file
+
+    target = tmp_path / "out.json"
+    target.write_text("old\n")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "open", refused)  # no new file in the directory
+        write_text_file(target, "new 1\n")
+    assert target.read_text() == "new 1\n"
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "replace", refused)  # sticky: no rename over another's file
+        write_text_file(target, "new 2\n")
+    assert target.read_text() == "new 2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    piped = subprocess.run(f"{sys.executable} -m dfmp2 run 'H 0 0 0; H 0 0 0.74' --basis sto-3g "
+                           "-q --json /dev/stdout | cat", shell=True, capture_output=True,
+                           text=True, timeout=300)
+    assert piped.returncode == 0 and '"success": true' in piped.stdout, piped.stderr
+    record = tmp_path / "r.json"
+    record.write_text(piped.stdout.rsplit("}", 1)[0] + "}\n")  # the JSON before the -q line
+    shown = subprocess.run(f"cat {record} | {sys.executable} -m dfmp2 show /dev/stdin",
+                           shell=True, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and "E(MP2) total" in shown.stdout, shown.stderr
