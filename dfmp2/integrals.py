@@ -139,7 +139,7 @@ def auxbasis_record(mol, auxbasis=None) -> dict[str, str]:
     spec = resolve_auxbasis(mol, auxbasis)
     names: dict[str, list[str]] = {}
     for label in sorted({a[0] for a in mol._atom}):
-        value = _spec_of(spec, label)
+        value = basis_entry(spec, label)
         if isinstance(value, str):
             name = value
         elif auxbasis is None:
@@ -200,7 +200,7 @@ def _warn_short_fit(mol, auxmol, spec) -> None:
     orbital, fitted = _max_l(mol), _max_l(auxmol)
     short = sorted({(element_of(label), orbital[label], fitted.get(label, -1))
                     for label in orbital
-                    if isinstance(_spec_of(spec, label), str)
+                    if isinstance(basis_entry(spec, label), str)
                     and fitted.get(label, -1) <= orbital[label]})
     if short:
         letters = "spdfghik"
@@ -210,15 +210,6 @@ def _warn_short_fit(mol, auxmol, spec) -> None:
                     "basis on %s: it fits products of those functions poorly (water in "
                     "6-31G(2df,p) with cc-pVDZ-RI: E(corr) 1.3e-3 Eh off); give --auxbasis "
                     "(Python: auxbasis=) a set made for them, e.g. cc-pvtz-ri", where)
-
-
-def _spec_of(spec, label: str):
-    """The fitting basis ``spec`` (a name, or a dict per label) gives atom ``label``: PySCF's
-    lookup, the label ('O1'), then its element ('O'), then 'default'."""
-    if not isinstance(spec, dict):
-        return spec
-    return next((spec[key] for key in (label, element_of(label), "default") if key in spec),
-                None)
 
 
 def _aux_text(auxbasis, spec) -> str:

@@ -252,9 +252,8 @@ def read_input(source) -> SchemaJob:
         raise InputError(f"keywords mp2_os_scale/mp2_ss_scale set custom SCS-MP2's scales (Psi4 "
                          f"ignores them for {method}); to change the double hybrid's PT2 "
                          "scales give dfmp2's own keywords os_scale and ss_scale")
-    options = {"basis": basis.strip(), **keyword_options(keywords), **by_method}
-    if "cartesian" not in options and cartesian_elsewhere(options["basis"]):
-        options["cartesian"] = True  # Psi4's default for this basis (its puream keyword: not)
+    options = _psi4_conventions({"basis": basis.strip(), **keyword_options(keywords),
+                                 **by_method}, keywords)
     return SchemaJob(_mole(molecule), options, method, version, as_v1, program)
 
 
@@ -318,15 +317,24 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
             keywords[_keyword_of(option)] = list(value) if isinstance(value, tuple) else value
     if options.get("scf_type") == "conv" and "scf_auxbasis" not in overrides:
         options.pop("scf_auxbasis", None)  # Psi4 ignores DF_BASIS_SCF under exact integrals
-    if options.get("frozen_core"):  # the freeze_core it is echoed as: Psi4's rule
+    given["model"], given["keywords"] = model, keywords
+    options = _psi4_conventions(options, keywords)  # the echoed keywords mean what ran
+    return replace(job, options=options, input=given)
+
+
+def _psi4_conventions(options: dict, keywords: dict) -> dict:
+    """``options`` as Psi4 reads the input they come from, where dfmp2's own defaults differ:
+    ``freeze_core`` freezes Psi4's core (:func:`dfmp2.reference.psi4_core_orbitals`), and a
+    3-21G or 6-31G-family basis runs Cartesian unless a keyword (``puream``, ``cartesian``)
+    says how. ``keywords``: the input's, or those its result echoes (the command line's
+    included)."""
+    if options.get("frozen_core"):
         options["core_rule"] = "psi4"
-    if "basis" in overrides and "cartesian" not in overrides and not any(
-            _option_of(k) == "cartesian" for k in keywords):  # Psi4's default for the new basis
+    if not any(_option_of(k) == "cartesian" for k in keywords):
         options.pop("cartesian", None)
         if cartesian_elsewhere(options["basis"]):
             options["cartesian"] = True
-    given["model"], given["keywords"] = model, keywords
-    return replace(job, options=options, input=given)
+    return options
 
 
 def keyword_options(keywords: dict) -> dict:
@@ -354,8 +362,6 @@ def keyword_options(keywords: dict) -> dict:
         else:
             valid = sorted(PSI4_KEYWORDS) + sorted(OWN_KEYWORDS)
             raise InputError(f"unknown keyword {name!r}; valid keywords: {', '.join(valid)}")
-    if options.get("frozen_core"):  # Psi4's FREEZE_CORE TRUE: its own rule, not PySCF's table
-        options["core_rule"] = "psi4"
     if options.get("scf_type") == "conv":  # Psi4 ignores DF_BASIS_SCF under exact integrals
         options.pop("scf_auxbasis", None)
     radial, angular = options.pop("_radial", None), options.pop("_angular", None)
