@@ -4,6 +4,8 @@
 torch's OpenMP runtime reads at load time (see ``dfmp2.cli``).
 """
 
+import re
+
 BACKENDS = ("auto", "pytorch", "nki")
 CPU_BLAS_CHOICES = ("auto", "torch", "numpy")
 #: Precisions of the NKI pair kernels' (ia|jb) products: float32, or three bfloat16 products of
@@ -28,7 +30,5 @@ def cartesian_elsewhere(basis) -> bool:
     """Whether Gaussian and Psi4 run the basis named ``basis`` with Cartesian functions by
     default (its ``.gbs`` file in Psi4 says ``cartesian``): the 3-21G and 6-31G families, not
     6-311G (spherical, as everything else)."""
-    import re
-
     return isinstance(basis, str) and re.match(r"(3-21|6-31)(?!1)", basis.strip().lower()) \
         is not None

@@ -79,7 +79,7 @@ LOOSE_CONV_TOL = 1e-8
 #: own threshold for dropping overlap eigenvalues (scf.hf.overlap_zero_eigenvalue_threshold).
 LINDEP_OVERLAP = 1e-6
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
-_MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
+MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
 #: molecule's are): its functional, grid, reference, fitting, precision and convergence.
 _SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_precision",
@@ -178,7 +178,7 @@ def _setup(geometry, options: dict, comm):
     opts.scaling  # noqa: B018 -- a custom functional PySCF cannot evaluate fails here, not later
     check_grid(opts.grid)
     if isinstance(geometry, gto.Mole):
-        mol = build_mole(geometry, **{k: options[k] for k in _MOLE_SETTINGS if k in options})
+        mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
         # the Mole's charge and spin are the run's (an open-shell Mole gets UHF by default)
         opts = dataclasses.replace(opts, charge=int(mol.charge), spin=int(mol.spin))
     else:
@@ -943,7 +943,7 @@ class DFMP2:
     def __setattr__(self, name: str, value) -> None:
         if name in self._OWN:
             object.__setattr__(self, name, value)
-        elif name in _MOLE_SETTINGS or name in _SCF_SETTINGS:
+        elif name in MOLE_SETTINGS or name in _SCF_SETTINGS:
             raise AttributeError(f"DFMP2.{name}: {_SCF_OWN}")
         elif name in Options.field_names():  # applied by the next run(), as the keyword is
             self.options = {**self.options, name: value}  # a copy's options stay its own
@@ -973,7 +973,7 @@ class DFMP2:
             raise InputError(f"DFMP2 has no setting {', '.join(map(repr, unknown))}; its "
                              f"settings are the MP2 step's options "
                              f"({', '.join(self._settings())})")
-        refused = sorted(set(options) & set(_MOLE_SETTINGS))
+        refused = sorted(set(options) & set(MOLE_SETTINGS))
         scf_only = sorted(set(options) & set(_SCF_SETTINGS))
         if scf_only:
             raise InputError(f"{', '.join(scf_only)}: {_SCF_OWN}")
@@ -986,7 +986,7 @@ class DFMP2:
     @staticmethod
     def _settings() -> list[str]:
         """The options a DFMP2 object applies (not the molecule's or the SCF's)."""
-        return sorted(Options.field_names() - set(_MOLE_SETTINGS) - set(_SCF_SETTINGS))
+        return sorted(Options.field_names() - set(MOLE_SETTINGS) - set(_SCF_SETTINGS))
 
     @property
     def e_hf(self) -> float:
@@ -1026,8 +1026,7 @@ class DFMP2:
         if self._scf.mo_occ is None:
             raise InputError("the SCF object has no orbitals yet: run it first (mf.run())")
         frozen = self.frozen
-        frozen_core = (self.options.get("core_rule", "pyscf")
-                       if self.options.get("frozen_core", False) else False)
+        frozen_core = Options.from_kwargs(**self.options).core
         mo_occ = np.asarray(self._scf.mo_occ)
         if not KINDS[kind]:
             active = frozen_mask(self.mol, mo_occ, frozen, frozen_core, strict=False)

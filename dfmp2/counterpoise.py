@@ -169,7 +169,7 @@ def _finished_said(complex_result, parts):
                         ) from None
 
 
-def _warn_cores_apart(complex_mol, fragment_moles, rule) -> None:
+def _warn_cores_apart(complex_mol, fragment_moles) -> None:
     """A WARNING where the fragments' frozen cores do not add up to the complex's: Psi4's rule
     gives a shell back to a molecule that would have no valence electron (Li+ alone, not Li+
     beside water), so its fragments freeze another core than the complex, as Psi4 run
@@ -186,15 +186,14 @@ def _warn_cores_apart(complex_mol, fragment_moles, rule) -> None:
             frag.build(dump_input=False, parse_arg=False)
         return frag
 
-    whole = core_orbitals(complex_mol, rule)
-    parts = [core_orbitals(built(frag), rule) for frag in fragment_moles]
+    whole = core_orbitals(complex_mol, "psi4")
+    parts = [core_orbitals(built(frag), "psi4") for frag in fragment_moles]
     if sum(parts) != whole:
         logging.getLogger(__name__).warning(
-            "the fragments freeze %s core orbitals (%s), the complex %d: %s rule gives a shell "
-            "back to a fragment that would have no valence electron, so E(int) compares two "
-            "cores; PySCF's table (--frozen-core on a geometry) freezes them alike",
-            sum(parts), " + ".join(map(str, parts)), whole,
-            "Psi4's" if rule == "psi4" else "the")
+            "the fragments freeze %s core orbitals (%s), the complex %d: Psi4's rule gives a "
+            "shell back to a fragment that would have no valence electron, so E(int) compares "
+            "two cores; PySCF's table (--frozen-core on a geometry) freezes them alike",
+            sum(parts), " + ".join(map(str, parts)), whole)
 
 
 def _reworded(exc: DFMP2Error, message: str) -> DFMP2Error:
@@ -222,8 +221,9 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
         mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
                          ecp=opts.ecp, cartesian=opts.cartesian)
     else:  # a Mole: the settings given with it apply, as in its run (api._setup)
-        mol = build_mole(geometry, **{k: options[k] for k in ("basis", "charge", "spin", "ecp",
-                                                              "cartesian") if k in options})
+        from .api import MOLE_SETTINGS
+
+        mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
     sizes = _int_list("--fragments", fragments)
     start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
     for n in sizes:
@@ -241,8 +241,8 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     # computed only to be lost to a fragment that cannot run (the fragments' own pair energies
     # are not asked for: the plot shows the complex's)
     moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
-    if opts.frozen_core:
-        _warn_cores_apart(mol, moles, opts.core)
+    if opts.core == "psi4":  # PySCF's table adds up atom by atom: alike by construction
+        _warn_cores_apart(mol, moles)
     # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
     # (a -PP basis's partners, the ECPs of the elements it has): not named again for it
     # (ecp 'none' is passed on: the fragments say, as the complex does, what it means)

@@ -688,8 +688,10 @@ def _check_shape(data: dict) -> None:
         raise InputError(f"schema_name {schema[0]!r} with schema_version {schema[1]!r} is not "
                          "an AtomicResult dfmp2 writes (qcschema_output 1, "
                          "qcschema_atomic_result 2)")
-    spec = (data.get("input_data") or {}).get("specification") if schema[1] == 2 else None
-    driver = (spec or {}).get("driver") if schema[1] == 2 else data.get("driver")
+    if schema[1] == 2:
+        driver = ((data.get("input_data") or {}).get("specification") or {}).get("driver")
+    else:
+        driver = data.get("driver")
     if driver != "energy":
         raise InputError(f"the record's driver is {driver!r}; dfmp2 computes energies only")
 
@@ -705,14 +707,14 @@ def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
         e_corr = sum(energies[k] for k in ("mp2_opposite_spin_correlation_energy",
                                            "mp2_same_spin_correlation_energy",
                                            "mp2_singles_energy"))
-        stated = {"properties.mp2_total_energy": (props.get("mp2_total_energy"), e_scf + e_corr)}
+        name, value, parts = ("properties.mp2_total_energy", props.get("mp2_total_energy"),
+                              e_scf + e_corr)
     else:  # a double hybrid's answer: its KS energy and scaled PT2
-        stated = {"return_result": (data.get("return_result"), e_scf + energies["e_pt2"])}
-    for name, (value, parts) in stated.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and not abs(value - parts) <= TOTALS_AGREE:  # NaN too
-            raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
-                             f"({parts!r}): the file was changed after dfmp2 wrote it")
+        name, value, parts = "return_result", data.get("return_result"), e_scf + energies["e_pt2"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and not abs(value - parts) <= TOTALS_AGREE:  # NaN too
+        raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
+                         f"({parts!r}): the file was changed after dfmp2 wrote it")
 
 
 #: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a
