@@ -13,6 +13,12 @@ from .errors import InputError
 __all__ = ["check_readable_file", "check_writable_file", "write_text_file"]
 
 
+def _of_the_system(path) -> bool:
+    """Whether ``path`` names one of the system's files (/dev, /proc: a process's own streams,
+    ``/dev/stdout``, ``/dev/stdin``), which are read and written as they are."""
+    return os.path.abspath(path).startswith(("/dev/", "/proc/"))
+
+
 def write_text_file(path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all. A regular file (or a new one) is written
     beside it under a temporary name and renamed over it, so a write that fails (a full disk)
@@ -26,7 +32,7 @@ def write_text_file(path, text: str) -> None:
     except FileNotFoundError:
         mode = None
     if (mode is not None and not stat.S_ISREG(mode)) or \
-            os.path.abspath(path).startswith(("/dev/", "/proc/")):
+            _of_the_system(path):
         _write_in_place(path, text)
         return
     target = os.path.realpath(path)  # a link stays: the file it names is replaced
@@ -68,7 +74,7 @@ def check_readable_file(path, what: str) -> None:
         return  # missing or unreadable: the read names it
     if stat.S_ISDIR(mode):
         raise InputError(f"{what} {str(path)!r} is a directory; give a file")
-    if stat.S_ISFIFO(mode) and os.path.abspath(path).startswith(("/dev/", "/proc/")):
+    if stat.S_ISFIFO(mode) and _of_the_system(path):
         return  # the process's own pipe (cat r.json | dfmp2 show /dev/stdin): its writer runs
     if not stat.S_ISREG(mode):
         raise InputError(f"{what} {str(path)!r} is not a regular file (a device or a pipe); "
