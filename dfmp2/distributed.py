@@ -257,11 +257,13 @@ def init_from_environment(environ, backend: str = "auto", timeout_s: float = 360
         dist.init_process_group(backend, init_method=init,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     except (ValueError, RuntimeError, OSError) as exc:  # DistError is a RuntimeError
+        from .molecule import first_line
+
         rendezvous = ", ".join(f"{key}={environ.get(key)!r}" for key in
                                ("MASTER_ADDR", "MASTER_PORT"))
         raise BackendUnavailableError(
             f"the torchrun job's process group did not form ({rendezvous}): "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}; "
+            f"{first_line(exc)}; "
             "start it with torchrun, which sets these, or unset RANK and WORLD_SIZE "
             "for a single process") from None
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), backend, timeout_s, owned=True)
