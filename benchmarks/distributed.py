@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from machine import cpu_model, machine_info, torch_gemm_rate  # noqa: E402
-from run import find_xyz, molecule_dirs  # noqa: E402
+from run import find_xyz, molecule_dirs, provenance, provenance_line  # noqa: E402
 
 #: The two cases of the issue: (H2O)100 and 175 waters in cc-pVDZ with cc-pVDZ-RI.
 CASES = {
@@ -172,7 +172,9 @@ def report(result: dict) -> str:
     m = result["measured"]
     one, two = m["one_process_2_threads"], m["two_ranks_1_thread"]
     s = m["sizes"]
-    lines = [f"# Distributed DF-MP2: `{result['name']}`", "",
+    made = ([provenance_line({**result, "machine": result["machine"]["cpu"]}), ""]
+            if "command" in result else [])  # (files made before it was recorded lack it)
+    lines = [f"# Distributed DF-MP2: `{result['name']}`", "", *made,
              f"CPU: {result['machine']['cpu']}, {result['machine']['cores']} cores; "
              f"DGEMM {result['gemm']['1']['best']:.0f} GFLOP/s on 1 thread, "
              f"{result['gemm']['2']['best']:.0f} on 2 (torch, n=2048).", "",
@@ -241,7 +243,8 @@ def main() -> None:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             gemm[str(threads)] = torch_gemm_rate(2048, 2048, 2048, "float64")
-        result = {"name": args.name, "machine": {**machine_info(), "cpu": cpu_model()},
+        result = {"name": args.name, **provenance("distributed.py", sys.argv[1:]),
+                  "machine": {**machine_info(), "cpu": cpu_model()},
                   "gemm": gemm, "measured": measured,
                   "rates_per_thread": rates(measured, gemm["1"]["best"] * 1e9)}
     result["threads_per_rank"] = args.threads_per_rank

@@ -58,7 +58,7 @@ def measure(mf, limit: int, precision: str) -> dict:
 def markdown(spec: dict, rows: list[dict]) -> str:
     ref = rows[0]["e_corr"]
     lines = [f"# dfmp2 memory benchmark `{spec['name']}`", "",
-             f"Command: `{spec['command']}`  ",
+             run.provenance_line(spec) + "  ",
              f"{spec['molecule']} {spec['basis']} ({spec['nbasis']} basis functions), "
              f"precision {spec['precision']}, SCF peak RSS {spec['scf_peak_mb']:.0f} MiB; "
              "peak rise = peak RSS of the DF-MP2 call minus the RSS before it.", "",
@@ -81,8 +81,7 @@ def main(argv: list[str]) -> int:
     mf = worker.build_scf(path, args.basis, 1e-10)
     spec = {"name": args.name, "molecule": args.molecule, "basis": args.basis,
             "nbasis": mf.mol.nao_nr(), "precision": args.precision,
-            "scf_peak_mb": worker.peak_rss_mb(),
-            "command": "python3 benchmarks/memory.py " + " ".join(argv)}
+            "scf_peak_mb": worker.peak_rss_mb(), **run.provenance("memory.py", argv)}
     rows = [measure(mf, limit, args.precision) for limit in limits]
     report.save(args.out_dir, args.name, markdown(spec, rows), {"spec": spec, "rows": rows},
                 echo=True)

@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from machine import cpu_model  # benchmarks/machine.py, next to this script
-from run import source_state  # benchmarks/run.py
+from run import provenance, provenance_line  # benchmarks/run.py, next to this script
 
 ROOT = Path(__file__).resolve().parent.parent
 MOLECULE_DIRS = (ROOT / "inputs", ROOT / "benchmarks" / "molecules")
@@ -83,11 +82,9 @@ def main(argv=None) -> int:
     for stem in args.molecules.split(","):
         print(f"{stem} ...", file=sys.stderr, flush=True)
         rows.append(measure(stem))
-    command = "python3 benchmarks/nki_precision.py " + " ".join(argv if argv is not None
-                                                             else sys.argv[1:])
-    report = {"kind": "nki-precision", "command": command.strip(), **source_state(),
-              "machine": cpu_model(), "basis": "cc-pvdz", "auxbasis": "cc-pvdz-ri",
-              "rows": rows}
+    report = {"kind": "nki-precision",
+              **provenance("nki_precision.py", sys.argv[1:] if argv is None else argv),
+              "basis": "cc-pvdz", "auxbasis": "cc-pvdz-ri", "rows": rows}
     out = ROOT / "benchmarks" / "results"
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = ["| molecule | nbasis | nocc | nvir | naux | E(corr) fp64 | "
@@ -101,10 +98,8 @@ def main(argv=None) -> int:
     table = "\n".join(lines)
     (out / f"{args.name}.md").write_text(
         "# Reduced-precision paths (E(corr), Eh; cc-pVDZ / cc-pVDZ-RI): NKI on the emulator, "
-        f"PyTorch mixed and fp32\n\nCommand: `{report['command']}`; machine: "
-        f"{report['machine']}; dfmp2 commit {report['commit']} (sources sha256 "
-        f"{report['dfmp2_sources_sha256']}). Accuracy only: the emulator's times mean "
-        "nothing.\n\nEach error against the fp64 PyTorch run on the same SCF; "
+        f"PyTorch mixed and fp32\n\n{provenance_line(report)} Accuracy only: the emulator's "
+        "times mean nothing.\n\nEach error against the fp64 PyTorch run on the same SCF; "
         "in parentheses the error the run's summary claims (`Result.precision_error`), which "
         "sets the decimals it prints.\n\n" + table + "\n")
     print(table)

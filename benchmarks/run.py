@@ -353,6 +353,19 @@ def source_state() -> dict:
     return {"commit": commit, "dfmp2_sources_sha256": digest.hexdigest()[:16]}
 
 
+def provenance(script: str, argv: list[str]) -> dict:
+    """What a result file must say of its run: the command that made it, the CPU model and the
+    dfmp2 code (:func:`source_state`)."""
+    return {"command": " ".join(["python3", f"benchmarks/{script}", *argv]),
+            "machine": machine.cpu_model(), **source_state()}
+
+
+def provenance_line(record: dict) -> str:
+    """One markdown line from :func:`provenance`'s record."""
+    return (f"Command: `{record['command']}`; machine: {record['machine']}; dfmp2 commit "
+            f"{record['commit']} (sources sha256 {record['dfmp2_sources_sha256']}).")
+
+
 def log(message: str) -> None:
     """Progress on stderr (stdout carries the report)."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
