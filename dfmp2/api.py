@@ -25,6 +25,7 @@ from pyscf import scf as pyscf_scf
 
 from . import distributed
 from ._files import check_writable_file
+from ._logged import kept_warnings
 from .blocking import MB, BlockPlan, plan_blocks, usable_bytes
 from .buffers import return_freed_memory
 from .device import resolve_device
@@ -105,8 +106,9 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
         def progress(stage: str, done, total) -> None:
             given(stage, int(done), int(total))
 
-    with limit_threads(threads):
-        return _run(geometry, progress, environment, options)
+    with limit_threads(threads), kept_warnings() as warned:
+        result = _run(geometry, progress, environment, options)
+    return replace(result, warnings=tuple(warned))
 
 
 def _check_callbacks(progress, environment) -> None:
@@ -1086,7 +1088,9 @@ class DFMP2:
         # kept, as PySCF's run(**kwargs) sets them: nocc, nmo and a later run() agree with
         # the energy computed here
         self.frozen, self.auxbasis, self.options = frozen, auxbasis, merged
-        self.result = compute(self._scf, opts)
+        with kept_warnings() as warned:
+            result = compute(self._scf, opts)
+        self.result = replace(result, warnings=tuple(warned))
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss

@@ -38,10 +38,13 @@ def _configure_logging(verbose: int, quiet: bool):
         min(verbose, 2)]
     handler = _LogHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.setLevel(level)
     root = logging.getLogger("dfmp2")
     saved = (root.handlers[:], root.level, root.propagate)
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    # the logger lets every WARNING through, for the run's record (Result.warnings), and the
+    # terminal's handler shows what the verbosity asks for
+    root.setLevel(min(level, logging.WARNING))
     root.propagate = False
 
     def restore() -> None:
@@ -756,11 +759,12 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
             write_error = str(exc)
     if collect is not None:  # a batch entry: the batch prints one table (-v: and its summary)
         if verbose and not quiet:
-            click.echo(f"== {who.strip(' ()') or 'entry'}\n{result.summary(verbose=True)}\n")
+            click.echo(f"== {who.strip(' ()') or 'entry'}\n"
+                       f"{result.summary(verbose=True, warnings=False)}\n")
         collect.append(result)
     else:
-        click.echo(f"{energy:.{result.corr_decimals}f}" if quiet
-                   else result.summary(verbose=verbose >= 1))
+        click.echo(f"{energy:.{result.corr_decimals}f}" if quiet  # (warnings: logged above)
+                   else result.summary(verbose=verbose >= 1, warnings=False))
     if write_error:  # the summary above (a batch: its row) still carries every energy
         raise _fail(write_error, who)
 

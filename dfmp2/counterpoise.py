@@ -207,9 +207,20 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
                      progress=None, environment=None, **options):
     """The complex's :class:`~dfmp2.results.Result` with ``interaction`` set: the
     counterpoise-corrected interaction energies (module docstring), each fragment's energies
-    and what the fragments were. ``fragments``: atom counts in file order ("3,3" or a
-    sequence); ``fragment_charges``/``fragment_spins`` per fragment (see
-    :func:`parse_fragments`); ``options``: those of :func:`dfmp2.run`, for every run."""
+    and what the fragments were; its ``warnings`` those of every run, a fragment's named.
+    ``fragments``: atom counts in file order ("3,3" or a sequence);
+    ``fragment_charges``/``fragment_spins`` per fragment (see :func:`parse_fragments`);
+    ``options``: those of :func:`dfmp2.run`, for every run."""
+    from ._logged import kept_warnings
+
+    with kept_warnings() as warned:
+        result = _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progress,
+                               environment, options, warned)
+    return None if result is None else replace(result, warnings=tuple(warned))
+
+
+def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progress, environment,
+                  options: dict, warned: list[str]):
     from qcelemental import constants
 
     from .api import check_run, run
@@ -260,8 +271,10 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
     for k, frag in enumerate(moles):
         stage = f"fragment {k + 1}/{len(frags.counts)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
+        said = len(warned)
         with _named(frags, k), _finished_said(complex_result, parts):
             parts.append(run(frag, progress=report, **per_fragment[k]))
+        warned[said:] = [f"fragment {k + 1}: {text}" for text in warned[said:]]
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None
     to_kcal = constants.conversion_factor("hartree", "kcal/mol")

@@ -241,7 +241,9 @@ class Result:
     of what the ``dfmp2`` command set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
     one process); ``interaction`` the counterpoise-corrected interaction energies of a
-    ``--counterpoise`` run (``extras.interaction``, :mod:`dfmp2.counterpoise`).
+    ``--counterpoise`` run (``extras.interaction``, :mod:`dfmp2.counterpoise`); ``warnings``
+    the WARNING lines the run logged (``extras.warnings``; a counterpoise run's include its
+    fragments').
     """
 
     e_scf: float
@@ -261,6 +263,7 @@ class Result:
     interaction: dict | None = None
     double_hybrid: dict | None = None
     pair_energies: dict | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def e_hf(self) -> float | None:
@@ -365,6 +368,7 @@ class Result:
                 **({"interaction": self.interaction} if self.interaction else {}),
                 **({"double_hybrid": self.double_hybrid} if self.double_hybrid else {}),
                 **({"pair_energies": self.pair_energies} if self.pair_energies else {}),
+                "warnings": list(self.warnings),
             },
             "provenance": {
                 "creator": "dfmp2",
@@ -447,7 +451,7 @@ class Result:
             versions=_object(extras["versions"], "extras.versions"),
             environment=extras.get("environment"), distributed=extras.get("distributed"),
             interaction=extras.get("interaction"), double_hybrid=dh,
-            pair_energies=extras.get("pair_energies"))
+            pair_energies=extras.get("pair_energies"), warnings=_warnings(extras))
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -475,9 +479,11 @@ class Result:
         except InputError as exc:
             raise InputError(f"{path}: {exc}") from None
 
-    def summary(self, verbose: bool = False) -> str:
+    def summary(self, verbose: bool = False, warnings: bool = True) -> str:
         """Readable text for a terminal: the molecule, the basis sets, the reference, then the
-        energies; with ``verbose`` also the backend, BLAS and per-op records and stage times."""
+        energies; with ``verbose`` also the backend, BLAS and per-op records and stage times;
+        with ``warnings`` the run's WARNING lines (``dfmp2 run`` leaves them out: it logged
+        them as they came)."""
         mo, scf, s, m = self.molecule, self.scf, self.sizes, self.method
         ghosts = f" + {mo.nghost} ghost" if mo.nghost else ""
         frozen = _frozen_text(s) + _CORE_RULE_TEXT.get(m.core_rule, "")
@@ -526,6 +532,8 @@ class Result:
                          f"{dh['c_os']:g} OS + {dh['c_ss']:g} SS, no singles ({dh['source']})")
         if m.note:
             lines.append(f"  note: {m.note}")
+        if warnings:
+            lines += [f"  warning: {text}" for text in self.warnings]
         d = self.corr_decimals
         if (reduced := self._reduced_precision_line()) is not None:
             lines.append(reduced)
@@ -720,6 +728,18 @@ def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
 #: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a
 #: sum of three or four terms; anything an edit would change is far larger).
 TOTALS_AGREE = 1e-9
+
+
+def _warnings(extras: dict) -> tuple[str, ...]:
+    """A record's ``extras.warnings`` (a list of strings; a record from before they were kept
+    has none)."""
+    from .errors import InputError
+
+    kept = extras.get("warnings", [])
+    if not isinstance(kept, list) or not all(isinstance(text, str) for text in kept):
+        raise InputError(f"the record's extras.warnings is {kept!r}, not a list of strings: "
+                         "the file was changed after dfmp2 wrote it")
+    return tuple(kept)
 
 
 def _object(value, what: str) -> dict:

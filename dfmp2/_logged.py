@@ -1,0 +1,78 @@
+"""The warnings a run logs, kept for its record.
+
+A run's WARNING lines (a loosely converged SCF, a fitting set short of the orbital basis's
+angular momentum, ``--max-memory`` beyond the machine, ...) go to the ``dfmp2`` logger and
+from there to the terminal; the JSON a workflow reads later must say them too
+(``Result.warnings``, ``extras.warnings``). :func:`kept_warnings` collects the messages of the
+WARNING (and higher) records logged under ``dfmp2`` by the calling thread while its block runs:
+another thread's run keeps its own. Blocks nest (a counterpoise run around the runs of its
+complex and fragments): a record goes to every block open in the thread, so each run keeps its
+own warnings and the outer block all of them.
+
+Only records the ``dfmp2`` logger lets through are seen: every WARNING unless a caller raised
+that logger's level above WARNING (the ``dfmp2`` command keeps the logger at WARNING and
+quietens its terminal handler instead, so ``-q`` runs keep their warnings in the JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+__all__ = ["kept_warnings"]
+
+_local = threading.local()  # .open: the lists of this thread's open blocks, innermost last
+
+
+class _Keeper(logging.Handler):
+    """Appends each WARNING record's message to the open blocks of the thread that logged it.
+    Where no other handler would see the record, it hands it to Python's last resort (stderr),
+    as logging does when a logger has no handler: a program that set up no logging shows
+    dfmp2's warnings with this handler on the logger as it does without it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for kept in getattr(_local, "open", ()):
+            kept.append(record.getMessage())
+        if logging.lastResort is not None and record.levelno >= logging.lastResort.level \
+                and not _other_handlers(record.name):
+            logging.lastResort.handle(record)
+
+
+def _other_handlers(name: str) -> bool:
+    """Whether a record of logger ``name`` reaches a handler other than the keeper."""
+    logger = logging.getLogger(name)
+    while logger is not None:
+        if any(handler is not _keeper for handler in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
+
+
+_keeper = _Keeper(level=logging.WARNING)
+_lock = threading.Lock()
+_users = 0  # threads inside kept_warnings(): the handler is on the logger while any is
+
+
+@contextlib.contextmanager
+def kept_warnings():
+    """A list that receives, while the block runs, the message of each WARNING the calling
+    thread logs under ``dfmp2``."""
+    global _users
+    kept: list[str] = []
+    blocks = _local.__dict__.setdefault("open", [])
+    with _lock:
+        if _users == 0:
+            logging.getLogger("dfmp2").addHandler(_keeper)
+        _users += 1
+    blocks.append(kept)
+    try:
+        yield kept
+    finally:
+        del blocks[next(i for i, block in enumerate(blocks) if block is kept)]  # not by ==
+        with _lock:
+            _users -= 1
+            if _users == 0:
+                logging.getLogger("dfmp2").removeHandler(_keeper)

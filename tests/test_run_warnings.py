@@ -1,0 +1,113 @@
+"""A run's WARNING lines are part of its record: ``Result.warnings`` and the JSON's
+``extras.warnings``, with ``-q`` as without, a counterpoise run's fragments named; ``dfmp2
+show`` prints them; a program that set up no logging still sees them on stderr; one thread's
+run keeps only its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+
+import pytest
+from click.testing import CliRunner
+from pyscf import df, scf
+
+import dfmp2
+from dfmp2._logged import kept_warnings
+from dfmp2.cli import main
+from dfmp2.errors import InputError
+from dfmp2.molecule import build_mole
+from dfmp2.results import Result
+
+from conftest import INPUTS
+
+WATER = str(INPUTS / "water.xyz")
+#: PySCF's table would give this basis cc-pVDZ-RI, whose f functions on O cannot fit its f x f
+#: products: dfmp2 warns (test_basis_records.py), and a small run says so every time.
+SHORT_FIT = ["--basis", "6-31g(2df,p)", "--auxbasis", "cc-pvdz-ri"]
+SHORT_FIT_TEXT = "fitting set reaches no higher angular momentum than the orbital basis on O"
+DIMER = ("O -1.551007 -0.114520 0.000000; H -1.934259 0.762503 0.000000; "
+         "H -0.599677 0.040712 0.000000; O 1.350625 0.111469 0.000000; "
+         "H 1.680398 -0.373741 -0.758561; H 1.680398 -0.373741 0.758561")
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["default", "quiet"])
+def test_the_json_keeps_the_warnings_the_terminal_showed(tmp_path, quiet):
+    out = tmp_path / "w.json"
+    ran = CliRunner().invoke(main, ["run", WATER, *SHORT_FIT, "--json", str(out),
+                                    *(["-q"] if quiet else [])])
+    assert ran.exit_code == 0, ran.output
+    kept = json.loads(out.read_text())["extras"]["warnings"]
+    assert len(kept) == 1 and SHORT_FIT_TEXT in kept[0]
+    # -q shows errors only; without it the warning was logged once, not repeated in the summary
+    assert (SHORT_FIT_TEXT in ran.stderr) is not quiet and "warning:" not in ran.stdout
+    shown = CliRunner().invoke(main, ["show", str(out)])
+    assert shown.exit_code == 0 and f"  warning: {kept[0]}" in shown.stdout.splitlines()
+
+
+def test_a_run_without_warnings_records_none_and_reads_back():
+    result = dfmp2.run(WATER, basis="sto-3g")
+    assert result.warnings == () and result.to_dict()["extras"]["warnings"] == []
+    again = Result.from_json(result.to_json())
+    assert again.warnings == () and again.summary() == result.summary()
+    older = result.to_dict()
+    del older["extras"]["warnings"]  # a record written before warnings were kept
+    assert Result.from_dict(older).warnings == ()
+    for bad in ("one line", [1], {"a": "b"}):
+        older["extras"]["warnings"] = bad
+        with pytest.raises(InputError, match="extras.warnings is .* not a list of strings"):
+            Result.from_dict(older)
+
+
+def test_a_program_without_logging_set_up_still_sees_the_warning():
+    """The record's handler on the ``dfmp2`` logger must not silence Python's last resort."""
+    script = (f"import dfmp2; r = dfmp2.run({WATER!r}, basis='6-31g(2df,p)', "
+              "auxbasis='cc-pvdz-ri'); print(len(r.warnings))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1" and done.stderr.count(SHORT_FIT_TEXT) == 1
+
+
+def test_dfmp2_of_an_scf_object_keeps_its_warnings():
+    mol = build_mole(WATER, basis="cc-pvdz")
+    mf = scf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.conv_tol = 1e-6
+    mf.verbose = 0
+    mf.kernel()
+    pt = dfmp2.DFMP2(mf).run()
+    assert any("converged to conv_tol = 1e-06" in text for text in pt.result.warnings)
+    assert isinstance(mf.with_df, df.DF)
+
+
+def test_a_counterpoise_run_names_its_fragments_warnings():
+    result = dfmp2.run_counterpoise(DIMER, "3,3", basis="6-31g(2df,p)", auxbasis="cc-pvdz-ri")
+    assert len(result.warnings) == 3 and all(SHORT_FIT_TEXT in t for t in result.warnings)
+    assert [t.split(":")[0] for t in result.warnings[1:]] == ["fragment 1", "fragment 2"]
+    assert SHORT_FIT_TEXT in result.warnings[0] and not result.warnings[0].startswith("frag")
+
+
+def test_each_thread_keeps_only_its_own_warnings():
+    logger = logging.getLogger("dfmp2.test_threads")
+    ready, kept = threading.Barrier(2), {}
+
+    def work(name: str) -> None:
+        with kept_warnings() as warned:
+            ready.wait()
+            logger.warning("from %s", name)
+            with kept_warnings() as inner:  # a nested block: both keep it
+                logger.warning("inner %s", name)
+            ready.wait()
+        kept[name] = (list(warned), list(inner))
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert kept == {name: ([f"from {name}", f"inner {name}"], [f"inner {name}"])
+                    for name in ("a", "b")}
+    assert not any(type(h).__name__ == "_Keeper" for h in logging.getLogger("dfmp2").handlers)
