@@ -100,7 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--append", action="store_true",
                    help="add this run's workers to the results file of the same --name in "
-                        "--out-dir (same reference, repeat and precisions), e.g. a coretype "
+                        "--out-dir (same reference, repeat, warm-up, precisions, memory, SCF "
+                        "tolerance and thread timeout), e.g. a coretype "
                         "that an earlier run's --budget-min left out")
     args = p.parse_args(argv)
     if not args.ladder and not args.molecules and not (args.no_ladder and args.e2e):

@@ -108,6 +108,8 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
 
     with limit_threads(threads), kept_warnings() as warned:
         result = _run(geometry, progress, environment, options)
+    if result is None:  # a distributed run's other ranks: rank 0 has the result
+        return None
     return replace(result, warnings=tuple(warned))
 
 

@@ -311,7 +311,9 @@ _D = Options.default
 @click.option("-v", "--verbose", count=True,
               help="-v: SCF iterations, backend, BLAS and per-op records and timings; -vv: "
                    "debug detail.")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors and the MP2 total energy.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Only errors and the run's total energy (MP2; a double hybrid's; a QCSchema "
+                   "input's method's).")
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, an atom string like "O 0 0 0; H 0 0 1; ...", or a
     QCSchema AtomicInput .json file, v1 or v2, whose keywords set the options: those given on
