@@ -31,6 +31,10 @@ __all__ = [
 _arm_qcengine()
 
 
+def __dir__():  # the lazily loaded names too (tab completion, dir())
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name):
     # PySCF and torch load only when the API is used, so `dfmp2 --help` stays fast.
     if name in ("run", "DFMP2"):

@@ -92,6 +92,9 @@ def check_writable_file(path: str, what: str, replaced: bool = False) -> None:
         raise InputError(f"{what} path is empty; give a file path")
     if os.path.isdir(path):
         raise InputError(f"{what} {path!r} is a directory; give a file path")
+    if str(path).endswith(("/", os.sep)):  # realpath would drop the slash and make a file
+        raise InputError(f"{what} {path!r} ends in '/', a directory, and there is none; give "
+                         "a file path")
     mode = os.stat(path).st_mode if os.path.exists(path) else None
     if replaced and mode is not None and not stat.S_ISREG(mode):
         raise InputError(f"{what} {path!r} is not a regular file; give a file path")

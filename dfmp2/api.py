@@ -803,6 +803,11 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
         eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
     cycles = getattr(mf, "cycles", None)
     s2 = spin_contamination(mf)
+    homo_spin = lumo_spin = None
+    if isinstance(mf, pyscf_scf.uhf.UHF):  # which spin holds the frontier orbitals
+        per_spin = [(np.asarray(e), np.asarray(o) > 0) for e, o in zip(mf.mo_energy, mf.mo_occ)]
+        homo_spin = _holder([e[o].max() if o.any() else -np.inf for e, o in per_spin], max)
+        lumo_spin = _holder([e[~o].min() if (~o).any() else np.inf for e, o in per_spin], min)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
                    restart=getattr(mf, "restart", None), jk=_jk_record(mf),
                    jk_stats=_jk_stats(mf),
@@ -815,7 +820,17 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    solver=getattr(mf, "solver", None),
                    conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
                                        or float(mf.conv_tol) ** 0.5),
-                   hamiltonian=hamiltonian_record(mf))
+                   hamiltonian=hamiltonian_record(mf), homo_spin=homo_spin,
+                   lumo_spin=lumo_spin)
+
+
+def _holder(values: list[float], pick) -> str:
+    """'alpha' or 'beta': the spin whose value ``pick`` (max, min) chooses; 'both' where they
+    agree to the 1e-6 Eh the summary prints (a closed shell's two spins differ by the SCF's
+    convergence: 2e-8 Eh for water at an orbital gradient of 1e-7)."""
+    if values[0] == values[1] or abs(values[0] - values[1]) <= 1e-6:
+        return "both"
+    return ("alpha", "beta")[values.index(pick(values))]
 
 
 def check_float64_k(mf) -> None:

@@ -182,11 +182,12 @@ _D = Options.default
               help="Cartesian (6d, 10f) or spherical (5d, 7f) functions [default: spherical, "
                    "as PySCF; Gaussian and Psi4 run 3-21G and 6-31G sets Cartesian, so "
                    "--cartesian gives their energies].")
-@click.option("--scf-type", type=click.Choice(SCF_TYPES), default=_D("scf_type"),
+@click.option("--scf-type", type=click.Choice(SCF_TYPES, case_sensitive=False),
+              default=_D("scf_type"),
               show_default=True, help="Density-fitted SCF (JK-fit basis) or exact integrals.")
 @click.option("--scf-auxbasis", default=_D("scf_auxbasis"),
               help="JK-fit basis of a DF-SCF [default: JK-fit partner of --basis].")
-@click.option("--scf-precision", type=click.Choice(SCF_PRECISIONS),
+@click.option("--scf-precision", type=click.Choice(SCF_PRECISIONS, case_sensitive=False),
               default=_D("scf_precision"), show_default=True,
               help="K of a DF-SCF (and J, where its tensor is held unpacked) in float64 "
                    "throughout, or (mixed) in float32 until the orbital gradient is below "
@@ -195,7 +196,10 @@ _D = Options.default
 @click.option("--charge", type=int, default=_D("charge"), show_default=True)
 @click.option("--spin", type=int, default=_D("spin"), show_default=True,
               help="2S (number of unpaired electrons), PySCF convention.")
-@click.option("--reference", type=click.Choice(REFERENCES), default=_D("reference"),
+@click.option("--multiplicity", type=int, default=None,
+              help="2S + 1, instead of --spin (--multiplicity 2: a doublet, --spin 1).")
+@click.option("--reference", type=click.Choice(REFERENCES, case_sensitive=False),
+              default=_D("reference"),
               help="SCF reference: rhf (singlets), uhf (unrestricted MP2) or rohf "
                    "(ROHF-MBPT(2), semicanonical orbitals and singles) [default: rhf for "
                    "singlets, uhf otherwise].")
@@ -205,9 +209,10 @@ _D = Options.default
                    "outer core correlated); with an ECP only the core electrons it leaves.")
 @click.option("--frozen", type=click.IntRange(min=0), default=_D("frozen"),
               help="Freeze the N lowest orbitals (instead of --frozen-core).")
-@click.option("--backend", type=click.Choice(BACKENDS), default=_D("backend"),
+@click.option("--backend", type=click.Choice(BACKENDS, case_sensitive=False), default=_D("backend"),
               show_default=True, help="Linear-algebra backend of the MP2 pipeline.")
-@click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES), default=_D("cpu_blas"),
+@click.option("--cpu-blas", type=click.Choice(CPU_BLAS_CHOICES, case_sensitive=False),
+              default=_D("cpu_blas"),
               show_default=True,
               help="Whose BLAS runs CPU matrix products: auto = numpy's OpenBLAS on AMD CPUs with "
                    "AVX2/FMA and Intel CPUs with AVX-512, torch's MKL otherwise. With numpy, "
@@ -222,16 +227,19 @@ _D = Options.default
               help="Run NKI kernels in the real nki.simulate (env DFMP2_USE_SIMULATOR=1).")
 @click.option("--require-nki", is_flag=True, envvar="DFMP2_REQUIRE_NKI",
               help="Make any fallback from nki to pytorch an error (env DFMP2_REQUIRE_NKI=1).")
-@click.option("--nki-matmul", type=click.Choice(NKI_MATMULS), default=_D("nki_matmul"),
+@click.option("--nki-matmul", type=click.Choice(NKI_MATMULS, case_sensitive=False),
+              default=_D("nki_matmul"),
               show_default=True,
               help="Products of the NKI pair kernels: fp32, or bf16x3 (bfloat16 high and low "
                    "parts, three products in float32 PSUM: 3/4 of the fp32 TensorE time).")
-@click.option("--nki-target", type=click.Choice(NKI_TARGETS), default=_D("nki_target"),
+@click.option("--nki-target", type=click.Choice(NKI_TARGETS, case_sensitive=False),
+              default=_D("nki_target"),
               show_default=True,
               help="NeuronCore generation of the NKI launches: trn2 runs two SPMD programs per "
                    "launch (LNC=2), trn1 alternates its two cores; auto reads the instance type "
                    "(the emulated target with --nki-emulator).")
-@click.option("--device", type=click.Choice(("auto", "cpu", "cuda")), default=_D("device"),
+@click.option("--device", type=click.Choice(("auto", "cpu", "cuda"), case_sensitive=False),
+              default=_D("device"),
               show_default=True,
               help="Where the MP2 step runs: a CUDA device through torch, or the host; auto "
                    "takes a CUDA device when torch sees one.")
@@ -240,7 +248,8 @@ _D = Options.default
 @click.option("--max-memory", type=click.IntRange(min=1), default=_D("max_memory"),
               show_default=True,
               help="Memory budget in MB of the DF-SCF's J/K and of the MP2 step.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default=_D("precision"),
+@click.option("--precision", type=click.Choice(PRECISIONS, case_sensitive=False),
+              default=_D("precision"),
               show_default=True,
               help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")
 @click.option("--force-outcore", is_flag=True,
@@ -295,7 +304,8 @@ _D = Options.default
               help="Charge of each fragment [default: 0 each].")
 @click.option("--fragment-spins", default=None, metavar="S1,S2,...",
               help="2S of each fragment [default: 0 or 1 by its electron count].")
-@click.option("--dist-backend", type=click.Choice(("auto",) + DIST_BACKENDS), default="auto",
+@click.option("--dist-backend", type=click.Choice(("auto",) + DIST_BACKENDS, case_sensitive=False),
+              default="auto",
               show_default=True,
               help="Under torchrun: the torch.distributed backend (auto: nccl when each rank "
                    "of a node has a CUDA device, xla with torch-xla on a Neuron device, else "
@@ -343,6 +353,14 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     if options["_plot"] is not None:
         options["pair_energies"] = True
     explicit = options.pop("_explicit", set(options))
+    multiplicity = options.pop("multiplicity")
+    if multiplicity is not None:
+        if "spin" in explicit:
+            raise _fail("give --spin (2S) or --multiplicity (2S + 1), not both")
+        if multiplicity < 1:
+            raise _fail(f"--multiplicity is 2S + 1, at least 1; got {multiplicity}")
+        options["spin"] = multiplicity - 1
+        explicit = (explicit - {"multiplicity"}) | {"spin"}
     cp = {k: options.pop(k, None) for k in ("counterpoise", "fragments", "fragment_charges",
                                             "fragment_spins")}
     if not cp["counterpoise"] and any(cp[k] is not None for k in cp if k != "counterpoise"):
@@ -450,9 +468,10 @@ def _run_batch(entries, json_path, verbose, quiet, options, environment, ranks,
                 raise _fail(f"--json - writes one result to stdout; with {len(entries)} "
                             "geometries give a directory or a path with {name} or {index}")
             if not os.path.isdir(path):
+                missing = ("there is no directory of that name; create it, or give"
+                           if path.endswith(("/", os.sep)) else "give a directory or")
                 raise _fail(f"{flag} {path!r}: with {len(entries)} geometries each result "
-                            "needs its own file; give a directory or a path with {name} or "
-                            "{index}")
+                            f"needs its own file; {missing} a path with {{name}} or {{index}}")
         if flag == "--plot":  # its file type and place, checked once for every entry
             first = _output_error(None, _batch_json(path, entries[0][0], 1, suffix))
             if first is not None:
@@ -986,7 +1005,8 @@ TRNSCI_ENERGY_SECONDS = {(64, 448, 1536): ("medium", 5.43), (96, 672, 2304): ("l
 @click.option("--nvir", type=click.IntRange(1, 20000), required=True, help="Virtual orbitals.")
 @click.option("--naux", type=click.IntRange(1, 100000), required=True,
               help="Auxiliary functions.")
-@click.option("--target", type=click.Choice(["trn1", "trn2"]), default="trn1", show_default=True,
+@click.option("--target", type=click.Choice(["trn1", "trn2"], case_sensitive=False),
+              default="trn1", show_default=True,
               help="NeuronCore whose documented rates price the instructions.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the report as JSON to PATH ('-' for stdout).")

@@ -29,7 +29,7 @@ from pyscf.data.elements import ELEMENTS
 from .errors import InputError
 
 __all__ = ["GHOST_PREFIX", "Geometry", "atom_label", "parse_geometry", "read_xyz",
-           "read_xyz_frames"]
+           "read_xyz_frames", "stated_charge_multiplicity"]
 
 #: PySCF's spelling of a ghost atom: ``GHOST-O`` carries O's basis functions and nothing else.
 GHOST_PREFIX = "GHOST-"
@@ -41,6 +41,14 @@ _FORTRAN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[dD]([+-]?\d+)$")
 _PSI4_GHOST = re.compile(r"^gh\((.+)\)$", re.IGNORECASE)
 _LABEL = re.compile(r"^([A-Za-z]+)([^A-Za-z].*)?$")
 _EXAMPLE = "'O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59'"
+#: An ion's label (Na+, Cl-, Cl-1, O2-, Fe+3): its letters, then a charge sign with or without a
+#: number on either side; PySCF would read the element and drop the sign.
+_CHARGED = re.compile(r"^[A-Za-z]+\d*[+-]\d*$")
+#: A comment line that states a charge and multiplicity: two integers ('0 1', '-1 2'), or
+#: 'charge=...' and/or 'mult[iplicity]=...' ('=' or ':' or a blank between name and value).
+_STATED_PAIR = re.compile(r"^\s*([+-]?\d+)[\s,]+([1-9]\d*)\s*$")
+_STATED_CHARGE = re.compile(r"\bcharge\s*[=:\s]\s*([+-]?\d+)\b", re.IGNORECASE)
+_STATED_MULT = re.compile(r"\bmult(?:iplicity)?\s*[=:\s]\s*([1-9]\d*)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Geometry:
     source: str
     comment: str = ""
     where: tuple = ()
+    comment_where: str = ""  # an xyz frame's comment line: "path line 2"
 
 
 def _element(token: str) -> str | None:
@@ -86,6 +95,11 @@ def atom_label(token: str, where: str) -> str:
     token = token.strip()
     body = _ghost_body(token)
     element = _element(body.strip() if body is not None else token)
+    if element is not None and _CHARGED.match(body.strip() if body is not None else token):
+        raise InputError(
+            f"{where}: atom {token!r} carries a charge sign, which dfmp2 would not apply to the "
+            f"atom; write {element} and give the molecule's total charge with --charge "
+            "(Python: charge=)")
     if element is not None:
         return GHOST_PREFIX + element if body is not None else element
     if re.fullmatch(r"[Xx]\d*", token):
@@ -97,6 +111,16 @@ def atom_label(token: str, where: str) -> str:
         f"{where}: unknown element {token!r}; write a symbol (O), an atomic number (8), a label "
         "(O1) or a ghost atom (@O, Gh(O), X-O, ghost-O)"
     )
+
+
+def stated_charge_multiplicity(comment: str) -> tuple[int | None, int | None]:
+    """The charge and multiplicity an xyz comment line states ('0 1', 'charge=-1 mult=2',
+    'Charge: 1'), each None where it states none."""
+    pair = _STATED_PAIR.match(comment.translate(_MINUS))
+    if pair:
+        return int(pair.group(1)), int(pair.group(2))
+    charge, mult = _STATED_CHARGE.search(comment), _STATED_MULT.search(comment)
+    return (int(charge.group(1)) if charge else None, int(mult.group(1)) if mult else None)
 
 
 def _fields(line: str) -> list[str]:
@@ -261,7 +285,8 @@ def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int
     where = tuple(f"{path} line {k}" for k in range(first + 2, first + 2 + natm))
     atoms = tuple(_atom_line(line, w) for line, w in zip(body, where))
     comment = lines[start + 1].strip() if len(lines) > start + 1 else ""
-    return Geometry(atoms, str(path), comment, where), start + 2 + natm
+    return (Geometry(atoms, str(path), comment, where, f"{path} line {first + 1}"),
+            start + 2 + natm)
 
 
 def parse_atom_string(text: str) -> Geometry:

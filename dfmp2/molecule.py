@@ -22,7 +22,13 @@ from pyscf.lib.exceptions import BasisNotFoundError
 
 from ._quiet import quiet
 from .errors import InputError
-from .geometry import GHOST_PREFIX, Geometry, parse_geometry, read_xyz
+from .geometry import (
+    GHOST_PREFIX,
+    Geometry,
+    parse_geometry,
+    read_xyz,
+    stated_charge_multiplicity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -564,6 +570,7 @@ def _pp_partner(basis, elements):
 
 
 def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
+    _check_stated(parsed, 0 if charge is None else int(charge), 0 if spin is None else int(spin))
     basis = DEFAULT_BASIS if basis is None else basis
     _check_basis_arg(basis)
     labels = [label for label, _ in parsed.atoms]
@@ -585,6 +592,29 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -
     mol.verbose = 0
     mol = _build(mol, basis, parsed.source)
     return _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
+
+
+def _check_stated(parsed: Geometry, charge: int, spin: int) -> None:
+    """An xyz comment line that states another charge or multiplicity than the run's: refused
+    where the run has the defaults (charge 0, singlet: the file's ion or radical would run as a
+    neutral closed shell, a different molecule), a WARNING where the caller asked for these."""
+    stated_charge, stated_mult = stated_charge_multiplicity(parsed.comment)
+    said = [f"{name} {value}" for name, value, own in (
+        ("charge", stated_charge, charge), ("multiplicity", stated_mult, spin + 1))
+        if value is not None and value != own]
+    if not said:
+        return
+    where = f"{parsed.comment_where} (the comment line)"
+    if charge == 0 and spin == 0:
+        q = charge if stated_charge is None else stated_charge
+        s = spin if stated_mult is None else stated_mult - 1
+        raise InputError(
+            f"{where} states {' and '.join(said)}, but dfmp2 takes the charge and spin only "
+            f"from --charge and --spin (Python: charge=, spin=), here charge 0 and a singlet; "
+            f"give --charge {q} --spin {s} to run what the file states, or change its comment "
+            "line")
+    log.warning("%s states %s; the run is charge %d, multiplicity %d, as asked", where,
+                " and ".join(said), charge, spin + 1)
 
 
 def _warn_missing_ecps(mol) -> None:

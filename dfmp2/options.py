@@ -134,8 +134,8 @@ class Options:
 
     def __post_init__(self):
         _check_types(self)
-        _choice("scf_type", self.scf_type, SCF_TYPES)
-        _choice("scf_precision", self.scf_precision, SCF_PRECISIONS)
+        _choice(self, "scf_type", SCF_TYPES)
+        _choice(self, "scf_precision", SCF_PRECISIONS)
         if self.scf_type == "conv":
             for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
                                          ("scf_precision", self.scf_precision, "fp64")):
@@ -144,9 +144,9 @@ class Options:
                     raise InputError(f"{flag} {value} sets the density-fitted SCF, and "
                                      "--scf-type conv runs it on exact integrals; drop one "
                                      "of them")
-        _choice("backend", self.backend, BACKENDS)
-        _choice("cpu_blas", self.cpu_blas, CPU_BLAS_CHOICES)
-        _choice("device", self.device, ("auto", "cpu", "cuda"))
+        _choice(self, "backend", BACKENDS)
+        _choice(self, "cpu_blas", CPU_BLAS_CHOICES)
+        _choice(self, "device", ("auto", "cpu", "cuda"))
         if self.device_memory is not None:
             if (not isinstance(self.device_memory, numbers.Integral)
                     or isinstance(self.device_memory, bool) or self.device_memory <= 0):
@@ -156,8 +156,8 @@ class Options:
             if self.device == "cpu":
                 raise InputError("--device-memory sets the budget of a CUDA device, and --device "
                                  "cpu runs on the host; drop one of them")
-        _choice("nki_matmul", self.nki_matmul, NKI_MATMULS)
-        _choice("nki_target", self.nki_target, NKI_TARGETS)
+        _choice(self, "nki_matmul", NKI_MATMULS)
+        _choice(self, "nki_target", NKI_TARGETS)
         if self.backend == "pytorch" and self.nki_matmul != "fp32":
             raise InputError(f"--nki-matmul {self.nki_matmul} chooses the NKI pair kernels' "
                              "products and contradicts --backend pytorch; drop one of them")
@@ -182,9 +182,9 @@ class Options:
             if not self.scratch_dir.strip():
                 raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or "
                                  "leave it out for the system's temporary directory")
-        _choice("precision", self.precision, PRECISIONS)
+        _choice(self, "precision", PRECISIONS)
         if self.reference is not None:
-            _choice("reference", self.reference, REFERENCES)
+            _choice(self, "reference", REFERENCES)
         if not isinstance(self.basis, str) or not self.basis.strip():
             raise InputError(f"basis must be a basis-set name (or a file path), got "
                              f"{self.basis!r}; for a basis per element build a pyscf Mole "
@@ -195,7 +195,7 @@ class Options:
             raise InputError(f"cartesian must be True, False or None, got {self.cartesian!r}")
         if self.cartesian is not None:
             object.__setattr__(self, "cartesian", bool(self.cartesian))
-        _choice("core_rule", self.core_rule, CORE_RULES)
+        _choice(self, "core_rule", CORE_RULES)
         if self.core_rule != "pyscf" and not self.frozen_core:
             raise InputError(f"core_rule={self.core_rule!r} chooses which core frozen_core "
                              "freezes; it needs frozen_core=True")
@@ -375,6 +375,11 @@ def _check_indices(frozen) -> None:
         raise InputError(f"frozen orbital indices must be integers >= 0, got {frozen}")
 
 
-def _choice(name: str, value, valid: tuple) -> None:
-    if value not in valid:
+def _choice(options, name: str, valid: tuple) -> None:
+    """``options.name`` is one of ``valid``, in any case and with blanks around it ('UHF' is
+    'uhf', as basis names are): put as spelled in ``valid``; else one line naming them."""
+    value = getattr(options, name)
+    if isinstance(value, str) and value not in valid and value.strip().lower() in valid:
+        object.__setattr__(options, name, value.strip().lower())
+    elif value not in valid:
         raise InputError(f"{name} must be one of {', '.join(valid)}; got {value!r}")

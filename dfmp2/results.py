@@ -57,7 +57,8 @@ class ScfInfo:
     it was converged to (PySCF's sqrt(conv_tol) where the object set none), ``hamiltonian``
     what an SCF object given to dfmp2 added to the molecule's Hamiltonian (X2C, its own
     one-electron terms, a solvent model: :func:`dfmp2.reference.hamiltonian_record`; None for
-    the molecule's own)."""
+    the molecule's own); ``homo_spin``/``lumo_spin`` which spin ('alpha', 'beta', or 'both'
+    where they tie) holds them in an unrestricted determinant (None for a restricted one)."""
 
     kind: str
     xc: str | None
@@ -77,6 +78,8 @@ class ScfInfo:
     solver: str | None = None
     conv_tol_grad: float | None = None
     hamiltonian: str | None = None
+    homo_spin: str | None = None
+    lumo_spin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -515,8 +518,9 @@ class Result:
             + (f", orbital gradient {scf.conv_tol_grad:.0e})" if scf.conv_tol_grad else ")")
             + (f"; {scf.restart}" if scf.restart else "")
             + (f"; {scf.solver}" if scf.solver and scf.solver != "DIIS (PySCF)" else ""),
-            f"  HOMO {scf.homo:.6f} Eh" + (f"  LUMO {scf.lumo:.6f} Eh" if scf.lumo is not None
-                                          else "  LUMO none (no virtual orbitals)"),
+            f"  HOMO {scf.homo:.6f} Eh{_spin_text(scf.homo_spin)}"
+            + (f"  LUMO {scf.lumo:.6f} Eh{_spin_text(scf.lumo_spin)}" if scf.lumo is not None
+               else "  LUMO none (no virtual orbitals)"),
             f"  MP2 space  {_mp2_space(s)} ({frozen})",
         ]
         if scf.hamiltonian:
@@ -670,7 +674,7 @@ RESULT_EXTRAS = ("scs_mp2_correlation_energy", "scs_mp2_total_energy",
                  "custom_scs_mp2_correlation_energy", "custom_scs_mp2_total_energy",
                  "molecule", "scf",
                  "sizes", "method", "backend", "timings", "versions", "environment",
-                 "distributed", "interaction", "double_hybrid", "pair_energies")
+                 "distributed", "interaction", "double_hybrid", "pair_energies", "warnings")
 
 #: The name of a scaled MP2 energy in ``extras`` (``*_correlation_energy``, ``*_total_energy``)
 #: and of its level in a counterpoise record, by its label (:class:`dfmp2.functionals.Scaling`).
@@ -860,6 +864,10 @@ def versions() -> dict:
             "numpy": numpy.__version__, "python": platform.python_version()}
 
 
+def _spin_text(spin: str | None) -> str:
+    return "" if spin is None else " (both spins)" if spin == "both" else f" ({spin} spin)"
+
+
 def _interaction_lines(inter: dict, error: float = 0.0) -> list[str]:
     """The counterpoise section of the summary: the fragments, then E_int per level, each to
     the decimals its :func:`interaction_error` leaves (``error``: the complex's)."""
@@ -870,6 +878,14 @@ def _interaction_lines(inter: dict, error: float = 0.0) -> list[str]:
                       f"{f['multiplicity']})" for f in inter["fragments"])
     lines = [f"  Counterpoise-corrected interaction energy, {len(inter['fragments'])} fragments "
              f"in the complex's basis: {frags}"]
+    totals = inter.get("totals_eh")
+    if totals:  # the totals E(int) is made of: the complex's, then each fragment's
+        names = ["complex", *(f"fragment {k + 1}" for k in range(len(totals["fragments"])))]
+        lines.append(f"  {'totals (Eh)':<22s}" + "".join(f"{name:>22s}" for name in names))
+        for level, label in inter["levels"].items():
+            d = decimals_for(interaction_error(level, error) / 2)  # each run's own error
+            values = [totals["complex"][level], *(f[level] for f in totals["fragments"])]
+            lines.append(f"  {'E(' + label + ')':<22s}" + "".join(f"{v:22.{d}f}" for v in values))
     for level, label in inter["levels"].items():
         value = inter[level]
         level_error = interaction_error(level, error)

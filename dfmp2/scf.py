@@ -155,8 +155,8 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     if not mf.converged:
         raise ConvergenceError(
             f"the {_label(mf, options)} did not converge in "
-            f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise --max-cycle or "
-            "check the geometry" + (
+            f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise --max-cycle, or "
+            "check the geometry, the charge and the spin (--charge, --spin)" + (
                 "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
                 "or a looser --conv-tol-grad" if options.xc is not None else "")
         )

@@ -129,6 +129,15 @@ def test_cli_counterpoise_prints_and_records(tmp_path, formic):
     assert result.exit_code == 0, result.output
     assert "Counterpoise-corrected interaction energy, 2 fragments" in result.output
     assert "E(int) MP2" in result.output and "kcal/mol" in result.output
+    # the totals E(int) is made of, the complex's then each fragment's, each to 12 decimals
+    lines = result.stdout.splitlines()
+    head = next(k for k, line in enumerate(lines) if line.lstrip().startswith("totals (Eh)"))
+    assert lines[head].split()[2:] == ["complex", "fragment", "1", "fragment", "2"]
+    totals = formic.interaction["totals_eh"]
+    mp2 = next(line for line in lines[head:] if line.split()[0] == "E(MP2)").split()[1:]
+    assert [float(v) for v in mp2] == pytest.approx(
+        [totals["complex"]["mp2"], *(f["mp2"] for f in totals["fragments"])], abs=TOL_OUTCORE)
+    assert all(len(v.split(".")[1]) == 12 for v in mp2)
     data = json.loads(out.read_text())
     v1.AtomicResult(**data)  # still a valid AtomicResult
     assert data["extras"]["interaction"]["mp2"]["eh"] == pytest.approx(

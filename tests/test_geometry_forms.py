@@ -275,3 +275,44 @@ def test_a_basis_dict_that_leaves_an_element_out_is_refused():
         dfmp2.DFMP2(mf).run()
     with pytest.raises(InputError, match="auxiliary basis .* no functions for H"):
         dfmp2.run(WATER, auxbasis={"O": "cc-pvdz-ri"}, max_cycle=1)
+
+
+@pytest.mark.parametrize("token", ["Na+", "Cl-", "Cl-1", "O2-", "Fe+3", "H+", "gh(Na+)"])
+def test_an_atom_with_a_charge_sign_is_refused_not_run_neutral(token):
+    """PySCF reads 'Na+' as Na and drops the sign: a cation would run as a neutral atom."""
+    with pytest.raises(InputError, match=r"entry 1 .* carries a charge sign.* --charge"):
+        build_mole(f"{token} 0 0 0; H 0 0 1.6", basis="sto-3g", spin=None)
+
+
+@pytest.mark.parametrize("comment, stated", [
+    ("1 2", (1, 2)), ("-1, 1", (-1, 1)), ("\u22122 1", (-2, 1)), ("charge=2 mult=1", (2, 1)),
+    ("Charge: -1", (-1, None)), ("multiplicity 3", (None, 3)),
+    ("water, B3LYP geometry", (None, None)), ("2 waters", (None, None)),
+    ("charge density", (None, None)), ("1 0", (None, None)), ("0 1 2", (None, None))])
+def test_a_comment_lines_charge_and_multiplicity_are_read_as_stated(comment, stated):
+    from dfmp2.geometry import stated_charge_multiplicity
+
+    assert stated_charge_multiplicity(comment) == stated
+
+
+def test_a_comment_line_stating_another_charge_is_refused_unless_one_was_asked(tmp_path,
+                                                                                caplog):
+    """An ion's xyz whose comment says 'charge=-1' would run neutral without a word; with no
+    charge or spin asked that is refused, with them asked the run goes on and warns."""
+    import logging
+
+    path = tmp_path / "oh.xyz"
+    path.write_text("2\ncharge=-1 mult=1\nO 0 0 0\nH 0 0 0.97\n")
+    with pytest.raises(InputError, match=r"oh.xyz line 2 \(the comment line\) states charge -1, "
+                                         r"but .* give --charge -1 --spin 0 to run"):
+        build_mole(str(path), basis="sto-3g")
+    assert build_mole(str(path), basis="sto-3g", charge=-1).nelectron == 10  # as stated
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        radical = build_mole(str(path), basis="sto-3g", spin=1)  # asked for: the radical
+    assert radical.nelectron == 9 and "states charge -1 and multiplicity 1; the run is " \
+                                      "charge 0, multiplicity 2, as asked" in caplog.text
+    path.write_text("2\n0 2\nO 0 0 0\nH 0 0 0.97\n")  # what the run is: nothing said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        assert build_mole(str(path), basis="sto-3g", spin=1).spin == 1
+    assert "comment" not in caplog.text

@@ -243,9 +243,9 @@ def test_a_signal_while_the_output_is_written_waits_for_it(tmp_path, monkeypatch
     summary = Result.summary
     before = signal.getsignal(signal.SIGTERM)
 
-    def signalled_summary(self, verbose=False):
+    def signalled_summary(self, verbose=False, warnings=True):
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the output is written
-        return summary(self, verbose)
+        return summary(self, verbose, warnings)
 
     monkeypatch.setattr(Result, "summary", signalled_summary)
     out = tmp_path / "out.json"
@@ -456,3 +456,46 @@ def test_a_json_path_written_in_place_where_a_rename_cannot_go(tmp_path, monkeyp
     shown = subprocess.run(f"cat {record} | {sys.executable} -m dfmp2 show /dev/stdin",
                            shell=True, capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0 and "E(MP2) total" in shown.stdout, shown.stderr
+
+
+def test_choices_take_any_case_and_a_json_directory_path_must_exist(tmp_path):
+    """'--reference UHF' is uhf, as basis names are any case; '--json out/' is a directory, so
+    where there is none it is refused (it was written as a file named 'out')."""
+    runner = CliRunner()
+    ran = runner.invoke(main, ["run", WATER, "--basis", "sto-3g", "--reference", "UHF",
+                               "--scf-type", "DF", "--json", str(tmp_path / "w.json"), "-q"])
+    assert ran.exit_code == 0, ran.output
+    assert json.loads((tmp_path / "w.json").read_text())["extras"]["scf"]["kind"] == "uhf"
+    assert dfmp2.run(WATER, basis="sto-3g", reference=" ROHF", precision="FP64").scf.kind \
+        == "rohf"
+    one = runner.invoke(main, ["run", WATER, "--basis", "sto-3g", "--json",
+                               str(tmp_path / "out") + "/"])
+    assert one.exit_code == 1 and "ends in '/', a directory, and there is none" in one.output
+    two = runner.invoke(main, ["run", WATER, WATER, "--basis", "sto-3g", "--json",
+                               str(tmp_path / "out") + "/"])
+    assert two.exit_code == 1 and "there is no directory of that name; create it" in two.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_multiplicity_is_spin_plus_one_and_not_both():
+    runner = CliRunner()
+    oh = "O 0 0 0; H 0 0 0.97"
+    ran = runner.invoke(main, ["run", oh, "--basis", "sto-3g", "--multiplicity", "2"])
+    assert ran.exit_code == 0 and "multiplicity 2" in ran.stdout.splitlines()[0]
+    both = runner.invoke(main, ["run", oh, "--multiplicity", "2", "--spin", "1"])
+    assert both.exit_code == 1 and both.output.strip() == (
+        "error: give --spin (2S) or --multiplicity (2S + 1), not both")
+    zero = runner.invoke(main, ["run", oh, "--multiplicity", "0"])
+    assert zero.exit_code == 1 and "at least 1; got 0" in zero.output
+
+
+def test_an_open_shells_frontier_orbitals_name_their_spin():
+    """UHF OH: the HOMO is a beta orbital (the alpha HOMO lies lower); a closed shell run as UHF
+    has both spins' alike; a restricted reference names none."""
+    oh = dfmp2.run("O 0 0 0; H 0 0 0.97", spin=1, basis="sto-3g")
+    assert (oh.scf.homo_spin, oh.scf.lumo_spin) == ("beta", "beta")
+    assert f"HOMO {oh.scf.homo:.6f} Eh (beta spin)  LUMO" in oh.summary()
+    water = dfmp2.run(WATER, basis="sto-3g", reference="uhf")
+    assert (water.scf.homo_spin, water.scf.lumo_spin) == ("both", "both")
+    assert dfmp2.run(WATER, basis="sto-3g").scf.homo_spin is None
+    assert {"run", "DFMP2", "run_counterpoise", "run_qcschema"} <= set(dir(dfmp2))  # lazy ones
