@@ -1,3 +1,3 @@
-from .cli import main
+from ._command import main
 
 main()

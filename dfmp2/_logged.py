@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 
-__all__ = ["kept_warnings"]
+__all__ = ["kept_warnings", "keeper_handlers"]
 
 _local = threading.local()  # .open: the lists of this thread's open blocks, innermost last
 
@@ -40,8 +40,12 @@ class _Keeper(logging.Handler):
 
 
 def _other_handlers(name: str) -> bool:
-    """Whether a record of logger ``name`` reaches a handler other than the keeper."""
-    logger = logging.getLogger(name)
+    """Whether a record of logger ``name`` reaches a handler other than the keeper. The logger
+    is looked up without logging's lock: ``emit`` runs under the keeper's lock, and
+    ``logging.config`` takes logging's lock and then every handler's (a deadlock otherwise)."""
+    logger = logging.Logger.manager.loggerDict.get(name)
+    if not isinstance(logger, logging.Logger):  # (a record's logger exists; say it is handled)
+        return True
     while logger is not None:
         if any(handler is not _keeper for handler in logger.handlers):
             return True
@@ -56,6 +60,25 @@ _lock = threading.Lock()
 _users = 0  # threads inside kept_warnings(): the handler is on the logger while any is
 
 
+def keeper_handlers(source) -> list[logging.Handler]:
+    """The keeper among ``source``'s handlers (a logger or a list of handlers): what code that
+    replaces the ``dfmp2`` logger's handlers (the CLI's logging set-up) must keep while a
+    block is open, so that a run in another thread keeps its record."""
+    handlers = source.handlers if isinstance(source, logging.Logger) else source
+    return [handler for handler in handlers if handler is _keeper]
+
+
+def _attach(attached: bool) -> None:
+    """Put the keeper on the ``dfmp2`` logger or take it off by giving the logger a new list
+    of handlers (under logging's lock where it has one): a thread that is calling the
+    handlers meanwhile goes on over the list it had, where removing from it in place would
+    make it skip the handler after the keeper."""
+    logger = logging.getLogger("dfmp2")
+    with getattr(logging, "_lock", None) or contextlib.nullcontext():
+        others = [handler for handler in logger.handlers if handler is not _keeper]
+        logger.handlers = [*others, _keeper] if attached else others
+
+
 @contextlib.contextmanager
 def kept_warnings():
     """A list that receives, while the block runs, the message of each WARNING the calling
@@ -65,7 +88,7 @@ def kept_warnings():
     blocks = _local.__dict__.setdefault("open", [])
     with _lock:
         if _users == 0:
-            logging.getLogger("dfmp2").addHandler(_keeper)
+            _attach(True)
         _users += 1
     blocks.append(kept)
     try:
@@ -75,4 +98,4 @@ def kept_warnings():
         with _lock:
             _users -= 1
             if _users == 0:
-                logging.getLogger("dfmp2").removeHandler(_keeper)
+                _attach(False)

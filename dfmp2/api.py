@@ -8,6 +8,7 @@ ignored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -152,11 +153,19 @@ def check_run(geometry, options: dict) -> None:
     before its SCF (the options, the molecule, the reference's spin, the auxiliary basis, the
     plan and its memory and scratch space; under torchrun on every rank alike). Its warnings
     are left to that run, which says them."""
+    with silenced():
+        _agreed_setup(geometry, options, distributed.current())
+
+
+@contextlib.contextmanager
+def silenced():
+    """The ``dfmp2`` loggers at ERROR while the block runs: checks made ahead of a run leave
+    their warnings to it (said once, and kept once in its record)."""
     logger = logging.getLogger("dfmp2")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        _agreed_setup(geometry, options, distributed.current())
+        yield
     finally:
         logger.setLevel(level)
 
@@ -185,9 +194,9 @@ def _setup(geometry, options: dict, comm):
         mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
         # the Mole's charge and spin are the run's (an open-shell Mole gets UHF by default)
         opts = dataclasses.replace(opts, charge=int(mol.charge), spin=int(mol.spin))
-    else:
-        mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
-                         ecp=opts.ecp, cartesian=opts.cartesian)
+    else:  # charge and spin None where not given (an xyz comment line may state them)
+        mol = build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
+                         **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
     check_reference_spin(mol, opts.resolved_reference)
     _warn_beyond_physical_memory(opts.max_memory)
     auxmol = make_auxmol(mol, opts.auxbasis)
@@ -393,7 +402,14 @@ def scratch_bytes(plan: RunPlan, naux: int, world_size: int = 1) -> int:
 def check_scratch(plan: RunPlan, opts: Options, naux: int, world_size: int = 1) -> None:
     """Before the SCF: a given or needed scratch directory exists and a file can be made in it
     (tried, not inferred from permission bits), and an out-of-core run has room for its HDF5
-    file there."""
+    file there. A ``TMPDIR`` Python passed over (not a writable directory) gets a WARNING:
+    temporary files go elsewhere, where nothing else would say."""
+    given = os.environ.get("TMPDIR")
+    if opts.scratch_dir is None and given and \
+            os.path.realpath(given) != os.path.realpath(tempfile.gettempdir()):
+        log.warning("TMPDIR %r is not a writable directory; temporary files go to %r (give "
+                    "--scratch-dir, Python: scratch_dir=, to choose)", given,
+                    tempfile.gettempdir())
     outcore = plan.blocks is not None and plan.blocks.outcore
     if opts.scratch_dir is None and not outcore:
         return
@@ -827,7 +843,10 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
 def _holder(values: list[float], pick) -> str:
     """'alpha' or 'beta': the spin whose value ``pick`` (max, min) chooses; 'both' where they
     agree to the 1e-6 Eh the summary prints (a closed shell's two spins differ by the SCF's
-    convergence: 2e-8 Eh for water at an orbital gradient of 1e-7)."""
+    convergence: 2e-8 Eh for water at an orbital gradient of 1e-7); None where neither spin
+    has one (no virtual orbitals)."""
+    if all(np.isinf(values)):
+        return None
     if values[0] == values[1] or abs(values[0] - values[1]) <= 1e-6:
         return "both"
     return ("alpha", "beta")[values.index(pick(values))]

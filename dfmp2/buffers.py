@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from .errors import ResourceError
 from .threads import available
 
 __all__ = ["zeros", "Buffers", "MAX_TOUCH_THREADS", "return_freed_memory"]
@@ -35,7 +36,13 @@ def zeros(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes and hasattr(mmap, "MADV_NOHUGEPAGE"):
-        buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as exc:  # a process memory limit (ulimit -v), an exhausted machine
+            raise ResourceError(
+                f"cannot map {nbytes / 2**20:.0f} MiB of memory ({exc.strerror}); lower "
+                "--max-memory (Python: max_memory=) or raise the process's memory limit "
+                "(ulimit -v)") from None
         buffer.madvise(mmap.MADV_NOHUGEPAGE)
         array = np.frombuffer(buffer, dtype=dtype).reshape(shape)  # unmapped when freed
     else:

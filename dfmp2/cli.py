@@ -25,7 +25,7 @@ from ._names import (
     NKI_TARGETS,
 )
 from ._version import __version__
-from .errors import DFMP2Error, InputError, Interrupted
+from .errors import DFMP2Error, InputError, Interrupted, ResourceError
 from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
 from .results import FULL_DECIMALS, decimals_for, interaction_error
 
@@ -39,16 +39,19 @@ def _configure_logging(verbose: int, quiet: bool):
     handler = _LogHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     handler.setLevel(level)
+    from ._logged import keeper_handlers
+
     root = logging.getLogger("dfmp2")
     saved = (root.handlers[:], root.level, root.propagate)
-    root.handlers[:] = [handler]
+    root.handlers = [handler, *keeper_handlers(root)]  # a new list: see _logged
     # the logger lets every WARNING through, for the run's record (Result.warnings), and the
     # terminal's handler shows what the verbosity asks for
     root.setLevel(min(level, logging.WARNING))
     root.propagate = False
 
-    def restore() -> None:
-        root.handlers[:] = saved[0]
+    def restore() -> None:  # (a run's keeper stays while its block is open, and only then)
+        root.handlers = [*(h for h in saved[0] if h not in keeper_handlers(saved[0])),
+                         *keeper_handlers(root)]
         root.setLevel(saved[1])  # through setLevel: it clears the loggers' isEnabledFor cache
         root.propagate = saved[2]
 
@@ -137,7 +140,8 @@ def _usage_line(exc: click.UsageError) -> click.UsageError:
 class _Main(click.Group):
     """The command group. A Ctrl-C while no run's signal handlers are installed (the imports
     and the BLAS checks of its first second, the output after it) ends as one during the run
-    does: one line and exit status 130, instead of click's "Aborted!" and status 1. Usage
+    does: one line and exit status 130, instead of click's "Aborted!" and status 1; so does
+    any of the console command's signals (:mod:`dfmp2._command`), with 128 + n. Usage
     errors, the group's and its commands', are one line (`_UsageLine`), exit status 2."""
 
     def make_context(self, info_name, args, parent=None, **extra):
@@ -155,10 +159,11 @@ class _Main(click.Group):
             raise
         except click.UsageError as exc:
             raise _usage_line(exc) from None
-        except KeyboardInterrupt:
-            click.echo(f"error: interrupted by SIGINT; exit status {128 + signal.SIGINT}",
-                       err=True)
-            raise click.exceptions.Exit(128 + signal.SIGINT) from None
+        except KeyboardInterrupt as exc:  # Interrupted: the console command's own handlers
+            signum = getattr(exc, "signum", signal.SIGINT)
+            click.echo(f"error: interrupted by {signal.Signals(signum).name}; exit status "
+                       f"{128 + signum}", err=True)
+            raise click.exceptions.Exit(128 + signum) from None
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -354,7 +359,12 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
         options["pair_energies"] = True
     explicit = options.pop("_explicit", set(options))
     multiplicity = options.pop("multiplicity")
+    from .qcschema import INPUT_ONLY, is_schema_input
+
     if multiplicity is not None:
+        if any(is_schema_input(g) for g in geometry):
+            raise _fail("--multiplicity with a QCSchema input: set "
+                        f"{INPUT_ONLY['spin']} in the input instead")
         if "spin" in explicit:
             raise _fail("give --spin (2S) or --multiplicity (2S + 1), not both")
         if multiplicity < 1:
@@ -366,25 +376,29 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     if not cp["counterpoise"] and any(cp[k] is not None for k in cp if k != "counterpoise"):
         raise _fail("--fragments, --fragment-charges and --fragment-spins belong to "
                     "--counterpoise; add it")
-    from .qcschema import is_schema_input
-
     if cp["counterpoise"] and cp["fragments"] is None and not all(
             is_schema_input(g) for g in geometry):  # a QCSchema input may define them
         raise _fail("--counterpoise needs --fragments (atom counts in file order, e.g. 3,3)")
     options["_counterpoise"] = cp if cp["counterpoise"] else None
-    environment = prepare_process(options["cpu_blas"])  # before numpy, torch and PySCF load
-    from .distributed import init_from_environment
+    for name in {"charge", "spin"} - explicit:  # not given: an xyz comment line may say more
+        options.pop(name, None)                 # (molecule._check_stated)
+    from ._logged import kept_warnings
 
-    try:  # under torchrun (its RANK, WORLD_SIZE, MASTER_ADDR/PORT): join the process group
-        ranks = init_from_environment(os.environ, dist_backend, dist_timeout)
-    except DFMP2Error as exc:
-        raise _fail(exc) from None
-    unused = sorted(f"--{name.replace('_', '-')}" for name in explicit
-                    & {"dist_backend", "dist_timeout"})
-    if ranks is None and unused:
-        logging.getLogger("dfmp2.cli").warning(
-            "%s %s under torchrun only; this run is one process", " and ".join(unused),
-            "apply" if len(unused) > 1 else "applies")
+    with kept_warnings() as early:  # the command's own, before any run: each record keeps them
+        environment = prepare_process(options["cpu_blas"])  # before numpy, torch, PySCF load
+        from .distributed import init_from_environment
+
+        try:  # under torchrun (its RANK, WORLD_SIZE, MASTER_ADDR/PORT): join the process group
+            ranks = init_from_environment(os.environ, dist_backend, dist_timeout)
+        except DFMP2Error as exc:
+            raise _fail(exc) from None
+        unused = sorted(f"--{name.replace('_', '-')}" for name in explicit
+                        & {"dist_backend", "dist_timeout"})
+        if ranks is None and unused:
+            logging.getLogger("dfmp2.cli").warning(
+                "%s %s under torchrun only; this run is one process", " and ".join(unused),
+                "apply" if len(unused) > 1 else "applies")
+    options["_early_warnings"] = tuple(early)
     from .threads import limit
 
     try:
@@ -611,7 +625,9 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     sets the options from its keywords, under those in ``explicit`` (given on the command
     line)."""
     leader = ranks is None or ranks.rank == 0
+    options = dict(options)  # a batch hands every entry the same dict
     plot_path = options.pop("_plot", None)
+    early = options.pop("_early_warnings", ())
     who = "" if ranks is None else f" (rank {ranks.rank} of {ranks.world_size})"
     if label:  # a batch entry: its error line names it
         who = f" ({label})" if not who else who[:-1] + f", {label})"
@@ -696,6 +712,11 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             raise _interrupted(signalled, who) from None
         _record_failure(record, exc, job)
         raise _fail(exc, who) from None
+    except MemoryError as exc:  # an allocation the memory plan did not count, or a limit
+        short = ResourceError(f"out of memory ({str(exc) or 'an allocation failed'}); lower "
+                              "--max-memory or raise the process's memory limit (ulimit -v)")
+        _record_failure(record, short, job)
+        raise _fail(short, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
         if ranks is None or not ranks.is_collective_error(exc):
             raise
@@ -704,6 +725,10 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     finally:
         if not computed:
             restore()
+    if early and result is not None:  # the command's own warnings, logged before the run
+        from dataclasses import replace
+
+        result = replace(result, warnings=(*early, *result.warnings))
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
     except click.exceptions.Exit:  # an output that could not be written (its line is out)
@@ -852,19 +877,25 @@ class _PendingSignal:
 
 
 def _raise_on_signals():
-    """Turn SIGINT, SIGTERM and SIGHUP (what batch schedulers send) into :class:`Interrupted`,
-    so ``finally`` blocks remove the temporary HDF5 file; return a function that restores the
-    previous handlers, and the :class:`_PendingSignal` record. A signal the process ignores
-    (SIGHUP under ``nohup``, SIGINT in a background job) stays ignored."""
+    """Turn the :data:`~dfmp2._command.SIGNALS` (terminals', sessions' and batch schedulers')
+    into :class:`Interrupted`, so ``finally`` blocks remove the temporary HDF5 file; return a
+    function that restores the previous handlers, and the :class:`_PendingSignal` record. A
+    signal the process ignores (SIGHUP under ``nohup``, SIGINT in a background job) stays
+    ignored; a second signal while the first one's interruption is under way is ignored too
+    (it would break into the clean-up, and the exit status the line states)."""
+    from ._command import SIGNALS
+
     pending = _PendingSignal()
 
     def handler(signum, _frame):
+        if pending.signum is not None:
+            return
         pending.signum = signum
         if not pending.deferred:
             pending.check()
 
     previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in SIGNALS:
         if signal.getsignal(sig) is signal.SIG_IGN:  # nohup, or a background job: stays ignored
             continue
         try:
@@ -892,8 +923,11 @@ def _raise_on_signals():
 
 
 def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:
+    from ._command import PROCESS
+
     click.echo(f"error{who}: {exc}; temporary files removed; exit status {128 + exc.signum}",
                err=True)
+    PROCESS.status = 128 + exc.signum  # a later signal ends the process with this status
     return click.exceptions.Exit(128 + exc.signum)
 
 

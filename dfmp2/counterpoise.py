@@ -223,18 +223,17 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
                   options: dict, warned: list[str]):
     from qcelemental import constants
 
-    from .api import check_run, run
+    from .api import MOLE_SETTINGS, check_run, run, silenced
     from .molecule import build_mole
     from .options import Options
 
     opts = Options.from_kwargs(**options)
-    if isinstance(geometry, str) or not hasattr(geometry, "atom"):
-        mol = build_mole(geometry, basis=opts.basis, charge=opts.charge, spin=opts.spin,
-                         ecp=opts.ecp, cartesian=opts.cartesian)
-    else:  # a Mole: the settings given with it apply, as in its run (api._setup)
-        from .api import MOLE_SETTINGS
-
-        mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
+    with silenced():  # its warnings are the complex's run's, said there
+        if isinstance(geometry, str) or not hasattr(geometry, "atom"):
+            mol = build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
+                             **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
+        else:  # a Mole: the settings given with it apply, as in its run (api._setup)
+            mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
     sizes = _int_list("--fragments", fragments)
     start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
     for n in sizes:

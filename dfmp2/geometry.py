@@ -41,14 +41,21 @@ _FORTRAN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[dD]([+-]?\d+)$")
 _PSI4_GHOST = re.compile(r"^gh\((.+)\)$", re.IGNORECASE)
 _LABEL = re.compile(r"^([A-Za-z]+)([^A-Za-z].*)?$")
 _EXAMPLE = "'O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59'"
-#: An ion's label (Na+, Cl-, Cl-1, O2-, Fe+3): its letters, then a charge sign with or without a
-#: number on either side; PySCF would read the element and drop the sign.
-_CHARGED = re.compile(r"^[A-Za-z]+\d*[+-]\d*$")
-#: A comment line that states a charge and multiplicity: two integers ('0 1', '-1 2'), or
-#: 'charge=...' and/or 'mult[iplicity]=...' ('=' or ':' or a blank between name and value).
+#: An ion's label (Na+, Cl-, Cl-1, O2-, Fe+3, Fe3+, Na⁺, Fe³⁺, Na(+), Cl^-): its letters, then a
+#: charge sign with or without a number, bare, superscript, after '^' or in brackets; PySCF
+#: would read the element and drop the sign.
+_CHARGED = re.compile(r"^[A-Za-z]+\d*(?:[+-]\d*|[⁰¹²³⁴⁵⁶⁷⁸⁹]*[⁺⁻][⁰¹²³⁴⁵⁶⁷⁸⁹]*"
+                      r"|\^\d*[+-]\d*|\(\s*\d*[+-]\d*\s*\))$")
+#: A comment line that states a charge and multiplicity: two integers ('0 1', '-1 2'),
+#: 'charge/mult 1/2', or 'charge=...' and/or 'mult[iplicity]=...' ('=' or ':' or a blank
+#: between name and value); a number followed by a decimal point is not one ('charge 1.35').
+_WHOLE = r"(?![.\d])"
 _STATED_PAIR = re.compile(r"^\s*([+-]?\d+)[\s,]+([1-9]\d*)\s*$")
-_STATED_CHARGE = re.compile(r"\bcharge\s*[=:\s]\s*([+-]?\d+)\b", re.IGNORECASE)
-_STATED_MULT = re.compile(r"\bmult(?:iplicity)?\s*[=:\s]\s*([1-9]\d*)\b", re.IGNORECASE)
+_STATED_BOTH = re.compile(r"\bcharge\s*/\s*mult(?:iplicity)?\s*[=:]?\s*([+-]?\d+)\s*[/,\s]\s*"
+                          r"([1-9]\d*)" + _WHOLE, re.IGNORECASE)
+_STATED_CHARGE = re.compile(r"\bcharge\s*[=:\s]\s*([+-]?\d+)" + _WHOLE, re.IGNORECASE)
+_STATED_MULT = re.compile(r"\bmult(?:iplicity)?\s*[=:\s]\s*([1-9]\d*)" + _WHOLE,
+                          re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,8 @@ def atom_label(token: str, where: str) -> str:
 def stated_charge_multiplicity(comment: str) -> tuple[int | None, int | None]:
     """The charge and multiplicity an xyz comment line states ('0 1', 'charge=-1 mult=2',
     'Charge: 1'), each None where it states none."""
-    pair = _STATED_PAIR.match(comment.translate(_MINUS))
+    comment = comment.translate(_MINUS)
+    pair = _STATED_PAIR.match(comment) or _STATED_BOTH.search(comment)
     if pair:
         return int(pair.group(1)), int(pair.group(2))
     charge, mult = _STATED_CHARGE.search(comment), _STATED_MULT.search(comment)

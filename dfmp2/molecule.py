@@ -570,7 +570,7 @@ def _pp_partner(basis, elements):
 
 
 def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
-    _check_stated(parsed, 0 if charge is None else int(charge), 0 if spin is None else int(spin))
+    _check_stated(parsed, charge, spin)
     basis = DEFAULT_BASIS if basis is None else basis
     _check_basis_arg(basis)
     labels = [label for label, _ in parsed.atoms]
@@ -594,10 +594,12 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -
     return _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
 
 
-def _check_stated(parsed: Geometry, charge: int, spin: int) -> None:
-    """An xyz comment line that states another charge or multiplicity than the run's: refused
-    where the run has the defaults (charge 0, singlet: the file's ion or radical would run as a
-    neutral closed shell, a different molecule), a WARNING where the caller asked for these."""
+def _check_stated(parsed: Geometry, charge: int | None, spin: int | None) -> None:
+    """An xyz comment line that states another charge or multiplicity than the run's (``None``:
+    not given, 0): refused where neither was given (the file's ion or radical would run as a
+    neutral closed shell, a different molecule), a WARNING where the caller gave them."""
+    asked = charge is not None or spin is not None
+    charge, spin = int(charge or 0), int(spin or 0)
     stated_charge, stated_mult = stated_charge_multiplicity(parsed.comment)
     said = [f"{name} {value}" for name, value, own in (
         ("charge", stated_charge, charge), ("multiplicity", stated_mult, spin + 1))
@@ -605,14 +607,14 @@ def _check_stated(parsed: Geometry, charge: int, spin: int) -> None:
     if not said:
         return
     where = f"{parsed.comment_where} (the comment line)"
-    if charge == 0 and spin == 0:
+    if not asked:
         q = charge if stated_charge is None else stated_charge
         s = spin if stated_mult is None else stated_mult - 1
         raise InputError(
             f"{where} states {' and '.join(said)}, but dfmp2 takes the charge and spin only "
-            f"from --charge and --spin (Python: charge=, spin=), here charge 0 and a singlet; "
-            f"give --charge {q} --spin {s} to run what the file states, or change its comment "
-            "line")
+            f"from --charge and --spin (Python: charge=, spin=), which default to 0 (a neutral "
+            f"singlet); give --charge {q} --spin {s} to run what the file states, or --charge "
+            "0 --spin 0 to run it neutral")
     log.warning("%s states %s; the run is charge %d, multiplicity %d, as asked", where,
                 " and ".join(said), charge, spin + 1)
 

@@ -17,6 +17,11 @@ REFERENCES = ("rhf", "uhf", "rohf")
 PRECISIONS = ("fp64", "mixed", "fp32")
 #: Precisions of a DF-SCF's K with dfmp2's J/K: float64 throughout, or float32 early iterations.
 SCF_PRECISIONS = ("fp64", "mixed")
+#: The options that take one of a few names, and those names.
+CHOICES = {"scf_type": SCF_TYPES, "scf_precision": SCF_PRECISIONS, "backend": BACKENDS,
+           "cpu_blas": CPU_BLAS_CHOICES, "device": ("auto", "cpu", "cuda"),
+           "nki_matmul": NKI_MATMULS, "nki_target": NKI_TARGETS, "precision": PRECISIONS,
+           "reference": REFERENCES, "core_rule": CORE_RULES}
 
 
 @dataclass(frozen=True)
@@ -134,8 +139,8 @@ class Options:
 
     def __post_init__(self):
         _check_types(self)
-        _choice(self, "scf_type", SCF_TYPES)
-        _choice(self, "scf_precision", SCF_PRECISIONS)
+        _choice(self, "scf_type")
+        _choice(self, "scf_precision")
         if self.scf_type == "conv":
             for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
                                          ("scf_precision", self.scf_precision, "fp64")):
@@ -144,9 +149,9 @@ class Options:
                     raise InputError(f"{flag} {value} sets the density-fitted SCF, and "
                                      "--scf-type conv runs it on exact integrals; drop one "
                                      "of them")
-        _choice(self, "backend", BACKENDS)
-        _choice(self, "cpu_blas", CPU_BLAS_CHOICES)
-        _choice(self, "device", ("auto", "cpu", "cuda"))
+        _choice(self, "backend")
+        _choice(self, "cpu_blas")
+        _choice(self, "device")
         if self.device_memory is not None:
             if (not isinstance(self.device_memory, numbers.Integral)
                     or isinstance(self.device_memory, bool) or self.device_memory <= 0):
@@ -156,8 +161,8 @@ class Options:
             if self.device == "cpu":
                 raise InputError("--device-memory sets the budget of a CUDA device, and --device "
                                  "cpu runs on the host; drop one of them")
-        _choice(self, "nki_matmul", NKI_MATMULS)
-        _choice(self, "nki_target", NKI_TARGETS)
+        _choice(self, "nki_matmul")
+        _choice(self, "nki_target")
         if self.backend == "pytorch" and self.nki_matmul != "fp32":
             raise InputError(f"--nki-matmul {self.nki_matmul} chooses the NKI pair kernels' "
                              "products and contradicts --backend pytorch; drop one of them")
@@ -182,9 +187,9 @@ class Options:
             if not self.scratch_dir.strip():
                 raise InputError("scratch_dir (--scratch-dir) is empty; give a directory or "
                                  "leave it out for the system's temporary directory")
-        _choice(self, "precision", PRECISIONS)
+        _choice(self, "precision")
         if self.reference is not None:
-            _choice(self, "reference", REFERENCES)
+            _choice(self, "reference")
         if not isinstance(self.basis, str) or not self.basis.strip():
             raise InputError(f"basis must be a basis-set name (or a file path), got "
                              f"{self.basis!r}; for a basis per element build a pyscf Mole "
@@ -195,7 +200,7 @@ class Options:
             raise InputError(f"cartesian must be True, False or None, got {self.cartesian!r}")
         if self.cartesian is not None:
             object.__setattr__(self, "cartesian", bool(self.cartesian))
-        _choice(self, "core_rule", CORE_RULES)
+        _choice(self, "core_rule")
         if self.core_rule != "pyscf" and not self.frozen_core:
             raise InputError(f"core_rule={self.core_rule!r} chooses which core frozen_core "
                              "freezes; it needs frozen_core=True")
@@ -375,11 +380,20 @@ def _check_indices(frozen) -> None:
         raise InputError(f"frozen orbital indices must be integers >= 0, got {frozen}")
 
 
-def _choice(options, name: str, valid: tuple) -> None:
-    """``options.name`` is one of ``valid``, in any case and with blanks around it ('UHF' is
-    'uhf', as basis names are): put as spelled in ``valid``; else one line naming them."""
-    value = getattr(options, name)
+def chosen(name: str, value):
+    """``value`` of the option ``name`` as :data:`CHOICES` spells it where it is one of them in
+    another case or with blanks around it ('UHF' is 'uhf', as basis names are any case); any
+    other value as it is."""
+    valid = CHOICES.get(name, ())
     if isinstance(value, str) and value not in valid and value.strip().lower() in valid:
-        object.__setattr__(options, name, value.strip().lower())
-    elif value not in valid:
-        raise InputError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+        return value.strip().lower()
+    return value
+
+
+def _choice(options, name: str) -> None:
+    """``options.name`` is one of :data:`CHOICES`' values for it (:func:`chosen`: put as
+    spelled there); else one line naming them."""
+    value = chosen(name, getattr(options, name))
+    object.__setattr__(options, name, value)
+    if value not in CHOICES[name]:
+        raise InputError(f"{name} must be one of {', '.join(CHOICES[name])}; got {value!r}")

@@ -292,6 +292,9 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
     ran: ``basis`` as ``model.basis``, any other option but the machine's resources
     (:data:`_RESOURCES`) as its keyword (:func:`_keyword_of`) in place of those of the input
     that set it. Options of the molecule or the method (:data:`INPUT_ONLY`) are refused."""
+    from .options import chosen
+
+    overrides = {option: chosen(option, value) for option, value in overrides.items()}
     for option in overrides:
         if option in INPUT_ONLY:
             raise InputError(f"--{option.replace('_', '-')} with a QCSchema input: set "

@@ -453,7 +453,7 @@ class Result:
             timings=_object(extras["timings"], "extras.timings"),
             versions=_object(extras["versions"], "extras.versions"),
             environment=extras.get("environment"), distributed=extras.get("distributed"),
-            interaction=extras.get("interaction"), double_hybrid=dh,
+            interaction=_interaction(extras), double_hybrid=dh,
             pair_energies=extras.get("pair_energies"), warnings=_warnings(extras))
 
     @classmethod
@@ -732,6 +732,43 @@ def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
 #: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a
 #: sum of three or four terms; anything an edit would change is far larger).
 TOTALS_AGREE = 1e-9
+
+
+def _interaction(extras: dict) -> dict | None:
+    """A record's ``extras.interaction`` (None without one), checked for what the summary
+    prints of it: each level's E(int) and, where recorded, the complex's and fragments' totals
+    at every level; one line naming what is missing or not a number."""
+    from .errors import InputError
+
+    inter = extras.get("interaction")
+    if inter is None:
+        return None
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    where = "the record's extras.interaction"
+    levels = _object(_object(inter, where).get("levels"), f"{where}.levels")
+    wanted = [(f"{level}.eh", (inter.get(level) or {}).get("eh")) for level in levels]
+    wanted += [(f"{level}.kcal_mol", (inter.get(level) or {}).get("kcal_mol"))
+               for level in levels]
+    totals = inter.get("totals_eh")
+    if totals is not None:
+        parts = [("complex", _object(_object(totals, f"{where}.totals_eh").get("complex"),
+                                     f"{where}.totals_eh.complex"))]
+        fragments = totals.get("fragments")
+        if not isinstance(fragments, list):
+            raise InputError(f"{where}.totals_eh.fragments is not a list: the file was changed "
+                             "after dfmp2 wrote it")
+        parts += [(f"fragments[{k}]", _object(f, f"{where}.totals_eh.fragments[{k}]"))
+                  for k, f in enumerate(fragments)]
+        wanted += [(f"totals_eh.{name}.{level}", part.get(level))
+                   for name, part in parts for level in levels]
+    bad = [name for name, value in wanted if not number(value)]
+    if bad:
+        raise InputError(f"{where} lacks a number at {', '.join(bad)}: the file was changed "
+                         "after dfmp2 wrote it")
+    return inter
 
 
 def _warnings(extras: dict) -> tuple[str, ...]:

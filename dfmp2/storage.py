@@ -236,7 +236,8 @@ class MatrixFile:
         self.stride = ncol
         name = f"dfmp2-scf-{os.getpid()}-{secrets.token_hex(6)}.bin"
         self.path = os.path.join(directory or tempfile.gettempdir(), name)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        with _scratch_io(self.path):  # (a name too long for the file system, a vanished folder)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._finalizer = weakref.finalize(self, _close_fd, self._fd)
         try:
             os.unlink(self.path)

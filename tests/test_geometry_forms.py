@@ -3,6 +3,8 @@ geometry is one InputError line naming the place and the value, never a tracebac
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from pyscf import gto, scf
@@ -277,7 +279,9 @@ def test_a_basis_dict_that_leaves_an_element_out_is_refused():
         dfmp2.run(WATER, auxbasis={"O": "cc-pvdz-ri"}, max_cycle=1)
 
 
-@pytest.mark.parametrize("token", ["Na+", "Cl-", "Cl-1", "O2-", "Fe+3", "H+", "gh(Na+)"])
+@pytest.mark.parametrize("token", ["Na+", "Cl-", "Cl-1", "O2-", "Fe+3", "H+", "gh(Na+)",
+                                   "Na\u207a", "Cl\u207b", "Fe\u00b3\u207a", "Na(+)", "Cl(-)",
+                                   "Na^+", "Cl^-"])
 def test_an_atom_with_a_charge_sign_is_refused_not_run_neutral(token):
     """PySCF reads 'Na+' as Na and drops the sign: a cation would run as a neutral atom."""
     with pytest.raises(InputError, match=r"entry 1 .* carries a charge sign.* --charge"):
@@ -288,7 +292,10 @@ def test_an_atom_with_a_charge_sign_is_refused_not_run_neutral(token):
     ("1 2", (1, 2)), ("-1, 1", (-1, 1)), ("\u22122 1", (-2, 1)), ("charge=2 mult=1", (2, 1)),
     ("Charge: -1", (-1, None)), ("multiplicity 3", (None, 3)),
     ("water, B3LYP geometry", (None, None)), ("2 waters", (None, None)),
-    ("charge density", (None, None)), ("1 0", (None, None)), ("0 1 2", (None, None))])
+    ("charge density", (None, None)), ("1 0", (None, None)), ("0 1 2", (None, None)),
+    ("water; Mulliken charge 1.35 on O", (None, None)), ("charge/multiplicity: 1/2", (1, 2)),
+    ("Charge/Mult: -1 2", (-1, 2)), ("charge=\u22121", (-1, None)),
+    ('Properties=species:S:1:pos:R:3 energy=-76.4 charge=0 pbc="F F F"', (0, None))])
 def test_a_comment_lines_charge_and_multiplicity_are_read_as_stated(comment, stated):
     from dfmp2.geometry import stated_charge_multiplicity
 
@@ -304,7 +311,8 @@ def test_a_comment_line_stating_another_charge_is_refused_unless_one_was_asked(t
     path = tmp_path / "oh.xyz"
     path.write_text("2\ncharge=-1 mult=1\nO 0 0 0\nH 0 0 0.97\n")
     with pytest.raises(InputError, match=r"oh.xyz line 2 \(the comment line\) states charge -1, "
-                                         r"but .* give --charge -1 --spin 0 to run"):
+                                         r"but .* give --charge -1 --spin 0 to run .* or "
+                                         r"--charge 0 --spin 0 to run it neutral"):
         build_mole(str(path), basis="sto-3g")
     assert build_mole(str(path), basis="sto-3g", charge=-1).nelectron == 10  # as stated
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
@@ -316,3 +324,26 @@ def test_a_comment_line_stating_another_charge_is_refused_unless_one_was_asked(t
     with caplog.at_level(logging.WARNING, logger="dfmp2"):
         assert build_mole(str(path), basis="sto-3g", spin=1).spin == 1
     assert "comment" not in caplog.text
+
+
+def test_a_charge_and_spin_given_as_zero_win_over_the_comment_line(tmp_path, caplog):
+    """--charge 0 --spin 0 (Python charge=0, spin=0) is asked for: the run is neutral, with a
+    warning, on the command line as from Python."""
+    import logging
+
+    from click.testing import CliRunner
+
+    from dfmp2.cli import main
+
+    path = tmp_path / "w.xyz"
+    path.write_text("3\ncharge=-2\n" + WATER.replace("; ", "\n") + "\n")
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):
+        assert build_mole(str(path), basis="sto-3g", charge=0, spin=0).nelectron == 10
+    assert "states charge -2; the run is charge 0, multiplicity 1, as asked" in caplog.text
+    out = tmp_path / "w.json"
+    given = CliRunner().invoke(main, ["run", str(path), "--basis", "sto-3g", "--charge", "0",
+                                      "--spin", "0", "--json", str(out), "-q"])
+    assert given.exit_code == 0, given.output
+    assert "states charge -2" in json.loads(out.read_text())["extras"]["warnings"][0]
+    refused = CliRunner().invoke(main, ["run", str(path), "--basis", "sto-3g"])
+    assert refused.exit_code == 1 and "states charge -2" in refused.output

@@ -164,8 +164,8 @@ def test_overrides_replace_every_keyword_of_their_setting():
     qcschema.read_input({**job.input, "keywords": grid.input["keywords"]})  # reads back
     job = qcschema.read_input(v1_input({"freeze_core": True, "max_memory": 500,
                                         "df_basis_scf": "cc-pvdz-jkfit"}))
-    changed = qcschema.with_overrides(job, {"frozen": 2, "max_memory": 1000, "scf_type": "conv"})
-    assert "frozen_core" not in changed.options and changed.options["frozen"] == 2
+    changed = qcschema.with_overrides(job, {"frozen": 2, "max_memory": 1000, "scf_type": "CONV"})
+    assert "frozen_core" not in changed.options  # (and CONV is conv: choices are any case) and changed.options["frozen"] == 2
     assert "scf_auxbasis" not in changed.options
     assert changed.input["keywords"] == {"df_basis_scf": "cc-pvdz-jkfit", "frozen": 2,
                                          "max_memory": 1000, "scf_type": "conv"}
@@ -525,3 +525,12 @@ def test_a_grid_count_of_zero_is_refused_not_replaced():
     assert options["grid"] == (0, 302)
     with pytest.raises(InputError, match="grid"):
         dfmp2.Options(xc="b2plyp", **options)
+
+
+def test_multiplicity_on_the_command_line_is_the_inputs_own(tmp_path):
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(v1_input()))
+    ran = CliRunner().invoke(main, ["run", str(path), "--multiplicity", "3"])
+    assert ran.exit_code == 1 and ran.output.strip() == (
+        "error: --multiplicity with a QCSchema input: set molecule.molecular_multiplicity in "
+        "the input instead")

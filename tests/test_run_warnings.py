@@ -111,3 +111,79 @@ def test_each_thread_keeps_only_its_own_warnings():
     assert kept == {name: ([f"from {name}", f"inner {name}"], [f"inner {name}"])
                     for name in ("a", "b")}
     assert not any(type(h).__name__ == "_Keeper" for h in logging.getLogger("dfmp2").handlers)
+
+
+def test_the_commands_own_warnings_join_the_record(tmp_path):
+    """A warning the command logs before the run (--dist-backend outside torchrun) is in the
+    record as on the terminal."""
+    out = tmp_path / "w.json"
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--dist-backend", "gloo",
+                                    "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    kept = json.loads(out.read_text())["extras"]["warnings"]
+    assert len(kept) == 1 and "--dist-backend applies under torchrun only" in kept[0]
+    assert ran.stderr.count("--dist-backend applies under torchrun only") == 1
+
+
+def test_a_counterpoise_record_keeps_the_complexs_geometry_warning_once(tmp_path):
+    path = tmp_path / "dimer.xyz"
+    path.write_text("6\ncharge=1\n" + DIMER.replace("; ", "\n") + "\n")
+    result = dfmp2.run_counterpoise(str(path), "3,3", basis="sto-3g", charge=0)
+    stated = [text for text in result.warnings if "states charge 1" in text]
+    assert len(stated) == 1, result.warnings
+
+
+def test_the_clis_logging_set_up_keeps_another_threads_record(tmp_path):
+    """The command replaces the dfmp2 logger's handlers (a notebook calling main() while a run
+    goes on in a background thread): that run still keeps its warnings, and the keeper leaves
+    the logger once the run is over."""
+    from dfmp2._logged import keeper_handlers
+    from dfmp2.cli import _configure_logging
+
+    logger = logging.getLogger("dfmp2.test_cli_setup")
+    opened, configured, kept = threading.Event(), threading.Event(), []
+
+    def run() -> None:
+        with kept_warnings() as warned:
+            opened.set()
+            configured.wait(timeout=60)
+            logger.warning("after the set-up")
+        kept.extend(warned)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    opened.wait(timeout=60)
+    restore = _configure_logging(0, quiet=True)
+    configured.set()
+    worker.join()
+    restore()
+    assert kept == ["after the set-up"]
+    assert keeper_handlers(logging.getLogger("dfmp2")) == []
+
+
+def test_no_virtual_orbitals_name_no_spin_for_the_lumo():
+    result = dfmp2.run("He 0 0 0; He 0 0 3", basis="sto-3g", reference="uhf")
+    assert result.scf.lumo is None and result.scf.lumo_spin is None
+    assert result.scf.homo_spin == "both"
+
+
+def test_a_counterpoise_record_without_its_numbers_is_refused_in_one_line():
+    data = dfmp2.run_counterpoise(DIMER, "3,3", basis="sto-3g").to_dict()
+    del data["extras"]["interaction"]["totals_eh"]["fragments"][1]["mp2"]
+    with pytest.raises(InputError, match=r"extras.interaction lacks a number at "
+                                         r"totals_eh.fragments\[1\].mp2: the file was changed"):
+        Result.from_dict(data)
+
+
+def test_a_tmpdir_python_passes_over_is_warned_about(monkeypatch, tmp_path):
+    """TMPDIR naming no writable directory: Python's tempfile quietly takes /tmp instead."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "none"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # looked up again, past the missing one
+    result = dfmp2.run(WATER, basis="sto-3g")
+    assert any(f"TMPDIR {str(tmp_path / 'none')!r} is not a writable directory; temporary "
+               "files go to" in text for text in result.warnings), result.warnings
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert not any("TMPDIR" in t for t in dfmp2.run(WATER, basis="sto-3g").warnings)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import dfmp2
 from dfmp2.cli import main
+from dfmp2.errors import Interrupted
 
 from conftest import INPUTS, open_files_under
 from tolerances import TOL_OTHER_PROCESS, TOL_SCF_PIN
@@ -28,9 +29,11 @@ def _dfmp2(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
 
 
 def _default_signals() -> None:
-    """In a child before it starts: SIGINT, SIGTERM and SIGHUP back to their default actions (a
+    """In a child before it starts: the signals dfmp2 handles back to their default actions (a
     job started in the background, or under nohup, ignores some, and a child inherits that)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    from dfmp2._command import SIGNALS
+
+    for sig in SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
 
 
@@ -176,9 +179,12 @@ def test_unwritable_scratch_dir_fails_before_the_scf():
 
 
 # -- 10. signals ------------------------------------------------------------------------------
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
-                         ids=["SIGTERM", "SIGHUP", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1,
+                                 signal.SIGUSR2, signal.SIGQUIT],
+                         ids=["SIGTERM", "SIGHUP", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGQUIT"])
 def test_signal_removes_the_temporary_file_and_exits_128_plus_n(tmp_path, sig):
+    """Every signal a terminal, a session or a batch scheduler sends (SGE and SLURM warn with
+    SIGUSR1/2 before they kill) ends the run with its clean-up and one line."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "dfmp2", "run", str(INPUTS / "water8.xyz"), "--force-outcore",
          "--max-memory", "40", "--scratch-dir", str(tmp_path), "-q"],
@@ -206,8 +212,6 @@ def test_a_signal_lost_inside_a_finaliser_stays_off_the_terminal_and_is_raised_a
     """The CI race: a signal arriving while Python runs a weakref callback or ``__del__``; the
     exception there is unraisable, and only the pending check may report it, once."""
     from dfmp2.cli import _raise_on_signals
-    from dfmp2.errors import Interrupted
-
     class RaisesInFinaliser:
         def __del__(self):
             raise Interrupted(signal.SIGTERM, "SIGTERM")
@@ -499,3 +503,121 @@ def test_an_open_shells_frontier_orbitals_name_their_spin():
     assert (water.scf.homo_spin, water.scf.lumo_spin) == ("both", "both")
     assert dfmp2.run(WATER, basis="sto-3g").scf.homo_spin is None
     assert {"run", "DFMP2", "run_counterpoise", "run_qcschema"} <= set(dir(dfmp2))  # lazy ones
+
+
+def test_a_signal_before_the_run_begins_is_one_line(tmp_path):
+    """SIGTERM in the command's first second (its imports, before the run's own handlers) ended
+    the process with no line; SIGINT there printed a traceback. Both are one line now."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([sys.executable, "-m", "dfmp2", "run", WATER, "--json",
+                                 str(tmp_path / "w.json")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                preexec_fn=_default_signals)
+        time.sleep(0.4)  # python itself has started (~0.05 s), the heavy imports have not ended
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, (proc.returncode, err)
+        assert err.strip() == f"error: interrupted by {sig.name}; exit status {128 + sig}"
+        assert out == "" and os.listdir(tmp_path) == []
+
+
+_PROCESS_SCRIPT = """
+import os, signal, sys
+from dfmp2 import _command
+{body}
+"""
+
+
+def _process_script(body: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _PROCESS_SCRIPT.format(body=body)],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=_default_signals)
+
+
+def test_after_the_command_the_process_ends_with_its_own_status():
+    """Once the command has returned (its output complete), a signal in the interpreter's last
+    moments no longer kills it with another status than the run's: they are ignored."""
+    done = _process_script("""
+sys.argv = ["dfmp2", "--version"]
+try:
+    _command.main()
+except SystemExit as exc:
+    assert exc.code in (0, None)
+os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGUSR1)
+print("still here")
+""")
+    assert done.returncode == 0 and done.stdout.endswith("still here\n"), done.stderr
+
+
+def test_a_second_signal_keeps_the_status_the_first_ones_line_said():
+    """SIGINT, then SIGTERM 20 ms later: the line said 'exit status 130' and the process ended
+    with 143. The run's handler ignores a second signal, and the command's exits with the
+    status already said."""
+    from dfmp2 import cli
+
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        restore, pending = cli._raise_on_signals()
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # while the first one's clean-up runs: ignored
+        time.sleep(0.05)
+        assert pending.signum == signal.SIGTERM
+        restore()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    said = _process_script("""
+signal.signal(signal.SIGTERM, _command.PROCESS.handler)
+_command.PROCESS.status = 130  # what cli._interrupted says for a SIGINT
+os.kill(os.getpid(), signal.SIGTERM)
+print("not reached")
+""")
+    assert said.returncode == 130 and "not reached" not in said.stdout, said.stderr
+
+
+def test_memory_a_limit_refuses_is_one_line(monkeypatch, tmp_path):
+    """A process memory limit (ulimit -v) that refuses the plan's buffers, or any allocation
+    the plan did not count, ends in one line naming --max-memory and the limit."""
+    import errno
+    import mmap
+
+    from dfmp2 import buffers
+    from dfmp2.errors import ResourceError
+
+    def refused(*_args, **_kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mmap, "mmap", refused)
+        with pytest.raises(ResourceError, match=r"cannot map 8 MiB of memory \(Cannot allocate "
+                                                r"memory\); lower --max-memory .*\(ulimit -v\)"):
+            buffers.zeros((1024, 1024))
+
+    def exhausted(*_args, **_kwargs):
+        raise MemoryError("Unable to allocate 3.2 GiB")
+
+    from dfmp2 import api
+
+    monkeypatch.setattr(api, "compute", exhausted)
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g"])
+    assert ran.exit_code == 1 and ran.stderr.strip() == (
+        "error: out of memory (Unable to allocate 3.2 GiB); lower --max-memory or raise the "
+        "process's memory limit (ulimit -v)")
+
+
+def test_a_scratch_path_too_long_for_its_files_is_one_line(tmp_path):
+    """The scratch check's file name is short; the SCF tensor's longer one can pass the system's
+    path limit (4096 bytes) in a directory that took the check's."""
+    from dfmp2.errors import ResourceError
+    from dfmp2.storage import MatrixFile
+
+    folder = tmp_path
+    while len(str(folder)) < 4068 - 241:
+        folder = folder / ("x" * 240)
+    folder = folder / ("y" * (4068 - len(str(folder)) - 1))
+    folder.mkdir(parents=True)
+    with pytest.raises(ResourceError, match=r"could not be written or read \(File name too "
+                                            r"long\); .* --scratch-dir"):
+        MatrixFile(2, 2, str(folder))
