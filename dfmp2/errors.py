@@ -74,8 +74,9 @@ class PrecisionError(DFMP2Error, ArithmeticError):
 
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM, SIGHUP, ...: ``dfmp2._command.SIGNALS``) stopped the run;
-    ``signum`` is its number and the CLI exits with status 128 + signum. Like ``KeyboardInterrupt`` it is no ``Exception``, so no
-    ``except Exception`` swallows it; ``finally`` blocks (the temporary HDF5 file) still run."""
+    ``signum`` is its number and the CLI exits with status 128 + signum. Like
+    ``KeyboardInterrupt`` it is no ``Exception``, so no ``except Exception`` swallows it;
+    ``finally`` blocks (the temporary HDF5 file) still run."""
 
     def __init__(self, signum: int, name: str):
         super().__init__(f"interrupted by {name}")

@@ -165,7 +165,8 @@ def test_overrides_replace_every_keyword_of_their_setting():
     job = qcschema.read_input(v1_input({"freeze_core": True, "max_memory": 500,
                                         "df_basis_scf": "cc-pvdz-jkfit"}))
     changed = qcschema.with_overrides(job, {"frozen": 2, "max_memory": 1000, "scf_type": "CONV"})
-    assert "frozen_core" not in changed.options  # (and CONV is conv: choices are any case) and changed.options["frozen"] == 2
+    # (CONV is conv: choices are any case)
+    assert "frozen_core" not in changed.options and changed.options["frozen"] == 2
     assert "scf_auxbasis" not in changed.options
     assert changed.input["keywords"] == {"df_basis_scf": "cc-pvdz-jkfit", "frozen": 2,
                                          "max_memory": 1000, "scf_type": "conv"}
