@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 
 import click
@@ -660,6 +661,7 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     # a failure is recorded in the JSON file once nothing else may be that file (the input's
     # chkfile keyword is checked against it below)
     record = json_path if leader else None
+    stamp = _file_stamp(record)  # what is there now: a failure replaces only that
     computed = False  # once True (the result exists) the handlers stay until its output is out
     try:
         from . import qcschema
@@ -703,24 +705,24 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         pending.check()  # also a signal swallowed in a finaliser after the last progress report
         pending.deferred = computed = True  # the result exists: a signal waits for its output
     except Interrupted as exc:
-        _record_failure(record, exc, job)
+        _record_failure(record, exc, job, stamp)
         raise _interrupted(exc, who) from None
     except DFMP2Error as exc:
         if pending.signum is not None:  # the error came while a signal was being delivered
             signalled = Interrupted(pending.signum, signal.Signals(pending.signum).name)
-            _record_failure(record, signalled, job)
+            _record_failure(record, signalled, job, stamp)
             raise _interrupted(signalled, who) from None
-        _record_failure(record, exc, job)
+        _record_failure(record, exc, job, stamp)
         raise _fail(exc, who) from None
     except MemoryError as exc:  # an allocation the memory plan did not count, or a limit
         short = ResourceError(f"out of memory ({str(exc) or 'an allocation failed'}); lower "
                               "--max-memory or raise the process's memory limit (ulimit -v)")
-        _record_failure(record, short, job)
+        _record_failure(record, short, job, stamp)
         raise _fail(short, who) from None
     except RuntimeError as exc:  # a collective that timed out or lost a peer
         if ranks is None or not ranks.is_collective_error(exc):
             raise
-        _record_failure(record, ranks.collective_error(exc), job)
+        _record_failure(record, ranks.collective_error(exc), job, stamp)
         raise _fail(ranks.collective_error(exc), who) from None
     finally:
         if not computed:
@@ -931,14 +933,30 @@ def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:
     return click.exceptions.Exit(128 + exc.signum)
 
 
-def _record_failure(json_path, exc: Exception, job=None) -> None:
+def _file_stamp(path) -> tuple | None:
+    """Which file is at ``path`` and how far it was written (inode, size, modification time);
+    None where there is no regular file."""
+    try:
+        info = os.stat(path) if path and path != "-" else None
+    except OSError:
+        return None
+    if info is None or not stat.S_ISREG(info.st_mode):
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _record_failure(json_path, exc: Exception, job=None, stamp=False) -> None:
     """A run that failed after its output checks replaces a file already at ``json_path`` with
     a QCSchema ``FailedOperation``-shaped record (``success`` false, the error's type and
     message, the QCSchema input when there was one), so that it never holds an earlier run's
     result under this run's name; where there was no file, none is made (the error line says
     what failed), nor is a device or FIFO written. A file that cannot be replaced now (a full
-    disk) is removed."""
+    disk) is removed. ``stamp``: the file as the run's output checks found it
+    (:func:`_file_stamp`); one written since (by another run given the same path, which
+    finished meanwhile) is that run's result and is left alone."""
     if not json_path or json_path == "-" or not os.path.isfile(json_path):
+        return
+    if stamp is not False and _file_stamp(json_path) != stamp:
         return
     import json
 

@@ -163,6 +163,7 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     if options.chkfile is not None and not mf.restart.endswith(KEPT_FOREIGN):  # once, converged
         try:
+            _check_unchanged(mf, options.chkfile)
             write_chkfile(mf, options.chkfile)
             mf.chkfile = options.chkfile
         except Exception as exc:  # checked before the SCF: a full disk, h5py's errors now
@@ -170,6 +171,24 @@ def _converge(mf, options: Options, progress, dm0) -> None:
             log.warning("could not write the chkfile %r (%s); the run goes on without it",
                         options.chkfile, why)
             mf.restart = f"{mf.restart}; not written: {why}"  # the summary and the record
+
+
+def _check_unchanged(mf, path: str) -> None:
+    """Before the converged SCF is written to ``path``: what is there is still something this
+    run may replace (checked before its SCF: this system's checkpoint, or none). Another run
+    given the same path may have written its own meanwhile; that one is kept (an
+    :class:`InputError` saying so)."""
+    if not os.path.exists(path):
+        return
+    try:
+        _dm, record = restart_guess(mf, path)
+    except InputError as exc:  # "chkfile '...' holds another calculation (...); remove it ..."
+        text = first_line(exc)
+        what = text.split(" holds ", 1)[1].split(";")[0] if " holds " in text else text
+        raise InputError(f"written meanwhile, it now holds {what} (another run given the same "
+                         "--chkfile?), and is kept") from None
+    if record is not None and record.endswith(KEPT_FOREIGN):
+        raise InputError("written meanwhile by another program than dfmp2, it is kept")
 
 
 def write_chkfile(mf, path: str) -> None:

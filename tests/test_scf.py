@@ -553,3 +553,23 @@ def test_the_scf_diagonalises_through_the_registry_as_pyscf_would():
         overlap = np.abs(np.diag(c.T @ s @ c_ref))
         assert np.abs(w - w_ref).max() < TOL_MATRIX_ABS
         assert np.abs(overlap - 1).max() < TOL_EIGH_ORTHO
+
+
+def test_a_chkfile_another_run_wrote_meanwhile_is_kept(tmp_path):
+    """Two runs given one --chkfile: the path was free (or this system's) when the run checked
+    it, and holds another molecule's SCF when this one converges: that is kept, and the run
+    says so (it was overwritten without a word)."""
+    path = tmp_path / "shared.chk"
+    methane = dfmp2.run("C 0 0 0; H 0.63 0.63 0.63; H -0.63 -0.63 0.63; H -0.63 0.63 -0.63; "
+                        "H 0.63 -0.63 -0.63", basis="sto-3g", chkfile=str(tmp_path / "m.chk"))
+    assert methane.scf.converged
+
+    def other_run_writes(stage, done, total) -> None:
+        if stage.startswith("SCF") and not path.exists():
+            path.write_bytes((tmp_path / "m.chk").read_bytes())
+
+    result = dfmp2.run(WATER, basis="sto-3g", chkfile=str(path), progress=other_run_writes)
+    assert "not written: written meanwhile, it now holds another calculation (other atoms)" \
+        in result.scf.restart
+    assert any("could not write the chkfile" in text for text in result.warnings)
+    assert path.read_bytes() == (tmp_path / "m.chk").read_bytes()

@@ -621,3 +621,29 @@ def test_a_scratch_path_too_long_for_its_files_is_one_line(tmp_path):
     with pytest.raises(ResourceError, match=r"could not be written or read \(File name too "
                                             r"long\); .* --scratch-dir"):
         MatrixFile(2, 2, str(folder))
+
+
+def test_a_failed_run_leaves_a_result_another_run_wrote_meanwhile(tmp_path, monkeypatch):
+    """Two runs given one --json: the one that fails after the other has finished must not
+    replace that finished result with its failure record (a result computed, then lost); an
+    earlier run's result found at the output check is still replaced."""
+    from dfmp2 import api
+    from dfmp2.errors import InputError
+
+    out = tmp_path / "r.json"
+    out.write_text('{"earlier": true}')
+
+    def fails(*_args, **_kwargs):
+        raise InputError("boom")
+
+    monkeypatch.setattr(api, "compute", fails)
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(out)])
+    assert ran.exit_code == 1 and json.loads(out.read_text())["success"] is False
+
+    def other_run_finishes_then_fails(*_args, **_kwargs):
+        out.write_text('{"other run": true}')
+        raise InputError("boom")
+
+    monkeypatch.setattr(api, "compute", other_run_finishes_then_fails)
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--json", str(out)])
+    assert ran.exit_code == 1 and json.loads(out.read_text()) == {"other run": True}
