@@ -301,4 +301,18 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
     for level, (_label, attr) in table.items():
         value = getattr(complex_result, attr) - sum(getattr(part, attr) for part in parts)
         interaction[level] = {"eh": value, "kcal_mol": value * to_kcal}
-    return replace(complex_result, interaction=interaction)
+    return replace(complex_result, interaction=interaction,
+                   molecule=_with_fragments(complex_result.molecule, frags))
+
+
+def _with_fragments(molecule, frags):
+    """The complex's record with QCSchema's ``fragments``, ``fragment_charges`` and
+    ``fragment_multiplicities`` (atom indices from 0), where its molecule has none of its own
+    (an input's molecule is echoed as it was given)."""
+    schema = molecule.qcschema
+    if not isinstance(schema, dict) or schema.get("fragments"):
+        return molecule
+    return replace(molecule, qcschema={
+        **schema, "fragments": [list(range(first, stop)) for first, stop in frags.ranges()],
+        "fragment_charges": [float(q) for q in frags.charges],
+        "fragment_multiplicities": [int(s) + 1 for s in frags.spins]})

@@ -139,7 +139,11 @@ def test_cli_counterpoise_prints_and_records(tmp_path, formic):
         [totals["complex"]["mp2"], *(f["mp2"] for f in totals["fragments"])], abs=TOL_OUTCORE)
     assert all(len(v.split(".")[1]) == 12 for v in mp2)
     data = json.loads(out.read_text())
-    v1.AtomicResult(**data)  # still a valid AtomicResult
+    v1.AtomicResult(**data)  # still a valid AtomicResult, its fragments QCSchema's
+    molecule = data["molecule"]
+    assert molecule["fragments"] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert molecule["fragment_charges"] == [0.0, 0.0]
+    assert molecule["fragment_multiplicities"] == [1, 1]
     assert data["extras"]["interaction"]["mp2"]["eh"] == pytest.approx(
         formic.interaction["mp2"]["eh"], abs=TOL_OUTCORE)
     batch = CliRunner().invoke(main, ["run", FORMIC, FORMIC, "--counterpoise", "--fragments",
