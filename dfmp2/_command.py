@@ -7,10 +7,10 @@ imports of its first second) or with a traceback (SIGINT during them). Here ever
 :data:`SIGNALS` that the process does not ignore gets a handler before anything else loads:
 while the command runs it raises :class:`~dfmp2.errors.Interrupted` (the command group prints
 one line, exit status 128 + n); once a run's interruption has said its exit status, a later
-signal ends the process with that status at once. Once the command has returned, its output is
-complete and its exit status said: these signals are ignored while the interpreter ends (which
-takes up to a second; they would have killed it silently with another status than the run's,
-as Python puts back the default handlers while it shuts down, but not an ignored signal's).
+signal ends the process with that status at once; and once the command has returned (its
+output complete), with the command's own status, at once and without a word: the interpreter's
+shutdown takes up to a second, and a signal there killed it silently with another status than
+the run's (one that hangs there still ends on the signal, as it did before).
 Only the console command does this: ``cli.main`` called inside a program (a notebook, a test)
 leaves the program's handlers alone.
 """
@@ -28,8 +28,8 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 
 
 class _Process:
-    """Where the console command stands: ``status`` the exit status an interruption has said,
-    None until then."""
+    """Where the console command stands: ``status`` the exit status it has said (an
+    interruption's, or the command's own once it returned), None until then."""
 
     status: int | None = None
 
@@ -58,6 +58,11 @@ def main() -> None:
 
     try:
         command()
+    except SystemExit as exc:  # click ends every command so
+        if PROCESS.status is None:
+            code = exc.code
+            PROCESS.status = code if isinstance(code, int) else 0 if code is None else 1
+        raise
     finally:
-        for sig in handled:
-            signal.signal(sig, signal.SIG_IGN)
+        if PROCESS.status is None:  # an exception the command did not turn into a status
+            PROCESS.status = 1
