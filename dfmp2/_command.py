@@ -7,12 +7,11 @@ imports of its first second) or with a traceback (SIGINT during them). Here ever
 :data:`SIGNALS` that the process does not ignore gets a handler before anything else loads:
 while the command runs it raises :class:`~dfmp2.errors.Interrupted` (the command group prints
 one line, exit status 128 + n); once a run's interruption has said its exit status, a later
-signal ends the process with that status at once; and once the command has returned (its
-output complete), with the command's own status, at once and without a word: the interpreter's
-shutdown takes up to a second, and a signal there killed it silently with another status than
-the run's (one that hangs there still ends on the signal, as it did before).
-Only the console command does this: ``cli.main`` called inside a program (a notebook, a test)
-leaves the program's handlers alone.
+signal ends the process with that status at once. When the command returns, the handlers that
+were there before are put back (a program that ran the command in its own process, through
+``runpy`` or ``%run -m dfmp2``, goes on with its own); a signal in the interpreter's last moments
+after that ends the process as it would have without dfmp2. In a thread other than the main one,
+where no handler can be set, the command runs with the process's handlers as they are.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 
 
 class _Process:
-    """Where the console command stands: ``status`` the exit status it has said (an
-    interruption's, or the command's own once it returned), None until then."""
+    """Where the console command stands: ``status`` the exit status an interruption's line has
+    said, None until then."""
 
     status: int | None = None
 
@@ -51,18 +50,18 @@ PROCESS = _Process()
 
 
 def main() -> None:
-    handled = [sig for sig in SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
-    for sig in handled:  # (one the process ignores, under nohup or in a background job, stays)
-        signal.signal(sig, PROCESS.handler)
+    PROCESS.status = None
+    previous = {}
+    for sig in SIGNALS:  # (one the process ignores, under nohup or in a background job, stays)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            try:
+                previous[sig] = signal.signal(sig, PROCESS.handler)
+            except ValueError:  # not the main thread: no handler can be set
+                break
     from .cli import main as command
 
     try:
         command()
-    except SystemExit as exc:  # click ends every command so
-        if PROCESS.status is None:
-            code = exc.code
-            PROCESS.status = code if isinstance(code, int) else 0 if code is None else 1
-        raise
     finally:
-        if PROCESS.status is None:  # an exception the command did not turn into a status
-            PROCESS.status = 1
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
