@@ -5,13 +5,14 @@ A run installs its own handlers (``cli._raise_on_signals``: clean-up, a failure 
 line). Outside them, a signal used to end the process with no line (SIGTERM, SIGHUP during the
 imports of its first second) or with a traceback (SIGINT during them). Here every signal of
 :data:`SIGNALS` that the process does not ignore gets a handler before anything else loads:
-while the command runs it raises :class:`~dfmp2.errors.Interrupted` (the command group prints
-one line, exit status 128 + n); once a run's interruption has said its exit status, a later
-signal ends the process with that status at once. When the command returns, the handlers that
-were there before are put back (a program that ran the command in its own process, through
-``runpy`` or ``%run -m dfmp2``, goes on with its own); a signal in the interpreter's last moments
-after that ends the process as it would have without dfmp2. In a thread other than the main one,
-where no handler can be set, the command runs with the process's handlers as they are.
+outside the run's own handlers (the imports, the checks, the output after the run) it prints one
+line and ends the process with status 128 + n at once; once a run's interruption has said its
+exit status, a later signal ends the process with that status, silently. When the command
+returns, a program's own handlers (and Python's SIGINT one) are put back (a program that ran
+the command in its own process, through ``runpy`` or ``%run -m dfmp2``, goes on with its own);
+where the default was there, which ends the process, this handler stays: in the interpreter's
+last moments a signal still ends it, with the status a line has said. In a thread other than
+the main one, where no handler can be set, the command runs with the handlers as they are.
 """
 
 from __future__ import annotations
@@ -33,14 +34,21 @@ class _Process:
     status: int | None = None
 
     def handler(self, signum, _frame) -> None:
-        if self.status is None:
-            from .errors import Interrupted
-
-            raise Interrupted(signum, signal.Signals(signum).name)
+        """Outside a run's own handlers nothing needs cleaning up: the line (unless an
+        interruption's line has said the status already) and the exit, at once. Raising here
+        instead would unwind through whatever runs (torch's compiled import code aborts on it)."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RuntimeError):  # (a write under way)
+                pass
+        if self.status is None:
+            self.status = 128 + signum
+            line = (f"error: interrupted by {signal.Signals(signum).name}; exit status "
+                    f"{self.status}\n")
+            try:
+                os.write(2, line.encode())
+            except OSError:
                 pass
         os._exit(self.status)
 
@@ -64,4 +72,6 @@ def main() -> None:
         command()
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if handler not in (signal.SIG_DFL, None):  # a program's own (or Python's SIGINT)
+                signal.signal(sig, handler)  # the default would end the process: this one too,
+            #                                  with the status a line has said, if any

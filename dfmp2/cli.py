@@ -154,6 +154,9 @@ class _Main(click.Group):
             raise _usage_line(exc) from None
 
     def invoke(self, ctx):
+        from ._command import PROCESS
+
+        PROCESS.status = None  # no interruption said yet (a program may run commands in turn)
         try:
             return super().invoke(ctx)
         except _UsageLine:
@@ -737,11 +740,10 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         if pending.signum is None:
             raise
     finally:
+        if pending.signum is not None:  # a signal during the output, which was finished first:
+            _said_interrupted(pending.signum, who)  # said before the handlers go back
         restore()
-    if pending.signum is not None:  # a signal during the output, which was finished first
-        name = signal.Signals(pending.signum).name
-        click.echo(f"error{who}: interrupted by {name} while the output was written; it was "
-                   f"finished first; exit status {128 + pending.signum}", err=True)
+    if pending.signum is not None:
         raise click.exceptions.Exit(128 + pending.signum)
 
 
@@ -885,12 +887,12 @@ def _raise_on_signals():
     signal the process ignores (SIGHUP under ``nohup``, SIGINT in a background job) stays
     ignored; a second signal while the first one's interruption is under way is ignored too
     (it would break into the clean-up, and the exit status the line states)."""
-    from ._command import SIGNALS
+    from ._command import PROCESS, SIGNALS
 
     pending = _PendingSignal()
 
     def handler(signum, _frame):
-        if pending.signum is not None:
+        if pending.signum is not None or PROCESS.status is not None:  # one under way already
             return
         pending.signum = signum
         if not pending.deferred:
@@ -922,6 +924,16 @@ def _raise_on_signals():
             sys.unraisablehook = previous_hook
 
     return restore, pending
+
+
+def _said_interrupted(signum: int, who: str) -> None:
+    """The line of a signal that came while the output was written (finished first); a later
+    signal keeps its status (:data:`dfmp2._command.PROCESS`)."""
+    from ._command import PROCESS
+
+    click.echo(f"error{who}: interrupted by {signal.Signals(signum).name} while the output was "
+               f"written; it was finished first; exit status {128 + signum}", err=True)
+    PROCESS.status = 128 + signum
 
 
 def _interrupted(exc: Interrupted, who: str = "") -> click.exceptions.Exit:

@@ -565,12 +565,14 @@ os.kill(os.getpid(), signal.SIGTERM)
     assert said == ["main exit 0", "thread exit 0", f"host's handler {signal.SIGTERM.value}"]
 
 
-def test_a_second_signal_keeps_the_status_the_first_ones_line_said():
+def test_a_second_signal_keeps_the_status_the_first_ones_line_said(monkeypatch):
     """SIGINT, then SIGTERM 20 ms later: the line said 'exit status 130' and the process ended
     with 143. The run's handler ignores a second signal, and the command's exits with the
     status already said."""
     from dfmp2 import cli
+    from dfmp2._command import PROCESS
 
+    monkeypatch.setattr(PROCESS, "status", None)  # as each command starts (cli._Main.invoke)
     old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         restore, pending = cli._raise_on_signals()
