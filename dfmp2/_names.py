@@ -14,6 +14,8 @@ NKI_MATMULS = ("fp32", "bf16x3")
 #: NeuronCore generations the NKI kernels target: "auto" reads the instance type in hardware mode
 #: (the emulated target in emulator mode).
 NKI_TARGETS = ("auto", "trn1", "trn2")
+#: Where the MP2 step runs (``--device``).
+DEVICES = ("auto", "cpu", "cuda")
 #: torch.distributed backends of a torchrun job: CPU, CUDA, Trainium (torch-xla).
 DIST_BACKENDS = ("gloo", "nccl", "xla")
 #: Most threads a pool may be given: five times the largest machines' hardware threads (two

@@ -20,6 +20,7 @@ import click
 from ._names import (
     BACKENDS,
     CPU_BLAS_CHOICES,
+    DEVICES,
     DIST_BACKENDS,
     MAX_THREADS,
     NKI_MATMULS,
@@ -141,8 +142,8 @@ def _usage_line(exc: click.UsageError) -> click.UsageError:
 class _Main(click.Group):
     """The command group. A Ctrl-C while no run's signal handlers are installed (the imports
     and the BLAS checks of its first second, the output after it) ends as one during the run
-    does: one line and exit status 130, instead of click's "Aborted!" and status 1; so does
-    any of the console command's signals (:mod:`dfmp2._command`), with 128 + n. Usage
+    does: one line and exit status 130, instead of click's "Aborted!" and status 1 (under the
+    console command, :mod:`dfmp2._command`'s handler says every signal's line itself). Usage
     errors, the group's and its commands', are one line (`_UsageLine`), exit status 2."""
 
     def make_context(self, info_name, args, parent=None, **extra):
@@ -163,8 +164,8 @@ class _Main(click.Group):
             raise
         except click.UsageError as exc:
             raise _usage_line(exc) from None
-        except KeyboardInterrupt as exc:  # Interrupted: the console command's own handlers
-            signum = getattr(exc, "signum", signal.SIGINT)
+        except KeyboardInterrupt as exc:  # Python's SIGINT handler (the command run in a
+            signum = getattr(exc, "signum", signal.SIGINT)  # program), or a run's Interrupted
             click.echo(f"error: interrupted by {signal.Signals(signum).name}; exit status "
                        f"{128 + signum}", err=True)
             raise click.exceptions.Exit(128 + signum) from None
@@ -247,7 +248,7 @@ _D = Options.default
               help="NeuronCore generation of the NKI launches: trn2 runs two SPMD programs per "
                    "launch (LNC=2), trn1 alternates its two cores; auto reads the instance type "
                    "(the emulated target with --nki-emulator).")
-@click.option("--device", type=click.Choice(("auto", "cpu", "cuda"), case_sensitive=False),
+@click.option("--device", type=click.Choice(DEVICES, case_sensitive=False),
               default=_D("device"),
               show_default=True,
               help="Where the MP2 step runs: a CUDA device through torch, or the host; auto "

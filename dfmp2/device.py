@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ._names import DEVICES
 from .errors import BackendUnavailableError, InputError
 
 __all__ = ["DEVICES", "ComputeDevice", "DevicePlan", "plan_device", "resolve_device"]
 
-#: ``--device`` choices.
-DEVICES = ("auto", "cpu", "cuda")
 #: Share of the device's free memory (or of ``--device-memory``) the plan may fill: the CUDA
 #: caching allocator and cuBLAS workspaces take the rest.
 DEVICE_RESERVE = 0.10

@@ -6,7 +6,7 @@ import numbers
 import os
 from dataclasses import MISSING, dataclass, fields
 
-from ._names import BACKENDS, CORE_RULES, CPU_BLAS_CHOICES, NKI_MATMULS, NKI_TARGETS
+from ._names import BACKENDS, CORE_RULES, CPU_BLAS_CHOICES, DEVICES, NKI_MATMULS, NKI_TARGETS
 from .errors import InputError
 from .functionals import parse_grid, resolve
 
@@ -19,7 +19,7 @@ PRECISIONS = ("fp64", "mixed", "fp32")
 SCF_PRECISIONS = ("fp64", "mixed")
 #: The options that take one of a few names, and those names.
 CHOICES = {"scf_type": SCF_TYPES, "scf_precision": SCF_PRECISIONS, "backend": BACKENDS,
-           "cpu_blas": CPU_BLAS_CHOICES, "device": ("auto", "cpu", "cuda"),
+           "cpu_blas": CPU_BLAS_CHOICES, "device": DEVICES,
            "nki_matmul": NKI_MATMULS, "nki_target": NKI_TARGETS, "precision": PRECISIONS,
            "reference": REFERENCES, "core_rule": CORE_RULES}
 
