@@ -26,6 +26,9 @@ MAX_THREADS = 4096
 #: The rules ``frozen_core`` may follow (``Options.core_rule``): PySCF's ``chemcore`` table, or
 #: Psi4's FREEZE_CORE TRUE (:func:`dfmp2.reference.psi4_core_orbitals`).
 CORE_RULES = ("pyscf", "psi4")
+#: What a run does about the stability of its SCF (``--stability``, :mod:`dfmp2.stability`):
+#: nothing, analyse it, or analyse it and follow an internal instability to a lower solution.
+STABILITY_MODES = ("none", "check", "follow")
 
 
 def cartesian_elsewhere(basis) -> bool:

@@ -83,9 +83,10 @@ LINDEP_OVERLAP = 1e-6
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
 MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
-#: molecule's are): its functional, grid, reference, fitting, precision and convergence.
+#: molecule's are): its functional, grid, reference, fitting, precision, convergence and
+#: stability analysis.
 _SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_precision",
-                 "conv_tol", "conv_tol_grad", "max_cycle", "chkfile")
+                 "conv_tol", "conv_tol_grad", "max_cycle", "chkfile", "stability")
 
 
 def run(geometry, progress=None, environment: dict | None = None, threads: int | None = None,
@@ -837,7 +838,7 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
                                        or float(mf.conv_tol) ** 0.5),
                    hamiltonian=hamiltonian_record(mf), homo_spin=homo_spin,
-                   lumo_spin=lumo_spin)
+                   lumo_spin=lumo_spin, stability=getattr(mf, "stability_record", None))
 
 
 def _holder(values: list[float], pick) -> str:

@@ -25,6 +25,7 @@ from ._names import (
     MAX_THREADS,
     NKI_MATMULS,
     NKI_TARGETS,
+    STABILITY_MODES,
 )
 from ._version import __version__
 from .errors import DFMP2Error, InputError, Interrupted, ResourceError
@@ -282,6 +283,12 @@ _D = Options.default
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess. "
                    "With several geometries a path with {name} or {index}.")
+@click.option("--stability", type=click.Choice(STABILITY_MODES, case_sensitive=False),
+              default=_D("stability"), show_default=True,
+              help="After the SCF converges: check = the lowest eigenvalues of its orbital "
+                   "Hessian (within its kind, and RHF -> UHF for a closed-shell RHF), a warning "
+                   "for each instability; follow = also rotate the orbitals along an internal "
+                   "instability and converge again, until stable.")
 @click.option("--xc", default=_D("xc"), metavar="NAME",
               help="Double hybrid on a Kohn-Sham reference (RKS, or UKS for open shells): "
                    "B2PLYP, B2GPPLYP, DSD-BLYP, DSD-PBEP86, DSD-PBEPBE, PBE0-DH, PBE0-2; or any "

@@ -6,7 +6,15 @@ import numbers
 import os
 from dataclasses import MISSING, dataclass, fields
 
-from ._names import BACKENDS, CORE_RULES, CPU_BLAS_CHOICES, DEVICES, NKI_MATMULS, NKI_TARGETS
+from ._names import (
+    BACKENDS,
+    CORE_RULES,
+    CPU_BLAS_CHOICES,
+    DEVICES,
+    NKI_MATMULS,
+    NKI_TARGETS,
+    STABILITY_MODES,
+)
 from .errors import InputError
 from .functionals import parse_grid, resolve
 
@@ -21,7 +29,7 @@ SCF_PRECISIONS = ("fp64", "mixed")
 CHOICES = {"scf_type": SCF_TYPES, "scf_precision": SCF_PRECISIONS, "backend": BACKENDS,
            "cpu_blas": CPU_BLAS_CHOICES, "device": DEVICES,
            "nki_matmul": NKI_MATMULS, "nki_target": NKI_TARGETS, "precision": PRECISIONS,
-           "reference": REFERENCES, "core_rule": CORE_RULES}
+           "reference": REFERENCES, "core_rule": CORE_RULES, "stability": STABILITY_MODES}
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,12 @@ class Options:
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
         molecule, basis and reference already there is the initial guess (a converged one costs
         one iteration); one of another calculation is refused.
+    stability : 'none' (default), 'check' or 'follow': after the SCF converges, the lowest
+        eigenvalues of its orbital-rotation Hessian (:mod:`dfmp2.stability`: within its own
+        kind, and RHF -> UHF for a closed-shell RHF or RKS), in the record, with a warning for
+        each instability; 'follow' rotates the orbitals along an internal instability and runs
+        the SCF again from there, until it is stable (at most
+        :data:`dfmp2.scf.MAX_FOLLOWS` times).
     """
 
     basis: str = "cc-pvdz"
@@ -136,11 +150,13 @@ class Options:
     conv_tol_grad: float | None = None
     max_cycle: int = 100
     chkfile: str | None = None
+    stability: str = "none"
 
     def __post_init__(self):
         _check_types(self)
         _choice(self, "scf_type")
         _choice(self, "scf_precision")
+        _choice(self, "stability")
         if self.scf_type == "conv":
             for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
                                          ("scf_precision", self.scf_precision, "fp64")):

@@ -120,6 +120,8 @@ _SCF_TYPES = {"df": "df", "mem_df": "df", "disk_df": "df", "dfdirect": "df", "pk
               "direct": "conv", "out_of_core": "conv", "conv": "conv"}
 _MP2_TYPES = {"df": "df"}
 _REFERENCES = {"rhf": "rhf", "uhf": "uhf", "rohf": "rohf", "rks": "rhf", "uks": "uhf"}
+#: Psi4's stability_analysis values: dfmp2's are the same (--stability).
+_STABILITY = {"none": "none", "check": "check", "follow": "follow"}
 
 #: Psi4 keyword -> (dfmp2 option, converter).
 PSI4_KEYWORDS = {
@@ -135,6 +137,7 @@ PSI4_KEYWORDS = {
     "e_convergence": ("conv_tol", _convergence),
     "d_convergence": ("conv_tol_grad", _convergence),
     "maxiter": ("max_cycle", _number(int)),
+    "stability_analysis": ("stability", lambda n, v: _choice(n, v, _STABILITY)),
     "dft_radial_points": ("_radial", _number(int)),  # with dft_spherical_points: grid
     "dft_spherical_points": ("_angular", _number(int)),
 }

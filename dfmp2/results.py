@@ -58,7 +58,13 @@ class ScfInfo:
     what an SCF object given to dfmp2 added to the molecule's Hamiltonian (X2C, its own
     one-electron terms, a solvent model: :func:`dfmp2.reference.hamiltonian_record`; None for
     the molecule's own); ``homo_spin``/``lumo_spin`` which spin ('alpha', 'beta', or 'both'
-    where they tie) holds them in an unrestricted determinant (None for a restricted one)."""
+    where they tie) holds them in an unrestricted determinant (None for a restricted one);
+    ``stability`` the stability analysis of dfmp2's own SCF (``--stability``;
+    :func:`dfmp2.scf.run_scf`): its ``mode``, per analysis (``internal``, and ``rhf_to_uhf``
+    for a closed-shell RHF or RKS) the lowest Hessian eigenvalue in Eh, whether it is stable
+    and whether Davidson converged it, and the instabilities ``follows`` followed (eigenvalue,
+    energy before and after, cycles of the SCF run again, whether it lowered the energy);
+    None when no analysis ran."""
 
     kind: str
     xc: str | None
@@ -80,6 +86,7 @@ class ScfInfo:
     hamiltonian: str | None = None
     homo_spin: str | None = None
     lumo_spin: str | None = None
+    stability: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -446,7 +453,7 @@ class Result:
             e_singles=props["mp2_singles_energy"],
             e_scs=energies["e_pt2"] if dh is not None else energies["e_scs"],
             molecule=_record(MoleculeInfo, molecule, "molecule"),
-            scf=_record(ScfInfo, extras["scf"], "scf"),
+            scf=_checked_stability(_record(ScfInfo, extras["scf"], "scf")),
             sizes=_record(Sizes, extras["sizes"], "sizes"),
             method=_record(Method, extras["method"], "method"),
             backend=_record(BackendInfo, extras["backend"], "backend"),
@@ -523,6 +530,8 @@ class Result:
                else "  LUMO none (no virtual orbitals)"),
             f"  MP2 space  {_mp2_space(s)} ({frozen})",
         ]
+        if scf.stability is not None:
+            lines.append(f"  stability  {_stability_text(scf.stability)}")
         if scf.hamiltonian:
             lines.append(f"  Hamiltonian  {scf.hamiltonian}")
         if scf.s2 is not None:
@@ -783,6 +792,34 @@ def _warnings(extras: dict) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def _checked_stability(scf: ScfInfo) -> ScfInfo:
+    """``scf`` whose ``stability`` record (when there) has what the summary prints of it: per
+    analysis a numeric eigenvalue and the two flags, per follow its energies and cycles; else
+    one line naming what is missing or of the wrong type."""
+    from .errors import InputError
+
+    record = scf.stability
+    if record is None:
+        return scf
+    wanted = {"lowest_eigenvalue": (int, float), "stable": bool, "converged": bool}
+    follow_wanted = {"from_energy": (int, float), "energy": (int, float), "cycles": int}
+    checks = [(f"extras.scf.stability.{key}", record.get(key), wanted)
+              for key in _STABILITY_NAMES if key in record]
+    follows = record.get("follows", [])
+    if not isinstance(follows, list):
+        raise InputError(f"the record's extras.scf.stability.follows is {follows!r}, not a list")
+    checks += [(f"extras.scf.stability.follows[{k}]", f, follow_wanted)
+               for k, f in enumerate(follows)]
+    for where, value, fields_wanted in checks:
+        value = _object(value, f"the record's {where}")
+        for name, kind in fields_wanted.items():
+            item = value.get(name)
+            if not isinstance(item, kind) or (kind is not bool and isinstance(item, bool)):
+                raise InputError(f"the record's {where}.{name} is {item!r}: the file was "
+                                 "changed after dfmp2 wrote it")
+    return scf
+
+
 def _object(value, what: str) -> dict:
     """``value`` if it is a JSON object (a dict), else one line naming ``what`` it is."""
     from .errors import InputError
@@ -899,6 +936,27 @@ def versions() -> dict:
 
     return {"dfmp2": __version__, "pyscf": pyscf.__version__, "torch": str(torch.__version__),
             "numpy": numpy.__version__, "python": platform.python_version()}
+
+
+#: How the summary names each stability analysis (:attr:`ScfInfo.stability`).
+_STABILITY_NAMES = {"internal": "internal", "rhf_to_uhf": "RHF -> UHF"}
+
+
+def _stability_text(record: dict) -> str:
+    """The summary's stability line: per analysis its lowest Hessian eigenvalue and verdict,
+    then the instabilities followed (each one's energy before and after)."""
+    parts = []
+    for key, name in _STABILITY_NAMES.items():
+        if key in record:
+            lowest = record[key]
+            parts.append(f"{name} {'stable' if lowest['stable'] else 'UNSTABLE'} (lowest "
+                         f"Hessian eigenvalue {lowest['lowest_eigenvalue']:.6f} Eh"
+                         + ("" if lowest["converged"] else ", not converged") + ")")
+    text = "; ".join(parts)
+    for k, follow in enumerate(record.get("follows", ()), 1):
+        text += (f"; instability {k} followed: E {follow['from_energy']:.10f} -> "
+                 f"{follow['energy']:.10f} Eh in {follow['cycles']} cycles")
+    return text
 
 
 def _spin_text(spin: str | None) -> str:

@@ -156,3 +156,14 @@ TOL_SCF_ACCEPTED = 1e-6
 #: The same run of the same code in another process (a subprocess against an in-process call):
 #: only the BLAS summation order may differ; printed with 12 decimals.
 TOL_OTHER_PROCESS = 1e-10
+#: The lowest eigenvalue of an SCF's orbital Hessian by dfmp2's Davidson iterations (tolerance
+#: 1e-6 Eh on the eigenvalue, dfmp2.stability.DAVIDSON_TOL) against the dense Hessian of
+#: PySCF's own DF-SCF built from PySCF's Hessian-vector products: both SCFs stop at an orbital
+#: gradient of 1e-7, which moves the Hessian by about that; well inside the -1e-5 Eh that
+#: makes an instability.
+TOL_STABILITY_EIGENVALUE = 1e-5
+#: An SCF that followed an instability against PySCF's SCF that followed its own stability
+#: analysis from the same saddle point: the same minimum reached along other rotations (each
+#: converged to an orbital gradient of 1e-7), so SCF energies agree to second order in the
+#: gradient and MP2 energies to first order (measured 1e-15 Eh on stretched H2).
+TOL_FOLLOWED = 1e-9

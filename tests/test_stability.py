@@ -1,0 +1,213 @@
+"""The SCF's stability analysis (``stability='check'``/``'follow'``, ``--stability``): its
+eigenvalues against PySCF's Hessians, a followed instability against PySCF's own, the record,
+the warnings, the summary, the command line and the QCSchema keyword."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pyscf import df, gto, scf
+from pyscf.mp import dfump2
+from pyscf.scf import stability as pyscf_stability
+from pyscf.soscf import newton_ah
+
+import dfmp2
+from dfmp2 import stability
+from dfmp2.errors import InputError
+from dfmp2.results import Result
+
+from tolerances import TOL_FOLLOWED, TOL_STABILITY_EIGENVALUE
+
+STRETCHED_H2 = "H 0 0 0; H 0 0 2.5"
+WATER = "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587"
+OH = "O 0 0 0; H 0 0 0.97"
+
+
+def _pyscf_scf(atom: str, spin: int, kind, basis: str = "cc-pvdz", xc: str | None = None):
+    """PySCF's own DF-SCF with dfmp2's JK-fit partner basis and default tolerances."""
+    mol = gto.M(atom=atom, basis=basis, spin=spin, verbose=0)
+    mf = kind(mol) if xc is None else kind(mol, xc=xc)
+    mf = mf.density_fit(auxbasis=f"{basis}-jkfit" if basis.startswith("cc-") else "def2-universal-jkfit")
+    mf.conv_tol, mf.conv_tol_grad = 1e-10, 1e-7
+    mf.kernel()
+    assert mf.converged
+    return mf
+
+
+def _dense_lowest(hop, size: int) -> float:
+    """The lowest eigenvalue of the operator ``hop`` on vectors of ``size``, from its dense
+    matrix (every unit vector)."""
+    h = np.array([hop(unit) for unit in np.eye(size)])
+    return float(np.linalg.eigvalsh((h + h.T) / 2)[0])
+
+
+def _internal_reference(mf) -> float:
+    gen = (newton_ah.gen_g_hop_rohf if isinstance(mf, scf.rohf.ROHF) else
+           newton_ah.gen_g_hop_uhf if isinstance(mf, scf.uhf.UHF) else newton_ah.gen_g_hop_rhf)
+    g, hop, _ = gen(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
+    return _dense_lowest(lambda x: hop(x).real * 2, g.size)
+
+
+@pytest.mark.parametrize("atom, spin, reference, kind, xc, basis", [
+    (WATER, 0, "rhf", scf.RHF, None, "cc-pvdz"),
+    (STRETCHED_H2, 0, "rhf", scf.RHF, None, "cc-pvdz"),
+    (STRETCHED_H2, 0, "uhf", scf.UHF, None, "cc-pvdz"),
+    (OH, 1, "uhf", scf.UHF, None, "cc-pvdz"),
+    (OH, 1, "rohf", scf.ROHF, None, "cc-pvdz"),
+    (WATER, 0, "rhf", scf.RKS, "b2plyp", "def2-svp"),
+])
+def test_the_lowest_eigenvalues_equal_those_of_pyscfs_hessians(atom, spin, reference, kind, xc,
+                                                              basis):
+    """dfmp2's analysis of its own SCF (dfmp2's J/K) against the dense Hessians of PySCF's
+    DF-SCF (PySCF's J/K): within the SCF's own kind, and RHF -> UHF for a closed shell."""
+    options = {"reference": reference, "basis": basis, "stability": "check"}
+    if xc is not None:
+        options["xc"] = xc
+    record = dfmp2.run(atom, spin=spin, **options).scf.stability
+    # a double hybrid's reference is its KS part: B2PLYP's, as dfmp2 runs it
+    mf = _pyscf_scf(atom, spin, kind, basis, xc and "0.53*HF + 0.47*B88, 0.73*LYP")
+    expected = {"internal": _internal_reference(mf)}
+    if reference == "rhf":
+        _, _, hop, hdiag = pyscf_stability._gen_hop_rhf_external(mf, with_symmetry=False)
+        expected["rhf_to_uhf"] = _dense_lowest(hop, hdiag.size)
+    assert set(record) == {"mode", "follows", *expected}
+    assert record["mode"] == "check" and record["follows"] == []
+    for name, value in expected.items():
+        assert record[name]["lowest_eigenvalue"] == pytest.approx(
+            value, abs=TOL_STABILITY_EIGENVALUE), name
+        assert record[name]["stable"] == (value >= stability.UNSTABLE_BELOW)
+        assert record[name]["converged"] is True
+
+
+def test_following_an_instability_reaches_pyscfs_followed_solution():
+    """A UHF of stretched H2 from the default guess converges to the restricted (saddle)
+    solution; 'follow' goes on to the broken-symmetry minimum that PySCF's own stability
+    analysis and a second SCF reach, with its MP2 energy."""
+    mf = _pyscf_scf(STRETCHED_H2, 0, scf.UHF)
+    saddle = mf.e_tot
+    rotated = mf.stability()[0]
+    mf.kernel(mf.make_rdm1(rotated, mf.mo_occ))
+    pt = dfump2.DFUMP2(mf)
+    pt.with_df = df.DF(mf.mol, auxbasis="cc-pvdz-ri")
+    pt.kernel()
+    assert mf.e_tot < saddle - 0.1  # the case is what it should be
+
+    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
+    assert result.e_scf == pytest.approx(mf.e_tot, abs=TOL_FOLLOWED)
+    assert result.e_tot == pytest.approx(mf.e_tot + pt.e_corr, abs=TOL_FOLLOWED)
+    record = result.scf.stability
+    assert record["internal"]["stable"] is True
+    [follow] = record["follows"]
+    assert follow["from_energy"] == pytest.approx(saddle, abs=TOL_FOLLOWED)
+    assert follow["energy"] == result.e_scf and follow["lowered"] is True
+    assert follow["eigenvalue"] < stability.UNSTABLE_BELOW
+    assert result.scf.cycles > follow["cycles"]  # both SCFs' cycles
+    assert result.warnings == ()
+    assert result.scf.s2 > 0.9  # spin-polarised: the broken-symmetry determinant
+
+
+def test_check_reports_a_saddle_point_and_keeps_it():
+    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="check")
+    record = result.scf.stability
+    assert record["internal"]["stable"] is False and record["follows"] == []
+    assert result.e_scf == pytest.approx(_pyscf_scf(STRETCHED_H2, 0, scf.UHF).e_tot,
+                                         abs=TOL_FOLLOWED)
+    [warning] = result.warnings
+    assert "saddle point" in warning and "--stability follow" in warning
+    assert "internal UNSTABLE" in result.summary()
+
+
+def test_an_rhf_unstable_towards_uhf_says_how_to_reach_it():
+    result = dfmp2.run(STRETCHED_H2, stability="check")
+    record = result.scf.stability
+    assert record["internal"]["stable"] is True
+    assert record["rhf_to_uhf"]["stable"] is False
+    [warning] = result.warnings
+    assert "unstable towards DF-UHF" in warning and "--reference uhf" in warning
+    # follow cannot leave RHF: the same RHF, the same warning
+    followed = dfmp2.run(STRETCHED_H2, stability="follow")
+    assert followed.e_scf == result.e_scf and followed.scf.stability["follows"] == []
+    assert followed.warnings == result.warnings
+
+
+def test_a_stable_scf_has_its_record_and_no_warning_and_none_runs_no_analysis():
+    checked = dfmp2.run(WATER, basis="sto-3g", stability="check")
+    assert checked.scf.stability["internal"]["stable"] is True
+    assert checked.scf.stability["rhf_to_uhf"]["stable"] is True
+    assert checked.warnings == ()
+    assert "stability  internal stable (lowest Hessian eigenvalue" in checked.summary()
+    plain = dfmp2.run(WATER, basis="sto-3g")
+    assert plain.scf.stability is None and "stability" not in plain.summary()
+    assert plain.e_tot == checked.e_tot
+
+
+def test_a_follow_that_comes_back_stops_with_a_warning(monkeypatch):
+    """An SCF that returns to the solution it left (here: the rotation undone) is not
+    followed again and again: one follow, then the warning."""
+    monkeypatch.setattr(stability, "rotated_orbitals", lambda mf, vector: mf.mo_coeff)
+    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
+    [follow] = result.scf.stability["follows"]
+    assert follow["lowered"] is False
+    [warning] = result.warnings
+    assert "still a saddle point" in warning and "led back" in warning
+
+
+def test_an_analysis_that_does_not_converge_says_so(monkeypatch):
+    monkeypatch.setattr(stability, "DAVIDSON_CYCLES", 1)
+    monkeypatch.setattr(stability, "DAVIDSON_TOL", 1e-14)
+    result = dfmp2.run(WATER, basis="6-31g", stability="check")
+    assert result.scf.stability["internal"]["converged"] is False
+    assert any("did not converge in 1 Davidson" in w for w in result.warnings)
+    assert "not converged" in result.summary()
+
+
+def test_the_record_round_trips_and_a_damaged_one_is_one_line():
+    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
+    again = Result.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.scf.stability == result.scf.stability
+    assert "instability 1 followed" in again.summary()
+    data = result.to_dict()
+    data["extras"]["scf"]["stability"]["internal"]["lowest_eigenvalue"] = "low"
+    with pytest.raises(InputError, match="stability.internal.lowest_eigenvalue is 'low'"):
+        Result.from_dict(data)
+    data = result.to_dict()
+    data["extras"]["scf"]["stability"]["follows"] = [{"energy": 1.0}]
+    with pytest.raises(InputError, match=r"follows\[0\].from_energy"):
+        Result.from_dict(data)
+
+
+def test_the_option_is_checked_and_dfmp2_of_an_scf_refuses_it():
+    with pytest.raises(InputError, match="stability must be one of none, check, follow"):
+        dfmp2.run(WATER, basis="sto-3g", stability="yes")
+    assert dfmp2.run(WATER, basis="sto-3g", stability="CHECK").scf.stability["mode"] == "check"
+    mf = scf.RHF(gto.M(atom=WATER, basis="sto-3g", verbose=0)).run()
+    with pytest.raises(InputError, match="stability: DFMP2"):
+        dfmp2.DFMP2(mf, stability="check")
+
+
+def test_the_command_line_and_a_qcschema_keyword(tmp_path):
+    from click.testing import CliRunner
+
+    from dfmp2.cli import main
+
+    out = CliRunner().invoke(main, ["run", STRETCHED_H2, "--reference", "uhf", "--stability",
+                                    "follow", "--json", str(tmp_path / "r.json")])
+    assert out.exit_code == 0, out.output
+    assert "instability 1 followed" in out.output
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["extras"]["scf"]["stability"]["internal"]["stable"] is True
+    schema = {"schema_name": "qcschema_input", "schema_version": 1,
+              "molecule": {"symbols": ["H", "H"], "geometry": [0, 0, 0, 0, 0, 2.5 / 0.52917721],
+                           "molecular_multiplicity": 1},
+              "driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
+              "keywords": {"reference": "uhf", "stability_analysis": "FOLLOW"}}
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(schema))
+    out = CliRunner().invoke(main, ["run", str(path), "--json", str(tmp_path / "s.json")])
+    assert out.exit_code == 0, out.output
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert len(saved["extras"]["scf"]["stability"]["follows"]) == 1
+    bad = CliRunner().invoke(main, ["run", WATER, "--stability", "maybe"])
+    assert bad.exit_code != 0 and "maybe" in bad.output
