@@ -313,7 +313,8 @@ _D = Options.default
                    "this file; needs matplotlib (pip install 'dfmp2[plot]').")
 @click.option("--counterpoise", is_flag=True,
               help="Counterpoise-corrected interaction energy: the complex, then each fragment "
-                   "in the complex's basis (needs --fragments, or a QCSchema input's "
+                   "in the complex's basis, then in its own (the uncorrected interaction energy "
+                   "and the BSSE) (needs --fragments, or a QCSchema input's "
                    "molecule.fragments).")
 @click.option("--fragments", default=None, metavar="N1,N2,...",
               help="Atom counts of the fragments, in file order (e.g. 3,3).")
@@ -340,7 +341,8 @@ _D = Options.default
                    "debug detail.")
 @click.option("-q", "--quiet", is_flag=True,
               help="Only errors and the run's total energy (MP2; a double hybrid's; a QCSchema "
-                   "input's method's).")
+                   "input's method's); a counterpoise run's: its CP-corrected interaction "
+                   "energy at that level (Eh).")
 def run(geometry, json_path, verbose, quiet, **options):
     """Run DF-MP2 on GEOMETRY (an xyz file, an atom string like "O 0 0 0; H 0 0 1; ...", or a
     QCSchema AtomicInput .json file, v1 or v2, whose keywords set the options: those given on
@@ -795,6 +797,14 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
         energy = qcschema.method_energy(result, job.method)
     else:
         text, energy = result.to_json(), result.e_return
+    decimals = result.corr_decimals
+    if result.interaction:  # -q of a counterpoise run: E(int) at the level of that energy
+        from .counterpoise import answer_level
+
+        level = answer_level(result, scaled=job is not None
+                             and job.method in qcschema.SCALED_METHODS)
+        energy = result.interaction[level]["eh"]
+        decimals = decimals_for(interaction_error(level, result.precision_error))
     if json_path == "-":
         click.echo(text)
         return
@@ -821,7 +831,7 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
                        f"{result.summary(verbose=True, warnings=False)}\n")
         collect.append(result)
     else:
-        click.echo(f"{energy:.{result.corr_decimals}f}" if quiet  # (warnings: logged above)
+        click.echo(f"{energy:.{decimals}f}" if quiet  # (warnings: logged above)
                    else result.summary(verbose=verbose >= 1, warnings=False))
     if write_error:  # the summary above (a batch: its row) still carries every energy
         raise _fail(write_error, who)

@@ -1,12 +1,18 @@
 """Counterpoise-corrected interaction energies (Boys and Bernardi, Mol. Phys. 19, 553 (1970)).
 
 The complex, then each fragment alone in the complex's basis (the other fragments' atoms as
-ghosts: their basis functions, no nuclei, no electrons), each a whole dfmp2 run with the same
-options; the CP-corrected interaction energy at each level is
+ghosts: their basis functions, no nuclei, no electrons), then each fragment alone in its own
+basis (its atoms only, no ghosts), each a whole dfmp2 run with the same options (a fragment's
+charge and 2S alike in both of its runs); at each level
 
-    E_int = E(complex) - sum_k E(fragment k in the complex's basis)
+    E_int       = E(complex) - sum_k E(fragment k in the complex's basis)   (CP-corrected)
+    E_int(nocp) = E(complex) - sum_k E(fragment k in its own basis)         (uncorrected)
+    BSSE        = E_int - E_int(nocp)
+                = sum_k [E(fragment k in its own basis) - E(fragment k in the complex's basis)]
 
-at HF (the reference's energy), MP2 and SCS-MP2 (or the run's other scaled MP2: SOS-MP2, given
+(what Gaussian's Counterpoise=2 and Psi4's nbody with bsse_type ['cp', 'nocp'] print; the BSSE
+is positive where the ghosts' functions lower each fragment's energy, as they normally do) at
+HF (the reference's energy), MP2 and SCS-MP2 (or the run's other scaled MP2: SOS-MP2, given
 scales), or for a double-hybrid run (``--xc``) at its KS part and the double hybrid (KS plus
 scaled PT2), in Hartree and kcal/mol (qcelemental's CODATA conversion factor).
 """
@@ -20,7 +26,7 @@ from dataclasses import dataclass, replace
 from .errors import DFMP2Error, InputError
 from .results import SCALED_NAMES
 
-__all__ = ["Fragments", "levels", "parse_fragments", "run_counterpoise"]
+__all__ = ["Fragments", "answer_level", "levels", "parse_fragments", "run_counterpoise"]
 
 def levels(result) -> dict[str, tuple[str, str]]:
     """The levels of a run's interaction energy: key -> (label, Result attribute of the
@@ -32,6 +38,15 @@ def levels(result) -> dict[str, tuple[str, str]]:
     label = result.scaled_label
     return {"hf": ("HF", "e_scf"), "mp2": ("MP2", "e_tot"),
             SCALED_NAMES[label]: (label, "e_scs_tot")}
+
+
+def answer_level(result, scaled: bool = False) -> str:
+    """The level whose interaction energy is a counterpoise run's answer (``-q`` prints it):
+    the level of the run's own answer, MP2 or a double hybrid's, or its scaled MP2 where
+    ``scaled`` (a QCSchema input's ``scs-mp2``, ``sos-mp2`` or ``custom-scs-mp2``)."""
+    if result.double_hybrid:
+        return "double_hybrid"
+    return SCALED_NAMES[result.scaled_label] if scaled else "mp2"
 
 
 @dataclass(frozen=True)
@@ -116,9 +131,10 @@ def parse_fragments(counts, natom: int, electrons, charge: int, charges=None,
     return Fragments(sizes, q, s)
 
 
-def _fragment_mole(mol, fragments: Fragments, k: int):
+def _fragment_mole(mol, fragments: Fragments, k: int, own_basis: bool = False):
     """Fragment k of the built complex ``mol`` in the complex's basis: the other atoms as
-    ghosts (an unbuilt Mole in Bohr with the complex's basis and ECP settings)."""
+    ghosts; with ``own_basis``, its atoms alone (an unbuilt Mole in Bohr with the complex's
+    basis and ECP settings)."""
     from pyscf import gto
 
     from .geometry import GHOST_PREFIX
@@ -127,9 +143,12 @@ def _fragment_mole(mol, fragments: Fragments, k: int):
     first, stop = fragments.ranges()[k]
     atoms = []
     for index, (label, coords) in enumerate(mol._atom):
-        # another fragment's atom as a ghost under its own label (GHOST-O1 keeps O1's basis)
-        keep = first <= index < stop or is_ghost_label(label)
-        atoms.append((label if keep else GHOST_PREFIX + label, tuple(coords)))
+        if first <= index < stop:
+            atoms.append((label, tuple(coords)))
+        elif not own_basis:  # another fragment's atom as a ghost under its own label
+            # (GHOST-O1 keeps O1's basis; an atom given as a ghost stays as it is)
+            ghost = label if is_ghost_label(label) else GHOST_PREFIX + label
+            atoms.append((ghost, tuple(coords)))
     frag = gto.Mole()
     frag.atom = atoms
     frag.unit = "Bohr"
@@ -141,22 +160,29 @@ def _fragment_mole(mol, fragments: Fragments, k: int):
     return frag
 
 
+def _in_basis(own_basis: bool) -> str:
+    """What names a fragment's run in its own basis ('' for its run in the complex's)."""
+    return " in its own basis" if own_basis else ""
+
+
 @contextmanager
-def _named(fragments: Fragments, k: int):
-    """An error of fragment ``k``'s checks or run names the fragment (the same type, the same
-    attributes)."""
+def _named(fragments: Fragments, k: int, own_basis: bool = False):
+    """An error of fragment ``k``'s checks or run (``own_basis``: of its run in its own basis)
+    names the fragment (the same type, the same attributes)."""
     try:
         yield
     except DFMP2Error as exc:
         first, stop = fragments.ranges()[k]
         atoms = f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
-        raise _reworded(exc, f"fragment {k + 1} ({atoms}): {exc}") from None
+        raise _reworded(exc, f"fragment {k + 1} ({atoms}){_in_basis(own_basis)}: {exc}"
+                        ) from None
 
 
 @contextmanager
-def _finished_said(complex_result, parts):
-    """A fragment's error also gives the totals of the runs finished before it (the complex
-    and earlier fragments), which the failed counterpoise run cannot return."""
+def _finished_said(complex_result, parts, own_parts):
+    """A fragment's error also gives the totals of the runs finished before it (the complex,
+    the fragments in the complex's basis, then in their own), which the failed counterpoise
+    run cannot return."""
     try:
         yield
     except DFMP2Error as exc:
@@ -164,7 +190,9 @@ def _finished_said(complex_result, parts):
             raise
         d = min(10, complex_result.corr_decimals)  # no digit its precision does not vouch for
         done = [f"the complex {complex_result.e_return:.{d}f} Eh",
-                *(f"fragment {k + 1} {p.e_return:.{d}f} Eh" for k, p in enumerate(parts))]
+                *(f"fragment {k + 1}{_in_basis(own)} {p.e_return:.{d}f} Eh"
+                  for own, runs in ((False, parts), (True, own_parts))
+                  for k, p in enumerate(runs))]
         raise _reworded(exc, f"{exc}; finished before it: {', '.join(done)} (total energies)"
                         ) from None
 
@@ -250,7 +278,9 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
     # every fragment's molecule and run are checked before any SCF: no complex result is
     # computed only to be lost to a fragment that cannot run (the fragments' own pair energies
     # are not asked for: the plot shows the complex's)
-    moles = [_fragment_mole(mol, frags, k) for k in range(len(frags.counts))]
+    nfrag = len(frags.counts)
+    moles = [_fragment_mole(mol, frags, k) for k in range(nfrag)]
+    own_moles = [_fragment_mole(mol, frags, k, own_basis=True) for k in range(nfrag)]
     if opts.core == "psi4":  # PySCF's table adds up atom by atom: alike by construction
         _warn_cores_apart(mol, moles)
     # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
@@ -260,47 +290,63 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
                         or (key == "ecp" and str(v).strip().lower() == "none")},
                      "chkfile": None, "pair_energies": False,
                      "charge": frags.charges[k], "spin": frags.spins[k]}
-                    for k in range(len(moles))]
+                    for k in range(nfrag)]
+    # (fragment, in its own basis, its Mole) of each fragment's run: every fragment in the
+    # complex's basis, then every fragment in its own (the cheaper runs)
+    runs = [(k, own, frag) for own, fragment_moles in ((False, moles), (True, own_moles))
+            for k, frag in enumerate(fragment_moles)]
     check_run(geometry, options)  # the complex's own refusals, named as its run names them
-    for k, frag in enumerate(moles):
-        with _named(frags, k):  # the fragment's molecule is built and checked here too
+    for k, own, frag in runs:
+        with _named(frags, k, own):  # the fragment's molecule is built and checked here too
             check_run(frag, per_fragment[k])
     complex_result = run(geometry, progress=progress, environment=environment, **options)
-    parts = []
-    for k, frag in enumerate(moles):
-        stage = f"fragment {k + 1}/{len(frags.counts)}"
+    parts, own_parts = [], []  # the fragments' results in the complex's basis, in their own
+    for k, own, frag in runs:
+        stage = f"fragment {k + 1}/{nfrag}{_in_basis(own)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
         said = len(warned)
-        with _named(frags, k), _finished_said(complex_result, parts):
-            parts.append(run(frag, progress=report, **per_fragment[k]))
-        warned[said:] = [f"fragment {k + 1}: {text}" for text in warned[said:]]
+        with _named(frags, k, own), _finished_said(complex_result, parts, own_parts):
+            (own_parts if own else parts).append(run(frag, progress=report, **per_fragment[k]))
+        warned[said:] = [f"fragment {k + 1}{_in_basis(own)}: {text}" for text in warned[said:]]
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None
     to_kcal = constants.conversion_factor("hartree", "kcal/mol")
     table = levels(complex_result)
+
+    def totals_eh(result) -> dict:  # a run's total energy at each level
+        return {lv: getattr(result, attr) for lv, (_label, attr) in table.items()}
+
+    def energy(value_eh: float) -> dict:
+        return {"eh": value_eh, "kcal_mol": value_eh * to_kcal}
+
     interaction = {
-        "method": "counterpoise (Boys-Bernardi): every fragment in the complex's basis",
+        "method": "counterpoise (Boys-Bernardi): every fragment in the complex's basis; "
+                  "uncorrected: every fragment in its own basis",
         "fragments": [{"atoms": [first, stop], "natom": stop - first, "charge": q,
                        "multiplicity": s + 1}
                       for (first, stop), q, s in zip(frags.ranges(), frags.charges,
                                                      frags.spins)],
         "levels": {lv: label for lv, (label, _attr) in table.items()},
-        "totals_eh": {"complex": {lv: getattr(complex_result, attr)
-                                  for lv, (_label, attr) in table.items()},
-                      "fragments": [{lv: getattr(part, attr)
-                                     for lv, (_label, attr) in table.items()}
-                                    for part in parts]},
+        "totals_eh": {"complex": totals_eh(complex_result),
+                      "fragments": [totals_eh(part) for part in parts],
+                      "fragments_own_basis": [totals_eh(part) for part in own_parts]},
         "hartree_to_kcal_mol": to_kcal,
     }
     # the correlation's parts: what opposite- and same-spin pairs add to the interaction
     for part, attr in (("reference", "e_scf"), ("singles", "e_singles"), ("os", "e_corr_os"),
                        ("ss", "e_corr_ss")):
         value = getattr(complex_result, attr) - sum(getattr(p, attr) for p in parts)
-        interaction.setdefault("components", {})[part] = {"eh": value,
-                                                          "kcal_mol": value * to_kcal}
-    for level, (_label, attr) in table.items():
-        value = getattr(complex_result, attr) - sum(getattr(part, attr) for part in parts)
-        interaction[level] = {"eh": value, "kcal_mol": value * to_kcal}
+        interaction.setdefault("components", {})[part] = energy(value)
+    totals = interaction["totals_eh"]
+
+    def complex_less(fragments: str) -> dict:  # E(complex) - sum_k E(k) per level, Eh
+        return {lv: totals["complex"][lv] - sum(f[lv] for f in totals[fragments])
+                for lv in table}
+
+    corrected, uncorrected = complex_less("fragments"), complex_less("fragments_own_basis")
+    interaction.update({lv: energy(corrected[lv]) for lv in table})
+    interaction["uncorrected"] = {lv: energy(uncorrected[lv]) for lv in table}
+    interaction["bsse"] = {lv: energy(corrected[lv] - uncorrected[lv]) for lv in table}
     return replace(complex_result, interaction=interaction,
                    molecule=_with_fragments(complex_result.molecule, frags))
 

@@ -251,7 +251,8 @@ class Result:
     of what the ``dfmp2`` command set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
     one process); ``interaction`` the counterpoise-corrected interaction energies of a
-    ``--counterpoise`` run (``extras.interaction``, :mod:`dfmp2.counterpoise`); ``warnings``
+    ``--counterpoise`` run, with the uncorrected ones and the BSSE (``extras.interaction``,
+    :mod:`dfmp2.counterpoise`); ``warnings``
     the WARNING lines the run logged (``extras.warnings``; a counterpoise run's include its
     fragments').
     """
@@ -745,8 +746,10 @@ TOTALS_AGREE = 1e-9
 
 def _interaction(extras: dict) -> dict | None:
     """A record's ``extras.interaction`` (None without one), checked for what the summary
-    prints of it: each level's E(int) and, where recorded, the complex's and fragments' totals
-    at every level; one line naming what is missing or not a number."""
+    prints of it: each level's E(int) and, where recorded (a record from before the fragments
+    ran in their own basis has neither), its uncorrected E(int) and BSSE; the complex's and
+    fragments' totals at every level, and where recorded the fragments' in their own basis;
+    one line naming what is missing or not a number."""
     from .errors import InputError
 
     inter = extras.get("interaction")
@@ -758,19 +761,25 @@ def _interaction(extras: dict) -> dict | None:
 
     where = "the record's extras.interaction"
     levels = _object(_object(inter, where).get("levels"), f"{where}.levels")
-    wanted = [(f"{level}.eh", (inter.get(level) or {}).get("eh")) for level in levels]
-    wanted += [(f"{level}.kcal_mol", (inter.get(level) or {}).get("kcal_mol"))
-               for level in levels]
+    energies = [("", inter)]  # E(int) per level, then the uncorrected E(int) and BSSE
+    if "uncorrected" in inter or "bsse" in inter:  # recorded together
+        energies += [(f"{name}.", _object(inter.get(name), f"{where}.{name}"))
+                     for name in ("uncorrected", "bsse")]
+    wanted = [(f"{prefix}{level}.{unit}", (record.get(level) or {}).get(unit))
+              for prefix, record in energies for unit in ("eh", "kcal_mol") for level in levels]
     totals = inter.get("totals_eh")
     if totals is not None:
         parts = [("complex", _object(_object(totals, f"{where}.totals_eh").get("complex"),
                                      f"{where}.totals_eh.complex"))]
-        fragments = totals.get("fragments")
-        if not isinstance(fragments, list):
-            raise InputError(f"{where}.totals_eh.fragments is not a list: the file was changed "
-                             "after dfmp2 wrote it")
-        parts += [(f"fragments[{k}]", _object(f, f"{where}.totals_eh.fragments[{k}]"))
-                  for k, f in enumerate(fragments)]
+        for runs in ("fragments", "fragments_own_basis"):
+            fragments = totals.get(runs)
+            if runs not in totals and runs == "fragments_own_basis":
+                continue  # a record from before the fragments ran in their own basis
+            if not isinstance(fragments, list):
+                raise InputError(f"{where}.totals_eh.{runs} is not a list: the file was "
+                                 "changed after dfmp2 wrote it")
+            parts += [(f"{runs}[{k}]", _object(f, f"{where}.totals_eh.{runs}[{k}]"))
+                      for k, f in enumerate(fragments)]
         wanted += [(f"totals_eh.{name}.{level}", part.get(level))
                    for name, part in parts for level in levels]
     bad = [name for name, value in wanted if not number(value)]
@@ -964,10 +973,34 @@ def _spin_text(spin: str | None) -> str:
 
 
 def _interaction_lines(inter: dict, error: float = 0.0) -> list[str]:
-    """The counterpoise section of the summary: the fragments, then E_int per level, each to
-    the decimals its :func:`interaction_error` leaves (``error``: the complex's)."""
+    """The counterpoise section of the summary: the fragments, their totals and E_int per
+    level, then (a record from before the fragments ran in their own basis has none) their
+    totals in their own basis, the uncorrected E_int and the BSSE per level, each to the
+    decimals its :func:`interaction_error` leaves (``error``: the complex's)."""
     def atoms(first: int, stop: int) -> str:
         return f"atom {stop}" if stop - first == 1 else f"atoms {first + 1}-{stop}"
+
+    def totals_table(heading: str, columns: list[tuple[str, dict]]) -> list[str]:
+        """Each level's totals: one column per (name, totals by level); '' names no column."""
+        rows = [f"  {heading:<22s}" + "".join(f"{name:>22s}" for name, _ in columns)]
+        for level, label in inter["levels"].items():
+            d = decimals_for(interaction_error(level, error) / 2)  # each run's own error
+            rows.append(f"  {'E(' + label + ')':<22s}" + "".join(
+                f"{values[level]:22.{d}f}" if name else " " * 22 for name, values in columns))
+        return rows
+
+    def energy_lines(prefix: str, values: dict) -> list[str]:
+        """'<prefix> <level>  x Eh  y kcal/mol' per level, the Eh ending where the totals'
+        first column does (past it where the label is longer than the column before it)."""
+        rows = []
+        for level, label in inter["levels"].items():
+            level_error = interaction_error(level, error)
+            d = decimals_for(level_error)
+            dk = decimals_for(level_error * inter.get("hartree_to_kcal_mol", 627.5), most=4)
+            name, eh = f"{prefix} {label}", f"{values[level]['eh']:.{d}f}"
+            rows.append(f"  {name}{eh:>{max(44 - len(name), len(eh) + 1)}s} Eh "
+                        f"{values[level]['kcal_mol']:12.{dk}f} kcal/mol")
+        return rows
 
     frags = ", ".join(f"{atoms(*f['atoms'])} (charge {f['charge']:+d}, multiplicity "
                       f"{f['multiplicity']})" for f in inter["fragments"])
@@ -975,17 +1008,17 @@ def _interaction_lines(inter: dict, error: float = 0.0) -> list[str]:
              f"in the complex's basis: {frags}"]
     totals = inter.get("totals_eh")
     if totals:  # the totals E(int) is made of: the complex's, then each fragment's
-        names = ["complex", *(f"fragment {k + 1}" for k in range(len(totals["fragments"])))]
-        lines.append(f"  {'totals (Eh)':<22s}" + "".join(f"{name:>22s}" for name in names))
-        for level, label in inter["levels"].items():
-            d = decimals_for(interaction_error(level, error) / 2)  # each run's own error
-            values = [totals["complex"][level], *(f[level] for f in totals["fragments"])]
-            lines.append(f"  {'E(' + label + ')':<22s}" + "".join(f"{v:22.{d}f}" for v in values))
-    for level, label in inter["levels"].items():
-        value = inter[level]
-        level_error = interaction_error(level, error)
-        d = decimals_for(level_error)
-        dk = decimals_for(level_error * inter.get("hartree_to_kcal_mol", 627.5), most=4)
-        lines.append(f"  {'E(int) ' + label:<22s}{value['eh']:22.{d}f} Eh "
-                     f"{value['kcal_mol']:12.{dk}f} kcal/mol")
-    return lines
+        lines += totals_table("totals (Eh)", [
+            ("complex", totals["complex"]),
+            *((f"fragment {k + 1}", f) for k, f in enumerate(totals["fragments"]))])
+    lines += energy_lines("E(int)", inter)
+    if "uncorrected" not in inter:  # a record from before the fragments ran in their own basis
+        return lines
+    lines.append("  Uncorrected: each fragment in its own basis (no ghost atoms); "
+                 "BSSE = E(int) - E(int) uncorrected")
+    if totals and "fragments_own_basis" in totals:  # under the fragments' columns above
+        lines += totals_table("own-basis totals (Eh)", [
+            ("", {}), *((f"fragment {k + 1}", f)
+                        for k, f in enumerate(totals["fragments_own_basis"]))])
+    return lines + energy_lines("E(int) uncorrected", inter["uncorrected"]) + energy_lines(
+        "BSSE", inter["bsse"])

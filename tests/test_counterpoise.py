@@ -1,5 +1,6 @@
 """Counterpoise-corrected interaction energies: Psi4's dfmp2-1 formic acid dimer, three
-fragments, charged fragments, and every way to get the fragments wrong."""
+fragments, charged fragments, the uncorrected interaction energy and the BSSE (each fragment in
+its own basis), and every way to get the fragments wrong."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from dfmp2.counterpoise import run_counterpoise
 from dfmp2.errors import InputError
 
 from conftest import INPUTS
-from tolerances import TOL_FP64, TOL_KCAL_FACTOR_REL, TOL_OUTCORE
+from tolerances import (
+    TOL_FP64,
+    TOL_IDENTITY,
+    TOL_KCAL_FACTOR_REL,
+    TOL_OUTCORE,
+    TOL_SEPARATE_FRAGMENT,
+)
 
 FORMIC = str(INPUTS / "formic_acid_dimer.xyz")
 #: Psi4 tests/dfmp2-1 output.ref (references.md): CP-corrected DF-MP2 interaction energy from
@@ -119,7 +126,8 @@ def test_the_checks_before_the_scf_leave_their_warnings_to_the_runs(caplog):
     with caplog.at_level("WARNING", logger="dfmp2"):
         run_counterpoise("He 0 0 0; He 0 0 3.0", "1,1", basis="cc-pvdz", max_memory=10**9)
     beyond = [r for r in caplog.records if "is more than" in r.getMessage()]
-    assert len(beyond) == 3  # the complex's run and each fragment's, each once
+    # the complex's run and each fragment's, in the complex's basis and in its own, each once
+    assert len(beyond) == 5
 
 
 def test_cli_counterpoise_prints_and_records(tmp_path, formic):
@@ -326,3 +334,176 @@ def test_psi4s_rule_warns_where_a_fragment_gets_a_shell_back(caplog):
                                "H 0 -0.76 3.59", "3,3", basis="sto-3g", frozen_core=True,
                                core_rule="psi4")
     assert "core orbitals" not in caplog.text
+
+
+#: The water dimer of /work/shared/molecules/water2.xyz (O-O 3.0 A, Angstrom).
+WATER2 = ("O -1.78894800 -0.11910924 -0.08296757; H -1.03948415 -0.02090672 -0.67024267; "
+          "H -1.41501048 -0.46455171 0.72763225; O 1.21105200 -0.11910924 -0.08296757; "
+          "H 1.75857811 0.02709306 0.68844145; H 1.27381251 0.69658385 -0.57989588")
+WATER2_ARGS = [WATER2, "--counterpoise", "--fragments", "3,3", "--basis", "6-31g"]
+
+
+@pytest.fixture(scope="module")
+def water2():
+    return run_counterpoise(WATER2, "3,3", basis="6-31g")
+
+
+def test_uncorrected_energy_is_the_complex_less_the_fragments_computed_apart(water2):
+    """Each fragment in its own basis is the monomer alone (PySCF's DF-RHF and DF-MP2 on the
+    same fitting sets, and dfmp2.run of its atoms); E(int) uncorrected is the complex's total
+    less theirs."""
+    from pyscf import gto, scf
+
+    from conftest import pyscf_dfmp2
+
+    inter = water2.interaction
+    own = inter["totals_eh"]["fragments_own_basis"]
+    atoms = WATER2.split("; ")
+    apart = []
+    for k, fragment in enumerate(("; ".join(atoms[:3]), "; ".join(atoms[3:]))):
+        mol = gto.M(atom=fragment, basis="6-31g", verbose=0)
+        mf = scf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+        mf.conv_tol = 1e-12
+        mf.kernel()
+        mp2 = pyscf_dfmp2(mf, "cc-pvdz-ri")
+        apart.append({"hf": mf.e_tot, "mp2": mp2.e_tot})
+        alone = dfmp2.run(fragment, basis="6-31g")
+        assert alone.molecule.nghost == 0 and alone.method.auxbasis == {"H": "cc-pvdz-ri",
+                                                                       "O": "cc-pvdz-ri"}
+        assert abs(own[k]["scs_mp2"] - alone.e_scs_tot) <= TOL_SEPARATE_FRAGMENT
+    for level, complex_total in (("hf", water2.e_scf), ("mp2", water2.e_tot)):
+        for k in range(2):
+            assert abs(own[k][level] - apart[k][level]) <= TOL_SEPARATE_FRAGMENT
+        expected = complex_total - sum(part[level] for part in apart)
+        assert abs(inter["uncorrected"][level]["eh"] - expected) <= TOL_SEPARATE_FRAGMENT
+    to_kcal = inter["hartree_to_kcal_mol"]
+    for level in ("hf", "mp2", "scs_mp2"):
+        uncorrected = inter["uncorrected"][level]
+        assert uncorrected["kcal_mol"] == uncorrected["eh"] * to_kcal
+    # the CP-corrected E(int) is what it was: the fragments in the complex's basis
+    assert inter["mp2"]["eh"] == water2.e_tot - sum(f["mp2"] for f in
+                                                    inter["totals_eh"]["fragments"])
+
+
+def test_bsse_is_the_corrected_less_the_uncorrected_energy_and_positive(water2):
+    inter = water2.interaction
+    totals = inter["totals_eh"]
+    for level in ("hf", "mp2", "scs_mp2"):
+        bsse = inter["bsse"][level]
+        assert bsse["eh"] == inter[level]["eh"] - inter["uncorrected"][level]["eh"]
+        # sum_k [E(k, own basis) - E(k, complex's basis)]: each ghost lowers its fragment
+        per_fragment = [own[level] - ghosted[level] for own, ghosted in
+                        zip(totals["fragments_own_basis"], totals["fragments"])]
+        assert all(value > 0.0 for value in per_fragment)
+        assert abs(bsse["eh"] - sum(per_fragment)) <= TOL_IDENTITY
+        assert bsse["kcal_mol"] == bsse["eh"] * inter["hartree_to_kcal_mol"]
+    assert inter["bsse"]["hf"]["eh"] > 0.0 and inter["bsse"]["mp2"]["eh"] > 0.0
+
+
+def _counterpoise_section(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if "Counterpoise-corrected" in line)
+    return lines[start:]
+
+
+def test_summary_and_show_print_the_uncorrected_energy_and_the_bsse(tmp_path, water2):
+    out = tmp_path / "cp.json"
+    ran = CliRunner().invoke(main, ["run", *WATER2_ARGS, "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    section = _counterpoise_section(ran.stdout)
+    inter = water2.interaction
+    rows = {line[:29].strip(): line[29:].split() for line in section}
+    for level, label in inter["levels"].items():
+        for name, values in ((f"E(int) uncorrected {label}", inter["uncorrected"]),
+                             (f"BSSE {label}", inter["bsse"])):
+            # '-0.007567207282 Eh -4.7485 kcal/mol': the decimals of the E(int) lines
+            assert rows[name] == [f"{values[level]['eh']:.12f}", "Eh",
+                                  f"{values[level]['kcal_mol']:.4f}", "kcal/mol"]
+    # the Eh of every E(int), uncorrected and BSSE line ends in the same column
+    ends = {line.index(" Eh ") for line in section if " Eh " in line}
+    assert len(ends) == 1
+    head = next(k for k, line in enumerate(section) if "own-basis totals (Eh)" in line)
+    assert section[head].split()[3:] == ["fragment", "1", "fragment", "2"]
+    own = [float(v) for v in section[head + 2].split()[1:]]  # E(MP2) in each fragment's basis
+    assert own == pytest.approx([f["mp2"] for f in inter["totals_eh"]["fragments_own_basis"]],
+                                abs=TOL_OUTCORE)
+    shown = CliRunner().invoke(main, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert _counterpoise_section(shown.stdout) == section
+    record = json.loads(out.read_text())["extras"]["interaction"]
+    assert set(record["uncorrected"]) == set(record["bsse"]) == {"hf", "mp2", "scs_mp2"}
+    assert len(record["totals_eh"]["fragments_own_basis"]) == 2
+
+
+def test_quiet_prints_the_interaction_energy(tmp_path, water2):
+    """-q of a counterpoise run: the CP-corrected E(int) at MP2 (a QCSchema input's scs-mp2:
+    at SCS-MP2), in Eh, as -q prints a total."""
+    quiet = CliRunner().invoke(main, ["run", *WATER2_ARGS, "-q"])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stdout == f"{water2.interaction['mp2']['eh']:.12f}\n"
+    given = _dimer_input(tmp_path, fragments=[[0, 1, 2], [3, 4, 5]])
+    data = json.loads(open(given).read())
+    data["model"]["method"] = "scs-mp2"
+    (tmp_path / "scs.json").write_text(json.dumps(data))
+    scs = CliRunner().invoke(main, ["run", str(tmp_path / "scs.json"), "--counterpoise", "-q"])
+    assert scs.exit_code == 0, scs.output
+    dimer = run_counterpoise(DIMER, "3,3", basis="sto-3g")
+    assert float(scs.stdout) == pytest.approx(dimer.interaction["scs_mp2"]["eh"],
+                                              abs=TOL_OUTCORE)
+
+
+def test_a_record_from_before_the_own_basis_runs_still_loads(water2):
+    from copy import deepcopy
+
+    from dfmp2.results import Result
+
+    data = deepcopy(water2.to_dict())  # (its interaction is the result's own dict)
+    inter = data["extras"]["interaction"]
+    for key in ("uncorrected", "bsse"):
+        del inter[key]
+    del inter["totals_eh"]["fragments_own_basis"]
+    old = Result.from_dict(data)
+    text = old.summary()
+    assert "E(int) MP2" in text and "uncorrected" not in text and "BSSE" not in text
+    assert _counterpoise_section(text) == _counterpoise_section(water2.summary())[:8]
+    # what a record carries of them is checked, as every other number is
+    for edit, message in (
+            (lambda d: d["uncorrected"]["mp2"].pop("eh"), "lacks a number at uncorrected.mp2.eh"),
+            (lambda d: d.pop("bsse"), r"extras.interaction.bsse is a JSON object, got NoneType"),
+            (lambda d: d["totals_eh"]["fragments_own_basis"][1].pop("hf"),
+             r"lacks a number at totals_eh.fragments_own_basis\[1\].hf"),
+            (lambda d: d["totals_eh"].update(fragments_own_basis={}),
+             "totals_eh.fragments_own_basis is not a list")):
+        data = deepcopy(water2.to_dict())
+        edit(data["extras"]["interaction"])
+        with pytest.raises(InputError, match=message):
+            Result.from_dict(data)
+
+
+def test_a_fragment_that_fails_in_its_own_basis_fails_the_run(monkeypatch):
+    """A fragment's run in its own basis fails the counterpoise run as its run in the
+    complex's basis does: one line naming it, with the totals finished before it."""
+    import dfmp2.api
+    from dfmp2.errors import ConvergenceError
+
+    real_run, calls = dfmp2.api.run, []
+
+    def fifth_fails(geometry, **options):  # complex, 2 in the complex's basis, 2 in their own
+        calls.append(geometry)
+        if len(calls) == 5:
+            raise ConvergenceError("SCF did not converge in 50 cycles")
+        return real_run(geometry, **options)
+
+    monkeypatch.setattr(dfmp2.api, "run", fifth_fails)
+    with pytest.raises(ConvergenceError, match=(
+            r"^fragment 2 \(atoms 4-6\) in its own basis: SCF did not converge in 50 cycles; "
+            r"finished before it: the complex -\d+\.\d{10} Eh, fragment 1 -\d+\.\d{10} Eh, "
+            r"fragment 2 -\d+\.\d{10} Eh, fragment 1 in its own basis -\d+\.\d{10} Eh "
+            r"\(total energies\)$")):
+        run_counterpoise(DIMER, "3,3", basis="sto-3g")
+    assert len(calls[4].atom) == 3  # no ghost atoms
+    calls.clear()
+    failed = CliRunner().invoke(main, ["run", DIMER, "--counterpoise", "--fragments", "3,3",
+                                       "--basis", "sto-3g"])
+    assert failed.exit_code == 1
+    assert failed.output.count("\n") == 1 and "in its own basis: SCF did not" in failed.output

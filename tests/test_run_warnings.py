@@ -85,8 +85,9 @@ def test_dfmp2_of_an_scf_object_keeps_its_warnings():
 
 def test_a_counterpoise_run_names_its_fragments_warnings():
     result = dfmp2.run_counterpoise(DIMER, "3,3", basis="6-31g(2df,p)", auxbasis="cc-pvdz-ri")
-    assert len(result.warnings) == 3 and all(SHORT_FIT_TEXT in t for t in result.warnings)
-    assert [t.split(":")[0] for t in result.warnings[1:]] == ["fragment 1", "fragment 2"]
+    assert len(result.warnings) == 5 and all(SHORT_FIT_TEXT in t for t in result.warnings)
+    assert [t.split(":")[0] for t in result.warnings[1:]] == [
+        "fragment 1", "fragment 2", "fragment 1 in its own basis", "fragment 2 in its own basis"]
     assert SHORT_FIT_TEXT in result.warnings[0] and not result.warnings[0].startswith("frag")
 
 
