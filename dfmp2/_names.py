@@ -29,6 +29,11 @@ CORE_RULES = ("pyscf", "psi4")
 #: What a run does about the stability of its SCF (``--stability``, :mod:`dfmp2.stability`):
 #: nothing, analyse it, or analyse it and follow an internal instability to a lower solution.
 STABILITY_MODES = ("none", "check", "follow")
+#: Initial guesses of an SCF (``--guess``; PySCF's ``init_guess`` names): a superposition of
+#: atomic densities projected from a minimal basis (PySCF's default), of atomic SCF densities,
+#: Hückel's (and PySCF's modified Hückel), the core Hamiltonian's orbitals, and the
+#: superposition of atomic potentials.
+GUESSES = ("minao", "atom", "huckel", "mod_huckel", "1e", "sap")
 
 
 def cartesian_elsewhere(basis) -> bool:

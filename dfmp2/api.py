@@ -59,7 +59,14 @@ from .reference import (
     spin_contamination,
 )
 from .results import BackendInfo, Method, MoleculeInfo, Result, ScfInfo, Sizes, versions
-from .scf import check_reference_spin, plan_scf, release_integrals, run_scf, scf_fit_record
+from .scf import (
+    check_guess,
+    check_reference_spin,
+    plan_scf,
+    release_integrals,
+    run_scf,
+    scf_fit_record,
+)
 from .threads import counts as thread_counts
 from .threads import limit as limit_threads
 
@@ -83,10 +90,11 @@ LINDEP_OVERLAP = 1e-6
 #: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
 MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
-#: molecule's are): its functional, grid, reference, fitting, precision, convergence and
-#: stability analysis.
+#: molecule's are): its functional, grid, reference, fitting, precision, convergence (guess,
+#: level shift) and stability analysis.
 _SCF_SETTINGS = ("xc", "grid", "reference", "scf_type", "scf_auxbasis", "scf_precision",
-                 "conv_tol", "conv_tol_grad", "max_cycle", "chkfile", "stability")
+                 "conv_tol", "conv_tol_grad", "max_cycle", "chkfile", "stability", "guess",
+                 "level_shift")
 
 
 def run(geometry, progress=None, environment: dict | None = None, threads: int | None = None,
@@ -199,6 +207,7 @@ def _setup(geometry, options: dict, comm):
         mol = build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
                          **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
     check_reference_spin(mol, opts.resolved_reference)
+    check_guess(mol, opts.guess)
     _warn_beyond_physical_memory(opts.max_memory)
     auxmol = make_auxmol(mol, opts.auxbasis)
     world = comm.world_size if comm is not None else 1
@@ -838,7 +847,9 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
                                        or float(mf.conv_tol) ** 0.5),
                    hamiltonian=hamiltonian_record(mf), homo_spin=homo_spin,
-                   lumo_spin=lumo_spin, stability=getattr(mf, "stability_record", None))
+                   lumo_spin=lumo_spin, stability=getattr(mf, "stability_record", None),
+                   guess=getattr(mf, "guess_record", None),
+                   level_shift=float(getattr(mf, "level_shift", 0.0) or 0.0))
 
 
 def _holder(values: list[float], pick) -> str:

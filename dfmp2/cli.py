@@ -22,6 +22,7 @@ from ._names import (
     CPU_BLAS_CHOICES,
     DEVICES,
     DIST_BACKENDS,
+    GUESSES,
     MAX_THREADS,
     NKI_MATMULS,
     NKI_TARGETS,
@@ -29,7 +30,14 @@ from ._names import (
 )
 from ._version import __version__
 from .errors import DFMP2Error, InputError, Interrupted, ResourceError
-from .options import PRECISIONS, REFERENCES, SCF_PRECISIONS, SCF_TYPES, Options
+from .options import (
+    MAX_LEVEL_SHIFT,
+    PRECISIONS,
+    REFERENCES,
+    SCF_PRECISIONS,
+    SCF_TYPES,
+    Options,
+)
 from .results import FULL_DECIMALS, decimals_for, interaction_error
 
 
@@ -283,6 +291,15 @@ _D = Options.default
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
                    "same molecule, basis and reference already there is the initial guess. "
                    "With several geometries a path with {name} or {index}.")
+@click.option("--guess", type=click.Choice(GUESSES, case_sensitive=False), default=_D("guess"),
+              show_default=True,
+              help="Initial guess of the SCF (PySCF's init_guess) where no --chkfile "
+                   "checkpoint gives one: minao, atom (atomic SCF densities), huckel, "
+                   "mod_huckel, 1e (core Hamiltonian), sap (atomic potentials).")
+@click.option("--level-shift", type=click.FloatRange(0, MAX_LEVEL_SHIFT, max_open=True),
+              default=_D("level_shift"), show_default=True, metavar="EH",
+              help="Level shift of the SCF's virtual orbitals in Eh (0.1-0.5 steadies an SCF "
+                   "with a small HOMO-LUMO gap); the converged energies are unshifted.")
 @click.option("--stability", type=click.Choice(STABILITY_MODES, case_sensitive=False),
               default=_D("stability"), show_default=True,
               help="After the SCF converges: check = the lowest eigenvalues of its orbital "

@@ -11,6 +11,7 @@ from ._names import (
     CORE_RULES,
     CPU_BLAS_CHOICES,
     DEVICES,
+    GUESSES,
     NKI_MATMULS,
     NKI_TARGETS,
     STABILITY_MODES,
@@ -29,7 +30,8 @@ SCF_PRECISIONS = ("fp64", "mixed")
 CHOICES = {"scf_type": SCF_TYPES, "scf_precision": SCF_PRECISIONS, "backend": BACKENDS,
            "cpu_blas": CPU_BLAS_CHOICES, "device": DEVICES,
            "nki_matmul": NKI_MATMULS, "nki_target": NKI_TARGETS, "precision": PRECISIONS,
-           "reference": REFERENCES, "core_rule": CORE_RULES, "stability": STABILITY_MODES}
+           "reference": REFERENCES, "core_rule": CORE_RULES, "stability": STABILITY_MODES,
+           "guess": GUESSES}
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,11 @@ class Options:
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
         molecule, basis and reference already there is the initial guess (a converged one costs
         one iteration); one of another calculation is refused.
+    guess : the SCF's initial guess where no ``chkfile`` checkpoint gives one: 'minao'
+        (PySCF's default), 'atom', 'huckel', 'mod_huckel', '1e' or 'sap' (PySCF's
+        ``init_guess``); level_shift : Eh added to the virtual orbitals' energies in the SCF's
+        iterations (PySCF's ``level_shift``; not in the converged orbitals and energies), 0 for
+        none: a slower, steadier SCF for a small HOMO-LUMO gap.
     stability : 'none' (default), 'check' or 'follow': after the SCF converges, the lowest
         eigenvalues of its orbital-rotation Hessian (:mod:`dfmp2.stability`: within its own
         kind, and RHF -> UHF for a closed-shell RHF or RKS), in the record, with a warning for
@@ -151,12 +158,20 @@ class Options:
     max_cycle: int = 100
     chkfile: str | None = None
     stability: str = "none"
+    guess: str = "minao"
+    level_shift: float = 0.0
 
     def __post_init__(self):
         _check_types(self)
         _choice(self, "scf_type")
         _choice(self, "scf_precision")
         _choice(self, "stability")
+        _choice(self, "guess")
+        if (not isinstance(self.level_shift, numbers.Real) or _is_bool(self.level_shift)
+                or not 0 <= self.level_shift < MAX_LEVEL_SHIFT):
+            raise InputError(f"level_shift (--level-shift) must be a number of Eh from 0 up to "
+                             f"{MAX_LEVEL_SHIFT:g}, got {self.level_shift!r}")
+        object.__setattr__(self, "level_shift", float(self.level_shift))
         if self.scf_type == "conv":
             for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
                                          ("scf_precision", self.scf_precision, "fp64")):
@@ -334,6 +349,9 @@ class Options:
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.default is not MISSING}
 
 
+#: Bound on the SCF's level shift (Eh): far above the 0.1-1 Eh a hard case needs; beyond it
+#: the iterations barely move the orbitals.
+MAX_LEVEL_SHIFT = 10.0
 #: Bound on |charge| and 2S: far above any molecule's electron count, far below the integer
 #: range PySCF's C code takes.
 MAX_ELECTRONS = 100_000

@@ -122,6 +122,11 @@ _MP2_TYPES = {"df": "df"}
 _REFERENCES = {"rhf": "rhf", "uhf": "uhf", "rohf": "rohf", "rks": "rhf", "uks": "uhf"}
 #: Psi4's stability_analysis values: dfmp2's are the same (--stability).
 _STABILITY = {"none": "none", "check": "check", "follow": "follow"}
+#: Psi4's guesses dfmp2 (PySCF) has, and dfmp2's own names: AUTO is the program's default, SAD
+#: a superposition of atomic SCF densities (PySCF's 'atom'), CORE the core Hamiltonian's.
+_GUESSES = {"auto": "minao", "sad": "atom", "core": "1e", "huckel": "huckel",
+            "modhuckel": "mod_huckel", "sap": "sap", "minao": "minao", "atom": "atom",
+            "mod_huckel": "mod_huckel", "1e": "1e"}
 
 #: Psi4 keyword -> (dfmp2 option, converter).
 PSI4_KEYWORDS = {
@@ -138,6 +143,8 @@ PSI4_KEYWORDS = {
     "d_convergence": ("conv_tol_grad", _convergence),
     "maxiter": ("max_cycle", _number(int)),
     "stability_analysis": ("stability", lambda n, v: _choice(n, v, _STABILITY)),
+    "guess": ("guess", lambda n, v: _choice(n, v, _GUESSES)),
+    "level_shift": ("level_shift", _number(float)),
     "dft_radial_points": ("_radial", _number(int)),  # with dft_spherical_points: grid
     "dft_spherical_points": ("_angular", _number(int)),
 }

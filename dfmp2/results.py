@@ -64,7 +64,9 @@ class ScfInfo:
     for a closed-shell RHF or RKS) the lowest Hessian eigenvalue in Eh, whether it is stable
     and whether Davidson converged it, and the instabilities ``follows`` followed (eigenvalue,
     energy before and after, cycles of the SCF run again, whether it lowered the energy);
-    None when no analysis ran."""
+    None when no analysis ran; ``guess`` the initial guess of dfmp2's own SCF (None where a
+    chkfile's orbitals started it, or for an SCF object given to dfmp2) and ``level_shift``
+    the SCF's level shift in Eh (0: none)."""
 
     kind: str
     xc: str | None
@@ -87,6 +89,8 @@ class ScfInfo:
     homo_spin: str | None = None
     lumo_spin: str | None = None
     stability: dict | None = None
+    guess: str | None = None
+    level_shift: float | None = None
 
 
 @dataclass(frozen=True)
@@ -525,6 +529,8 @@ class Result:
             f"{cycles} (conv_tol {scf.conv_tol:.0e}"
             + (f", orbital gradient {scf.conv_tol_grad:.0e})" if scf.conv_tol_grad else ")")
             + (f"; {scf.restart}" if scf.restart else "")
+            + (f"; guess {scf.guess}" if scf.guess not in (None, "minao") else "")
+            + (f"; level shift {scf.level_shift:g} Eh" if scf.level_shift else "")
             + (f"; {scf.solver}" if scf.solver and scf.solver != "DIIS (PySCF)" else ""),
             f"  HOMO {scf.homo:.6f} Eh{_spin_text(scf.homo_spin)}"
             + (f"  LUMO {scf.lumo:.6f} Eh{_spin_text(scf.lumo_spin)}" if scf.lumo is not None

@@ -23,7 +23,7 @@ from .scf_integrals import UNPACK_BLOCK
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHK_XC_KEY", "check_reference_spin", "jk_auxbasis", "make_scf", "plan_scf",
+__all__ = ["CHK_XC_KEY", "check_guess", "check_reference_spin", "jk_auxbasis", "make_scf", "plan_scf",
            "release_integrals", "restart_guess", "run_scf", "scf_fit_record"]
 
 
@@ -76,6 +76,7 @@ def run_scf(mol, options: Options, progress=None, la=None):
     check_reference_spin(mol, reference)
     mf = make_scf(mol, options)
     dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
+    mf.guess_record = options.guess if dm0 is None else None  # else the chkfile's orbitals
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
@@ -108,6 +109,7 @@ def make_scf(mol, options: Options):
     if hasattr(scratch, "close"):
         scratch.close()
     mf._chkfile, mf.chkfile = None, None
+    mf.init_guess, mf.level_shift = options.guess, options.level_shift
     return mf
 
 
@@ -140,6 +142,12 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     jk = getattr(mf, "with_df", None)
     if isinstance(jk, DFJK) and jk.k_precision == "fp32":
         mf.check_convergence = _mixed_precision_check(jk)
+    if dm0 is None:  # made here, as PySCF's kernel would, so that its failure is one line
+        try:
+            dm0 = mf.get_init_guess(mf.mol, options.guess)
+        except Exception as exc:  # e.g. 'sap' has no potential of a ghost atom
+            raise InputError(f"the SCF's initial guess {options.guess!r} could not be made "
+                             f"({first_line(exc)}); choose another --guess") from None
     _kernel(mf, options, progress, dm0)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
         products = "J and K" if jk.square_only else "K"
@@ -379,6 +387,14 @@ def check_reference_spin(mol, reference: str) -> None:
     if reference == "rhf" and mol.spin != 0:
         raise InputError(f"an RHF reference needs 2S = 0, got 2S = {mol.spin} (multiplicity "
                          f"{mol.spin + 1}); use --reference uhf or rohf for an open shell")
+
+
+def check_guess(mol, guess: str) -> None:
+    """Refuse, before any SCF, an initial guess PySCF cannot make for ``mol``: 'sap' has no
+    atomic potential of a ghost atom (a counterpoise fragment's partners)."""
+    if guess == "sap" and any(mol.atom_charge(i) == 0 for i in range(mol.natm)):
+        raise InputError("--guess sap (guess='sap') has no atomic potential for ghost atoms "
+                         "(a counterpoise run's fragments have them); choose another guess")
 
 
 def release_integrals(mf) -> None:
