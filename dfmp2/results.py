@@ -808,30 +808,50 @@ def _warnings(extras: dict) -> tuple[str, ...]:
 
 
 def _checked_stability(scf: ScfInfo) -> ScfInfo:
-    """``scf`` whose ``stability`` record (when there) has what the summary prints of it: per
-    analysis a numeric eigenvalue and the two flags, per follow its energies and cycles; else
-    one line naming what is missing or of the wrong type."""
+    """``scf`` whose ``stability`` record (when there) has what the summary prints of it: a
+    known mode; per analysis a finite eigenvalue (or None: no rotations), the flags, and a
+    verdict that agrees with the eigenvalue and its threshold; per follow its numbers and
+    flag; else one line naming what is wrong."""
     from .errors import InputError
 
     record = scf.stability
     if record is None:
         return scf
-    wanted = {"lowest_eigenvalue": (int, float), "stable": bool, "converged": bool}
-    follow_wanted = {"from_energy": (int, float), "energy": (int, float), "cycles": int}
-    checks = [(f"extras.scf.stability.{key}", record.get(key), wanted)
-              for key in _STABILITY_NAMES if key in record]
+
+    def bad(where: str, value) -> InputError:
+        return InputError(f"the record's extras.scf.stability{where} is {value!r}: the file "
+                          "was changed after dfmp2 wrote it")
+
+    if record.get("mode") not in ("check", "follow"):
+        raise bad(".mode", record.get("mode"))
+    number = (int, float)
+    for key in _STABILITY_NAMES:
+        if key not in record:
+            continue
+        lowest = _object(record[key], f"the record's extras.scf.stability.{key}")
+        value = lowest.get("lowest_eigenvalue")
+        if value is not None and not (isinstance(value, number) and not isinstance(value, bool)
+                                      and math.isfinite(value)):
+            raise bad(f".{key}.lowest_eigenvalue", value)
+        for flag in ("stable", "converged"):
+            if not isinstance(lowest.get(flag), bool):
+                raise bad(f".{key}.{flag}", lowest.get(flag))
+        below = lowest.get("threshold", -1e-5)
+        if not isinstance(below, number) or isinstance(below, bool):
+            raise bad(f".{key}.threshold", below)
+        if lowest["stable"] != (value is None or not value < below):
+            raise bad(f".{key}.stable", lowest["stable"])
     follows = record.get("follows", [])
     if not isinstance(follows, list):
-        raise InputError(f"the record's extras.scf.stability.follows is {follows!r}, not a list")
-    checks += [(f"extras.scf.stability.follows[{k}]", f, follow_wanted)
-               for k, f in enumerate(follows)]
-    for where, value, fields_wanted in checks:
-        value = _object(value, f"the record's {where}")
-        for name, kind in fields_wanted.items():
-            item = value.get(name)
+        raise bad(".follows", follows)
+    wanted = {"eigenvalue": number, "from_energy": number, "energy": number, "cycles": int,
+              "lowered": bool}
+    for k, follow in enumerate(follows):
+        follow = _object(follow, f"the record's extras.scf.stability.follows[{k}]")
+        for name, kind in wanted.items():
+            item = follow.get(name)
             if not isinstance(item, kind) or (kind is not bool and isinstance(item, bool)):
-                raise InputError(f"the record's {where}.{name} is {item!r}: the file was "
-                                 "changed after dfmp2 wrote it")
+                raise bad(f".follows[{k}].{name}", item)
     return scf
 
 
@@ -964,13 +984,19 @@ def _stability_text(record: dict) -> str:
     for key, name in _STABILITY_NAMES.items():
         if key in record:
             lowest = record[key]
+            value = lowest["lowest_eigenvalue"]
+            if value is None:
+                parts.append(f"{name} stable (no orbital rotations)")
+                continue
+            value = 0.0 if abs(value) < 5e-7 else value  # no "-0.000000"
             parts.append(f"{name} {'stable' if lowest['stable'] else 'UNSTABLE'} (lowest "
-                         f"Hessian eigenvalue {lowest['lowest_eigenvalue']:.6f} Eh"
+                         f"Hessian eigenvalue {value:.6f} Eh"
                          + ("" if lowest["converged"] else ", not converged") + ")")
     text = "; ".join(parts)
     for k, follow in enumerate(record.get("follows", ()), 1):
         text += (f"; instability {k} followed: E {follow['from_energy']:.10f} -> "
-                 f"{follow['energy']:.10f} Eh in {follow['cycles']} cycles")
+                 f"{follow['energy']:.10f} Eh in {follow['cycles']} cycles"
+                 + ("" if follow["lowered"] else ", not lower: the solution it left kept"))
     return text
 
 

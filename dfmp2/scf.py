@@ -149,6 +149,10 @@ def _converge(mf, options: Options, progress, dm0) -> None:
             raise InputError(f"the SCF's initial guess {options.guess!r} could not be made "
                              f"({first_line(exc)}); choose another --guess") from None
     _kernel(mf, options, progress, dm0)
+    _require_converged(mf, options)
+    log.info("SCF converged: E = %.12f Eh", mf.e_tot)
+    if options.stability != "none":
+        _stability(mf, options, progress)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
         products = "J and K" if jk.square_only else "K"
         mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of "
@@ -156,10 +160,6 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
         mf.jk += ("; float64 throughout: --scf-precision mixed starts in float32, and this SCF "
                   "started from a chkfile's orbitals")
-    _require_converged(mf, options)
-    log.info("SCF converged: E = %.12f Eh", mf.e_tot)
-    if options.stability != "none":
-        _stability(mf, options, progress)
     if options.chkfile is not None and not mf.restart.endswith(KEPT_FOREIGN):  # once, converged
         try:
             _check_unchanged(mf, options.chkfile)
@@ -188,96 +188,40 @@ def _kernel(mf, options: Options, progress, dm0, note: str = "") -> None:
         _second_order(mf, stall, options, report)
 
 
-def _require_converged(mf, options: Options, after: str = "") -> None:
-    """The :class:`ConvergenceError` of an SCF that did not converge (``after`` says after
-    what, e.g. following an instability)."""
+def _require_converged(mf, options: Options) -> None:
+    """The :class:`ConvergenceError` of an SCF that did not converge."""
     if mf.converged:
         return
     raise ConvergenceError(
         f"the {_label(mf, options)} did not converge in "
-        f"{_cycles(options.max_cycle)}{after} (last energy {mf.e_tot:.10f} Eh); raise "
+        f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise "
         "--max-cycle, or check the geometry, the charge and the spin (--charge, --spin)" + (
             "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
             "or a looser --conv-tol-grad" if options.xc is not None else "")
     )
 
 
-#: Internal instabilities a run with ``stability='follow'`` follows before it reports its SCF
-#: as still unstable.
-MAX_FOLLOWS = 5
-
-
 def _stability(mf, options: Options, progress) -> None:
-    """The stability analysis of the converged ``mf`` (:mod:`dfmp2.stability`), put on it as
-    ``stability_record`` (the run's ``extras.scf.stability``); with ``options.stability``
-    'follow', each internal instability is followed: the orbitals rotated along its
-    eigenvector, the SCF run again from their density (its cycles added to ``mf.cycles``),
-    and the new solution analysed, until it is stable, :data:`MAX_FOLLOWS` times, or an SCF
-    that comes back to the energy it left (within 10 conv_tol). Every instability left, and an
-    analysis that did not converge, is a warning."""
+    """The stability analysis of the converged ``mf`` (:func:`dfmp2.stability.settle`, which
+    follows instabilities under ``options.stability`` 'follow'), put on it as
+    ``stability_record`` (the run's ``extras.scf.stability``). Each followed SCF runs as the
+    first did (up to ``--max-cycle`` cycles of its own); one that does not converge is a
+    :class:`ConvergenceError`."""
     label = _label(mf, options)
-    follows: list[dict] = []
-    while True:
-        found = stability.analyse(mf)
-        internal = found["internal"]
-        for name, lowest in found.items():
-            log.info("SCF stability (%s): lowest Hessian eigenvalue %.6f Eh (%s)", name,
-                     lowest.eigenvalue, "stable" if lowest.stable else "unstable")
-        if (options.stability != "follow" or internal.stable or len(follows) == MAX_FOLLOWS
-                or (follows and not follows[-1]["lowered"])):
-            break
-        before, cycles, solver = mf.e_tot, mf.cycles, mf.solver
-        rotated = stability.rotated_orbitals(mf, internal.vector)
-        log.info("SCF: following the internal instability (eigenvalue %.6f Eh) from E = "
-                 "%.12f Eh", internal.eigenvalue, before)
+
+    def rerun(mf, dm0, k: int) -> None:
+        before = mf.e_tot
         mf.solver = "DIIS (PySCF)"
-        _kernel(mf, options, progress, mf.make_rdm1(rotated, mf.mo_occ),
-                note=f"(instability {len(follows) + 1} followed)")
-        _require_converged(mf, options, after=" after following an instability of the "
-                           f"converged SCF (E = {before:.10f} Eh)")
-        follows.append({"eigenvalue": internal.eigenvalue, "from_energy": float(before),
-                        "energy": float(mf.e_tot), "cycles": int(mf.cycles),
-                        "lowered": bool(mf.e_tot < before - 10 * mf.conv_tol)})
-        if mf.solver != "DIIS (PySCF)":
-            solver = f"{solver}; after instability {len(follows)}: {mf.solver}"
-        mf.cycles, mf.solver = cycles + mf.cycles, solver
+        _kernel(mf, options, progress, dm0, note=f"(instability {k} followed)")
+        if not mf.converged:
+            raise ConvergenceError(
+                f"the {label} did not converge in {_cycles(options.max_cycle)} after following "
+                f"an instability of the converged SCF (E = {before:.10f} Eh; last energy "
+                f"{mf.e_tot:.10f} Eh); raise --max-cycle, try another --guess, or run "
+                "--stability check to keep the converged SCF")
+
     mf.stability_record = {"mode": options.stability,
-                           **{name: lowest.record() for name, lowest in found.items()},
-                           "follows": follows}
-    _warn_instabilities(label, found, follows, options)
-
-
-def _warn_instabilities(label: str, found: dict, follows: list[dict], options: Options) -> None:
-    """One warning for each instability :func:`_stability` leaves, and for an analysis whose
-    Davidson iterations did not converge."""
-    internal = found["internal"]
-    if not internal.stable:
-        if not follows:
-            log.warning("the %s is a saddle point, not a minimum: its lowest internal Hessian "
-                        "eigenvalue is %.6f Eh, so a lower %s solution exists and this MP2 "
-                        "energy is the saddle point's; --stability follow (stability='follow') "
-                        "goes on to it", label, internal.eigenvalue, label)
-        elif not follows[-1]["lowered"]:
-            log.warning("the %s is still a saddle point (lowest internal Hessian eigenvalue "
-                        "%.6f Eh): following the instability led back to E = %.10f Eh", label,
-                        internal.eigenvalue, follows[-1]["energy"])
-        else:
-            log.warning("the %s is still a saddle point after following %d instabilities "
-                        "(lowest internal Hessian eigenvalue %.6f Eh)", label, len(follows),
-                        internal.eigenvalue)
-    triplet = found.get("rhf_to_uhf")
-    if triplet is not None and not triplet.stable:
-        unrestricted = label.replace("RHF", "UHF").replace("RKS", "UKS")
-        log.warning("the %s is unstable towards %s: its lowest RHF -> UHF Hessian eigenvalue is "
-                    "%.6f Eh, so a spin-polarised determinant of lower energy exists (a "
-                    "stretched bond, a diradical); for its MP2 energy run --reference uhf "
-                    "--stability follow (reference='uhf', stability='follow')", label,
-                    unrestricted, triplet.eigenvalue)
-    for name, lowest in found.items():
-        if not lowest.converged:
-            log.warning("the %s stability analysis (%s) did not converge in %d Davidson "
-                        "iterations; its lowest eigenvalue %.6f Eh is not settled", label, name,
-                        stability.DAVIDSON_CYCLES, lowest.eigenvalue)
+                           **stability.settle(mf, options.stability == "follow", rerun, label)}
 
 
 def _check_unchanged(mf, path: str) -> None:

@@ -9,59 +9,81 @@ to say so. Two analyses, both on PySCF's Hessian-vector products (the SCF's own 
 
 * ``internal``: rotations within the reference's own kind (RHF, UHF, ROHF, RKS, UKS), from
   ``pyscf.soscf.newton_ah.gen_g_hop_*`` (the Hessian doubled as in PySCF's
-  ``scf.stability``, whose eigenvalues it reproduces). A negative eigenvalue can be followed:
+  ``scf.stability``, whose eigenvalues it computes). A negative eigenvalue can be followed:
   the orbitals are rotated along its eigenvector and the SCF runs again from there
-  (:func:`dfmp2.scf.run_scf` with ``stability='follow'``).
+  (:func:`settle`).
 * ``rhf_to_uhf``: for a closed-shell RHF or RKS, the triplet rotations that break the spin
   symmetry: a negative eigenvalue means a UHF (UKS) determinant of lower energy exists, which a
   restricted run cannot reach.
 
-Eigenvalues are in Hartree, as PySCF's stability analysis logs them; one below
-:data:`UNSTABLE_BELOW` (PySCF's threshold) is an instability.
+Eigenvalues are in Hartree, as PySCF's stability analysis logs them; one below the
+reference's threshold (:func:`threshold`) is an instability.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
-from pyscf import lib
+from pyscf import dft, lib
 from pyscf import scf as pyscf_scf
 from pyscf.soscf import newton_ah
 
-from ._names import STABILITY_MODES as MODES
+log = logging.getLogger(__name__)
 
-__all__ = ["MODES", "UNSTABLE_BELOW", "Lowest", "analyse", "rotated_orbitals"]
+__all__ = ["UNSTABLE_BELOW", "UNSTABLE_BELOW_KS", "Lowest", "analyse", "rotated_orbitals",
+           "settle", "threshold"]
 
-#: A Hessian eigenvalue (Eh) below this is an instability: PySCF's own threshold.
+#: A Hessian eigenvalue (Eh) below this is an instability of an HF reference: PySCF's own
+#: threshold.
 UNSTABLE_BELOW = -1e-5
-#: Lowest eigenvalues the Davidson iterations converge together. One: on (H2O)8 cc-pVDZ (RHF,
-#: both analyses, AMD EPYC Zen 4) 51 Hessian products against 120 for two roots and 200 for
-#: three (PySCF's default), the lowest eigenvalues the same to 1e-6 Eh.
-NROOTS = 1
+#: The same for a Kohn-Sham reference, whose DFT grid is not invariant under rotations: the
+#: rotation that moves the hole among the degenerate Pi orbitals of OH (UKS, B2PLYP's KS part,
+#: cc-pVDZ) has the eigenvalue 0 exactly but -1.6e-5 Eh on PySCF's grid level 3 and -4e-5 on
+#: level 1, and following it lowers the energy by 2e-7 Eh; a real instability is far below.
+UNSTABLE_BELOW_KS = -1e-4
+#: Lowest eigenvalues the Davidson iterations converge together, from :data:`START_UNITS`
+#: unit start vectors. A Hessian of a symmetric molecule is block diagonal, and the rotations
+#: whose diagonal elements are smallest may all lie in a block without its lowest eigenvalue:
+#: on 30 SCFs of small symmetric molecules (O2, C2, B2, O3, cyclobutadiene, an H6 ring; RHF,
+#: UHF, ROHF; 6-31G) against their dense Hessians, one root from 3 unit vectors missed the
+#: lowest eigenvalue 5 times (C2's UHF: -0.311 for -0.468 Eh), one root from 10 once, two
+#: roots from 10 never; the analyses of (H2O)8 cc-pVDZ's RHF then took 139 Hessian products
+#: against 48.
+NROOTS = 2
+START_UNITS = 10
 #: Davidson's tolerance on the eigenvalues (Eh; residuals to its square root): tighter than
 #: PySCF's 1e-4, so that an eigenvalue is known to well within :data:`UNSTABLE_BELOW`.
 DAVIDSON_TOL = 1e-6
 #: Davidson iterations before an analysis is reported as not converged.
 DAVIDSON_CYCLES = 100
+#: Internal instabilities :func:`settle` follows before it reports the SCF as still unstable.
+MAX_FOLLOWS = 5
+#: A followed SCF that does not end this many conv_tol below the energy it left has not
+#: lowered it: the solution it left is kept.
+LOWERED_BY_CONV_TOL = 10
 
 
 @dataclass(frozen=True)
 class Lowest:
-    """The lowest eigenvalue (Eh) of one analysis, whether Davidson converged it, and its
-    eigenvector (the rotation to follow; None for ``rhf_to_uhf``)."""
+    """The lowest eigenvalue (Eh) of one analysis (None where there is no rotation: an atom in
+    a minimal basis has no virtual orbital), whether Davidson converged it, the threshold of
+    an instability, and the eigenvector (the rotation to follow; None for ``rhf_to_uhf``)."""
 
-    eigenvalue: float
+    eigenvalue: float | None
     converged: bool
+    below: float
     vector: np.ndarray | None = None
 
     @property
     def stable(self) -> bool:
-        return not self.eigenvalue < UNSTABLE_BELOW
+        return self.eigenvalue is None or not self.eigenvalue < self.below
 
     def record(self) -> dict:
         return {"lowest_eigenvalue": self.eigenvalue, "stable": self.stable,
-                "converged": self.converged}
+                "converged": self.converged, "threshold": self.below}
 
 
 def _kind(mf) -> str:
@@ -73,23 +95,30 @@ def _kind(mf) -> str:
     return "rhf"
 
 
-def _lowest(hop, hdiag: np.ndarray, keep_vector: bool) -> Lowest:
+def threshold(mf) -> float:
+    """The eigenvalue (Eh) below which ``mf`` is unstable: :data:`UNSTABLE_BELOW`, or
+    :data:`UNSTABLE_BELOW_KS` for a Kohn-Sham reference."""
+    return UNSTABLE_BELOW_KS if isinstance(mf, dft.rks.KohnShamDFT) else UNSTABLE_BELOW
+
+
+def _lowest(hop, hdiag: np.ndarray, below: float, keep_vector: bool) -> Lowest:
     """The lowest eigenvalue of the symmetric operator ``hop`` (vectors of ``hdiag``'s length)
-    by Davidson iterations, preconditioned by its diagonal ``hdiag``; the start vectors are the
-    unit vectors of the three smallest diagonal elements and PySCF's ``1/hdiag`` vector (so a
-    rotation that lowers the symmetry is in the space from the start)."""
+    by Davidson iterations (:data:`NROOTS` roots), preconditioned by its diagonal ``hdiag``,
+    from the unit vectors of the :data:`START_UNITS` smallest diagonal elements and PySCF's
+    ``1/hdiag`` vector."""
     size = hdiag.size
+    if size == 0:
+        return Lowest(None, True, below)
     starts = []
-    for index in np.argsort(hdiag, kind="stable")[:3]:
+    for index in np.argsort(hdiag, kind="stable")[:START_UNITS]:
         unit = np.zeros(size)
         unit[index] = 1.0
         starts.append(unit)
     big = np.abs(hdiag) > 1e-8
-    if big.any():
+    if big.any() and size > START_UNITS:
         inverse = np.zeros(size)
         inverse[big] = 1.0 / hdiag[big]
         starts.append(inverse / np.linalg.norm(inverse))
-    nroots = min(NROOTS, size)
 
     def precond(dx, e, x0):
         shifted = hdiag - e
@@ -97,11 +126,11 @@ def _lowest(hop, hdiag: np.ndarray, keep_vector: bool) -> Lowest:
         return dx / shifted
 
     conv, e, v = lib.davidson1(lambda xs: [hop(x) for x in xs], starts, precond,
-                               tol=DAVIDSON_TOL, max_cycle=DAVIDSON_CYCLES, nroots=nroots,
-                               verbose=0)
-    e, v, conv = np.atleast_1d(e), list(v), np.atleast_1d(conv)
+                               tol=DAVIDSON_TOL, max_cycle=DAVIDSON_CYCLES,
+                               nroots=min(NROOTS, size), verbose=0)
+    e, conv = np.atleast_1d(e), np.atleast_1d(conv)
     first = int(np.argmin(e))
-    return Lowest(float(e[first]), bool(conv[first]),
+    return Lowest(float(e[first]), bool(conv[first]), below,
                   np.asarray(v[first]) if keep_vector else None)
 
 
@@ -111,17 +140,19 @@ def internal(mf) -> Lowest:
     gen = {"rhf": newton_ah.gen_g_hop_rhf, "uhf": newton_ah.gen_g_hop_uhf,
            "rohf": newton_ah.gen_g_hop_rohf}[_kind(mf)]
     _, hop, hdiag = gen(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
-    return _lowest(lambda x: hop(x).real * 2, np.asarray(hdiag).real * 2, keep_vector=True)
+    return _lowest(lambda x: hop(x).real * 2, np.asarray(hdiag).real * 2, threshold(mf),
+                   keep_vector=True)
 
 
 def rhf_to_uhf(mf) -> Lowest:
     """The lowest eigenvalue of a closed-shell RHF's (RKS's) Hessian over the triplet
-    rotations (RHF -> UHF): the spin-flip-free orbital response with K only (and the triplet
-    kernel of a functional), as PySCF's ``rhf_external`` builds it, without its real ->
-    complex part."""
+    rotations (RHF -> UHF): the orbital response with K only (and the triplet kernel of a
+    functional), as PySCF's ``rhf_external`` builds it, without its real -> complex part."""
     mo, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
     orbo, orbv = mo[:, occ == 2], mo[:, occ == 0]
     nocc, nvir = orbo.shape[1], orbv.shape[1]
+    if nocc * nvir == 0:
+        return Lowest(None, True, threshold(mf))
     fock = mo.T @ mf.get_fock(dm=mf.make_rdm1(mo, occ)) @ mo
     foo, fvv = fock[occ == 2][:, occ == 2], fock[occ == 0][:, occ == 0]
     hdiag = (fvv.diagonal()[:, None] - foo.diagonal()[None, :]).ravel()
@@ -134,7 +165,7 @@ def rhf_to_uhf(mf) -> Lowest:
         out += orbv.T @ response(d_ao + d_ao.T) @ orbo
         return out.ravel()
 
-    return _lowest(hop, hdiag, keep_vector=False)
+    return _lowest(hop, hdiag, threshold(mf), keep_vector=False)
 
 
 def analyse(mf) -> dict[str, Lowest]:
@@ -159,3 +190,95 @@ def rotated_orbitals(mf, vector: np.ndarray):
         return np.stack([rotate(mo_a, occ_a, vector[:nalpha]),
                          rotate(mo_b, occ_b, vector[nalpha:])])
     return rotate(mf.mo_coeff, mf.mo_occ, vector)
+
+
+#: The attributes of a converged SCF object that a followed SCF replaces (and that are put
+#: back when it did not lower the energy).
+_SOLUTION = ("mo_coeff", "mo_occ", "mo_energy", "e_tot", "converged", "cycles", "solver")
+
+
+def settle(mf, follow: bool, rerun, label: str) -> dict:
+    """The stability analysis of the converged SCF ``mf`` (its record: ``extras.scf.stability``
+    less ``mode``), with every instability it leaves, and an analysis that did not converge,
+    a warning. With ``follow``, each internal instability is followed: ``rerun(mf, dm0, k)``
+    converges the SCF again from the density of the orbitals rotated along its eigenvector (k:
+    the follow's number; it raises when that SCF does not converge), until the SCF is stable,
+    :data:`MAX_FOLLOWS` times, or a followed SCF that does not lower the energy (by
+    :data:`LOWERED_BY_CONV_TOL` conv_tol), whose solution is then dropped for the one it left.
+    ``mf.cycles`` counts every SCF's cycles; ``label`` names the SCF in messages."""
+    start = time.perf_counter()
+    jk = getattr(mf, "with_df", None)
+    calls = getattr(jk, "stats", {}).get("calls")
+    follows: list[dict] = []
+    found = _analysed(mf)
+    while (follow and not found["internal"].stable and len(follows) < MAX_FOLLOWS
+           and not (follows and not follows[-1]["lowered"])):
+        left = {name: getattr(mf, name, None) for name in _SOLUTION}
+        eigenvalue = found["internal"].eigenvalue
+        log.info("SCF: following the internal instability (eigenvalue %.6f Eh) from E = "
+                 "%.12f Eh", eigenvalue, mf.e_tot)
+        rotated = rotated_orbitals(mf, found["internal"].vector)
+        rerun(mf, mf.make_rdm1(rotated, mf.mo_occ), len(follows) + 1)
+        lowered = bool(mf.e_tot < left["e_tot"] - LOWERED_BY_CONV_TOL * mf.conv_tol)
+        follows.append({"eigenvalue": eigenvalue, "from_energy": float(left["e_tot"]),
+                        "energy": float(mf.e_tot), "cycles": int(mf.cycles),
+                        "lowered": lowered})
+        if mf.solver != "DIIS (PySCF)":
+            left["solver"] = f"{left['solver']}; after instability {len(follows)}: {mf.solver}"
+        cycles = left["cycles"] + mf.cycles
+        if lowered:
+            mf.solver = left["solver"]
+            found = _analysed(mf)
+        else:  # the solution it left stays, with its analysis
+            for name, value in left.items():
+                setattr(mf, name, value)
+        mf.cycles = cycles
+    _warn(label, found, follows)
+    record = {**{name: lowest.record() for name, lowest in found.items()}, "follows": follows,
+              "seconds": time.perf_counter() - start}
+    if calls is not None:
+        record["jk_builds"] = jk.stats["calls"] - calls
+    return record
+
+
+def _analysed(mf) -> dict[str, Lowest]:
+    """:func:`analyse`, each eigenvalue logged."""
+    found = analyse(mf)
+    for name, lowest in found.items():
+        if lowest.eigenvalue is not None:
+            log.info("SCF stability (%s): lowest Hessian eigenvalue %.6f Eh (%s)", name,
+                     lowest.eigenvalue, "stable" if lowest.stable else "unstable")
+    return found
+
+
+def _warn(label: str, found: dict, follows: list[dict]) -> None:
+    """One warning for each instability :func:`settle` leaves, and for an analysis whose
+    Davidson iterations did not converge."""
+    internal_lowest = found["internal"]
+    if not internal_lowest.stable:
+        what = (f"the {label} is a saddle point, not a minimum: its lowest internal Hessian "
+                f"eigenvalue is {internal_lowest.eigenvalue:.6f} Eh")
+        if not follows:
+            log.warning("%s, so a lower %s solution exists and this run's energies are the "
+                        "saddle point's; --stability follow (stability='follow') goes on to it",
+                        what, label)
+        elif not follows[-1]["lowered"]:
+            log.warning("%s, and the SCF that followed it ended at E = %.10f Eh, not below "
+                        "the %.10f Eh it left: this run keeps the saddle point; try another "
+                        "--guess", what, follows[-1]["energy"], follows[-1]["from_energy"])
+        else:
+            log.warning("%s after following %d instabilities", what, len(follows))
+    triplet = found.get("rhf_to_uhf")
+    if triplet is not None and not triplet.stable:
+        unrestricted = label.replace("RHF", "UHF").replace("RKS", "UKS")
+        log.warning("the %s is unstable towards %s: its lowest RHF -> UHF Hessian eigenvalue is "
+                    "%.6f Eh, so a spin-polarised determinant of lower energy exists (a "
+                    "stretched bond, a diradical); for its energies run --reference uhf "
+                    "--stability follow (reference='uhf', stability='follow')", label,
+                    unrestricted, triplet.eigenvalue)
+    for name, lowest in found.items():
+        if not lowest.converged:
+            log.warning("the %s stability analysis (%s) did not converge in %d Davidson "
+                        "iterations; its lowest eigenvalue %.6f Eh is not settled", label, name,
+                        DAVIDSON_CYCLES, lowest.eigenvalue)
+

@@ -72,7 +72,8 @@ def test_the_lowest_eigenvalues_equal_those_of_pyscfs_hessians(atom, spin, refer
     if reference == "rhf":
         _, _, hop, hdiag = pyscf_stability._gen_hop_rhf_external(mf, with_symmetry=False)
         expected["rhf_to_uhf"] = _dense_lowest(hop, hdiag.size)
-    assert set(record) == {"mode", "follows", *expected}
+    assert set(record) == {"mode", "follows", "seconds", "jk_builds", *expected}
+    assert record["jk_builds"] > 0 and record["seconds"] > 0
     assert record["mode"] == "check" and record["follows"] == []
     for name, value in expected.items():
         assert record[name]["lowest_eigenvalue"] == pytest.approx(
@@ -143,15 +144,68 @@ def test_a_stable_scf_has_its_record_and_no_warning_and_none_runs_no_analysis():
     assert plain.e_tot == checked.e_tot
 
 
-def test_a_follow_that_comes_back_stops_with_a_warning(monkeypatch):
-    """An SCF that returns to the solution it left (here: the rotation undone) is not
-    followed again and again: one follow, then the warning."""
-    monkeypatch.setattr(stability, "rotated_orbitals", lambda mf, vector: mf.mo_coeff)
+def test_a_follow_that_does_not_lower_the_energy_keeps_the_solution_it_left(monkeypatch):
+    """An SCF that does not end below the solution it left (here: a rotation to a higher
+    determinant, the occupied and the lowest virtual orbital of each spin swapped) is
+    dropped: the run keeps the saddle point, with its analysis, and says so."""
+    saddle = dfmp2.run(STRETCHED_H2, reference="uhf", stability="check")
+
+    def swapped(mf, vector):
+        mo = np.array(mf.mo_coeff)
+        mo[:, :, [0, 1]] = mo[:, :, [1, 0]]
+        return mo
+
+    monkeypatch.setattr(stability, "rotated_orbitals", swapped)
     result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
     [follow] = result.scf.stability["follows"]
-    assert follow["lowered"] is False
+    assert follow["lowered"] is False and follow["energy"] > follow["from_energy"]
+    assert result.e_scf == saddle.e_scf and result.e_tot == saddle.e_tot
+    assert result.scf.stability["internal"] == saddle.scf.stability["internal"]
+    assert result.scf.cycles == saddle.scf.cycles + follow["cycles"]
     [warning] = result.warnings
-    assert "still a saddle point" in warning and "led back" in warning
+    assert "not below" in warning and "keeps the saddle point" in warning
+    assert "not lower: the solution it left kept" in result.summary()
+
+
+def test_a_followed_scf_that_does_not_converge_is_one_line():
+    with pytest.raises(dfmp2.ConvergenceError, match="after following an instability of the "
+                       r"converged SCF \(E = -0.86535.*--stability check to keep"):
+        dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow", max_cycle=6)
+
+
+def test_no_rotations_is_stable_and_said_so():
+    """An atom in a minimal basis has no virtual orbital: nothing to analyse."""
+    for atom, spin, reference in (("He 0 0 0", 0, "rhf"), ("H 0 0 0", 1, "uhf"),
+                                  ("H 0 0 0", 1, "rohf")):
+        result = dfmp2.run(atom, basis="sto-3g", spin=spin, reference=reference,
+                           stability="follow")
+        record = result.scf.stability
+        assert record["internal"]["lowest_eigenvalue"] is None
+        assert record["internal"]["stable"] is True
+        assert not any("stab" in w or "saddle" in w for w in result.warnings)
+        assert "internal stable (no orbital rotations)" in result.summary()
+        Result.from_dict(json.loads(json.dumps(result.to_dict())))
+
+
+def test_the_lowest_eigenvalue_of_a_symmetric_molecule_is_the_lowest():
+    """C2's UHF at its restricted solution: the rotations with the smallest diagonal elements
+    are not those of the lowest eigenvalue (one Davidson root from three of them found -0.311
+    for -0.468 Eh)."""
+    mol = gto.M(atom="C 0 0 0; C 0 0 1.25", basis="6-31g", verbose=0)
+    mf = scf.UHF(mol)
+    mf.conv_tol = 1e-10
+    mf.kernel()
+    assert mf.converged
+    assert stability.internal(mf).eigenvalue == pytest.approx(_internal_reference(mf),
+                                                              abs=TOL_STABILITY_EIGENVALUE)
+
+
+def test_a_kohn_sham_reference_has_the_grid_aware_threshold():
+    result = dfmp2.run(WATER, basis="6-31g", xc="b2plyp", stability="check")
+    assert result.scf.stability["internal"]["threshold"] == stability.UNSTABLE_BELOW_KS
+    assert dfmp2.run(WATER, basis="6-31g", stability="check").scf.stability[
+        "internal"]["threshold"] == stability.UNSTABLE_BELOW
+    assert stability.UNSTABLE_BELOW_KS < stability.UNSTABLE_BELOW < 0
 
 
 def test_an_analysis_that_does_not_converge_says_so(monkeypatch):
@@ -174,8 +228,18 @@ def test_the_record_round_trips_and_a_damaged_one_is_one_line():
         Result.from_dict(data)
     data = result.to_dict()
     data["extras"]["scf"]["stability"]["follows"] = [{"energy": 1.0}]
-    with pytest.raises(InputError, match=r"follows\[0\].from_energy"):
+    with pytest.raises(InputError, match=r"follows\[0\]\.eigenvalue is None"):
         Result.from_dict(data)
+    for where, value in (("mode", "maybe"), ("internal.lowest_eigenvalue", float("nan")),
+                         ("internal.stable", False)):
+        data = result.to_dict()
+        *path, last = ["extras", "scf", "stability", *where.split(".")]
+        node = data
+        for key in path:
+            node = node[key]
+        node[last] = value
+        with pytest.raises(InputError, match=f"stability.{where} is"):
+            Result.from_dict(data)
 
 
 def test_the_option_is_checked_and_dfmp2_of_an_scf_refuses_it():

@@ -176,3 +176,6 @@ TOL_SEPARATE_FRAGMENT = 1e-10
 #: tolerances (energy change 1e-10 Eh, orbital gradient 1e-7), so SCF totals agree to about
 #: 1e-10 and MP2 totals to first order in the gradient (measured 3e-12 on water cc-pVDZ).
 TOL_OTHER_GUESS = 1e-9
+#: An orbital energy of two SCFs of one molecule converged to an orbital gradient of 1e-7
+#: along other paths (a level shift): first order in the gradient; the summary prints 1e-6.
+TOL_ORBITAL_ENERGY = 1e-6
