@@ -29,6 +29,8 @@ CORE_RULES = ("pyscf", "psi4")
 #: What a run does about the stability of its SCF (``--stability``, :mod:`dfmp2.stability`):
 #: nothing, analyse it, or analyse it and follow an internal instability to a lower solution.
 STABILITY_MODES = ("none", "check", "follow")
+#: Units of an xyz file's or atom string's coordinates (``--unit``; PySCF's ``Mole.unit``).
+UNITS = ("angstrom", "bohr")
 
 
 def cartesian_elsewhere(basis) -> bool:
