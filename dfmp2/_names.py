@@ -34,6 +34,8 @@ STABILITY_MODES = ("none", "check", "follow")
 #: Hückel's (and PySCF's modified Hückel), the core Hamiltonian's orbitals, and the
 #: superposition of atomic potentials.
 GUESSES = ("minao", "atom", "huckel", "mod_huckel", "1e", "sap")
+#: Units of an xyz file's or atom string's coordinates (``--unit``; PySCF's ``Mole.unit``).
+UNITS = ("angstrom", "bohr")
 
 
 def cartesian_elsewhere(basis) -> bool:

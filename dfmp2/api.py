@@ -87,8 +87,9 @@ LOOSE_CONV_TOL = 1e-8
 #: orthonormal to ORTHONORMALITY_TOL a linear-dependency problem (the refusal says so): PySCF's
 #: own threshold for dropping overlap eigenvalues (scf.hf.overlap_zero_eigenvalue_threshold).
 LINDEP_OVERLAP = 1e-6
-#: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly.
-MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian")
+#: Molecule settings that a given ``Mole`` keeps unless they are passed explicitly (``unit``: a
+#: Mole's own, which one passed with it must be).
+MOLE_SETTINGS = ("basis", "charge", "spin", "ecp", "cartesian", "unit")
 #: Options of the SCF that :class:`DFMP2` is given and cannot change (refused there, as the
 #: molecule's are): its functional, grid, reference, fitting, precision, convergence (guess,
 #: level shift) and stability analysis.
@@ -101,8 +102,10 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
         **options) -> Result:
     """DF-MP2 from a geometry: build the molecule, plan, run the SCF, then the MP2 pipeline.
 
-    geometry : xyz path, atom string or pyscf ``Mole`` (its basis, charge, spin and ECP are kept
-    unless given here, and then applied to a copy); options : fields of :class:`Options`;
+    geometry : xyz path or atom string (in Angstrom, or in Bohr with ``unit='bohr'``), or a pyscf
+    ``Mole`` (its basis, charge, spin and ECP are kept unless given here, and then applied to a
+    copy; its coordinates are read in its own ``unit``, and a ``unit`` given here must be that
+    one); options : fields of :class:`Options`;
     progress : optional callback ``progress(stage, done, total)``; environment : the record of
     what the ``dfmp2`` command set in the process environment, stored in the result; threads :
     hold every thread pool of the process to this many threads during the run and restore them
@@ -199,13 +202,10 @@ def _setup(geometry, options: dict, comm):
     opts = Options.from_kwargs(**options)
     opts.scaling  # noqa: B018 -- a custom functional PySCF cannot evaluate fails here, not later
     check_grid(opts.grid)
-    if isinstance(geometry, gto.Mole):
-        mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
-        # the Mole's charge and spin are the run's (an open-shell Mole gets UHF by default)
+    mol = run_molecule(geometry, options, opts)
+    if isinstance(geometry, gto.Mole):  # the Mole's charge and spin are the run's (an
+        # open-shell Mole gets UHF by default)
         opts = dataclasses.replace(opts, charge=int(mol.charge), spin=int(mol.spin))
-    else:  # charge and spin None where not given (an xyz comment line may state them)
-        mol = build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
-                         **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
     check_reference_spin(mol, opts.resolved_reference)
     check_guess(mol, opts.guess)
     _warn_beyond_physical_memory(opts.max_memory)
@@ -221,6 +221,18 @@ def _setup(geometry, options: dict, comm):
     la = _dispatcher(opts)
     resolve_device(opts.device, la.backend, comm is not None, opts.device_memory)  # refused now
     return opts, mol, auxmol, plan, la
+
+
+def run_molecule(geometry, options: dict, opts: Options):
+    """The built molecule of ``run(geometry, **options)`` (``opts``: those options, checked): a
+    ``Mole`` with the molecule settings given (:data:`MOLE_SETTINGS`), else its own; a geometry
+    with the run's basis, ECP, functions and unit, and the charge and spin where given (where
+    not, an xyz comment line may state them)."""
+    if isinstance(geometry, gto.Mole):
+        return build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
+    return build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
+                      unit=opts.unit,
+                      **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
 
 
 def _warn_beyond_physical_memory(max_memory_mb: int) -> None:

@@ -27,6 +27,7 @@ from ._names import (
     NKI_MATMULS,
     NKI_TARGETS,
     STABILITY_MODES,
+    UNITS,
 )
 from ._version import __version__
 from .errors import DFMP2Error, InputError, Interrupted, ResourceError
@@ -191,6 +192,11 @@ _D = Options.default
 
 @main.command()
 @click.argument("geometry", nargs=-1, required=True)
+@click.option("--unit", type=click.Choice(UNITS, case_sensitive=False), default=_D("unit"),
+              show_default=True,
+              help="Unit of the coordinates (and Z-matrix distances) of an xyz file or atom "
+                   "string. A QCSchema input's geometry is in Bohr by definition: --unit "
+                   "angstrom is refused there.")
 @click.option("--basis", default=_D("basis"), show_default=True, help="Orbital basis set.")
 @click.option("--auxbasis", default=_D("auxbasis"),
               help="MP2 fitting basis [default: RI partner of --basis, e.g. cc-pvdz-ri].")
@@ -361,9 +367,10 @@ _D = Options.default
                    "input's method's); a counterpoise run's: its CP-corrected interaction "
                    "energy at that level (Eh).")
 def run(geometry, json_path, verbose, quiet, **options):
-    """Run DF-MP2 on GEOMETRY (an xyz file, an atom string like "O 0 0 0; H 0 0 1; ...", or a
-    QCSchema AtomicInput .json file, v1 or v2, whose keywords set the options: those given on
-    the command line win, and --json writes an AtomicResult of the input's version).
+    """Run DF-MP2 on GEOMETRY (an xyz file or an atom string like "O 0 0 0; H 0 0 1; ...", in
+    Angstrom or, with --unit bohr, in Bohr; or a QCSchema AtomicInput .json file, v1 or v2, in
+    Bohr, whose keywords set the options: those given on the command line win, and --json
+    writes an AtomicResult of the input's version).
 
     Several GEOMETRY arguments, or an xyz file of several frames, run one after another in this
     process and print one table; --json then names a directory or a path with {name} or {index}

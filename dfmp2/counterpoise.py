@@ -251,17 +251,12 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
                   options: dict, warned: list[str]):
     from qcelemental import constants
 
-    from .api import MOLE_SETTINGS, check_run, run, silenced
-    from .molecule import build_mole
+    from .api import check_run, run, run_molecule, silenced
     from .options import Options
 
     opts = Options.from_kwargs(**options)
     with silenced():  # its warnings are the complex's run's, said there
-        if isinstance(geometry, str) or not hasattr(geometry, "atom"):
-            mol = build_mole(geometry, basis=opts.basis, ecp=opts.ecp, cartesian=opts.cartesian,
-                             **{k: getattr(opts, k) for k in ("charge", "spin") if k in options})
-        else:  # a Mole: the settings given with it apply, as in its run (api._setup)
-            mol = build_mole(geometry, **{k: options[k] for k in MOLE_SETTINGS if k in options})
+        mol = run_molecule(geometry, options, opts)
     sizes = _int_list("--fragments", fragments)
     start, electrons = 0, []  # of each fragment when neutral (ECP cores excluded)
     for n in sizes:
@@ -285,8 +280,10 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
         _warn_cores_apart(mol, moles)
     # each fragment's Mole carries the complex's basis and ECPs as resolved for the complex
     # (a -PP basis's partners, the ECPs of the elements it has): not named again for it
-    # (ecp 'none' is passed on: the fragments say, as the complex does, what it means)
-    per_fragment = [{**{key: v for key, v in options.items() if key not in ("basis", "ecp")
+    # (ecp 'none' is passed on: the fragments say, as the complex does, what it means; their
+    # Moles are in Bohr, whatever the complex's unit)
+    per_fragment = [{**{key: v for key, v in options.items()
+                        if key not in ("basis", "ecp", "unit")
                         or (key == "ecp" and str(v).strip().lower() == "none")},
                      "chkfile": None, "pair_energies": False,
                      "charge": frags.charges[k], "spin": frags.spins[k]}

@@ -13,6 +13,8 @@ Accepted, in xyz files and atom strings alike:
 
 Atom strings separate atoms by ``;`` or new lines and may be a Z-matrix (handed to PySCF). A
 string that names an existing file is always read as an xyz file, whatever it contains.
+Coordinates are read as numbers: their unit (Angstrom, or Bohr) is the run's ``unit``, which
+:func:`dfmp2.molecule.build_mole` applies.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ _STATED_MULT = re.compile(r"\bmult(?:iplicity)?\s*[=:\s]\s*([1-9]\d*)" + _WHOLE,
 
 @dataclass(frozen=True)
 class Geometry:
-    """Atoms in Angstrom: ``atoms`` is a tuple of (label, (x, y, z)) or, for a Z-matrix entry,
-    (label, entry text); a label is an element symbol or ``GHOST-`` + symbol. ``where`` names the
-    origin of each atom (file and line, or atom-string entry); ``source`` names the input."""
+    """Atoms in the run's unit (Angstrom unless it says Bohr): ``atoms`` is a tuple of (label,
+    (x, y, z)) or, for a Z-matrix entry, (label, entry text); a label is an element symbol or
+    ``GHOST-`` + symbol. ``where`` names the origin of each atom (file and line, or atom-string
+    entry); ``source`` names the input."""
 
     atoms: tuple
     source: str
@@ -147,7 +150,7 @@ def _number(field: str) -> float | None:
 def _finite(field: str, value: float | None, where: str) -> None:
     if value is not None and not math.isfinite(value):
         raise InputError(
-            f"{where}: coordinate {field!r} is not a finite number; give the position in Angstrom"
+            f"{where}: coordinate {field!r} is not a finite number; give the atom's position"
         )
 
 
@@ -171,8 +174,8 @@ def _atom_line(line: str, where: str):
 def _zmatrix_entry(fields: list[str], k: int, where: str):
     """Entry ``k`` (1-based) of a Z-matrix: ``label``, then for k >= 2 ``i r``, for k >= 3
     ``j angle``, for k >= 4 ``l dihedral``; references are earlier entries (1-based, distinct),
-    distances in Angstrom, angles in degrees. PySCF gets the entry rebuilt from the parsed
-    values only (it evaluates what it is given)."""
+    distances in the run's unit (Angstrom or Bohr), angles in degrees. PySCF gets the entry
+    rebuilt from the parsed values only (it evaluates what it is given)."""
     label = atom_label(fields[0], where)
     nref = min(k - 1, 3)
     names = ("bond partner and distance", "angle partner and angle",
@@ -298,7 +301,7 @@ def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int
 
 
 def parse_atom_string(text: str) -> Geometry:
-    """``"O 0 0 0; H 0 0.76 0.59; ..."`` (Cartesian, Angstrom) or a Z-matrix -> Geometry."""
+    """``"O 0 0 0; H 0 0.76 0.59; ..."`` (Cartesian) or a Z-matrix -> Geometry."""
     entries = [e for e in text.lstrip(_BOM).replace("\n", ";").split(";") if e.strip()]
     if not entries:
         raise InputError(f"the atom string is empty; give atoms such as {_EXAMPLE}")

@@ -1,9 +1,10 @@
 """Geometry input -> a built PySCF ``Mole``, with every input problem named precisely.
 
-Accepted geometry: a path to an xyz file, an atom string (Cartesian in Angstrom, or a Z-matrix),
-or a ``pyscf.gto.Mole``; the spellings accepted are listed in :mod:`dfmp2.geometry`. Effective
-core potentials (ECPs) are attached where PySCF's library has one for the chosen basis, as ORCA
-and Psi4 do. The ``*_record`` functions describe the built molecule for the result metadata.
+Accepted geometry: a path to an xyz file, an atom string (Cartesian, or a Z-matrix), in Angstrom
+or in Bohr (``unit``), or a ``pyscf.gto.Mole`` (in its own ``unit``); the spellings accepted are
+listed in :mod:`dfmp2.geometry`. Effective core potentials (ECPs) are attached where PySCF's
+library has one for the chosen basis, as ORCA and Psi4 do. The ``*_record`` functions describe
+the built molecule for the result metadata.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import warnings
 import numpy as np
 from pyscf import gto
 from pyscf.data.elements import ELEMENTS
+from pyscf.lib import param
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from ._quiet import quiet
@@ -29,6 +31,7 @@ from .geometry import (
     read_xyz,
     stated_charge_multiplicity,
 )
+from .options import checked_choice
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +54,17 @@ __all__ = [
     "parse_geometry",
     "quiet_pyscf",
     "read_xyz",
+    "unit_name",
 ]
 
 #: The orbital basis of an xyz path or atom string when none is given.
 DEFAULT_BASIS = "cc-pvdz"
-#: Atoms closer than this (Angstrom) are refused: a duplicated line or a unit mix-up, never a
-#: molecule (the shortest bond, H2, is 0.74 A).
+#: Atoms closer than this (Angstrom, whatever the input's unit) are refused: a duplicated line or
+#: a unit mix-up, never a molecule (the shortest bond, H2, is 0.74 A).
 MIN_DISTANCE = 0.1
-#: Coordinates beyond this (Angstrom) are refused: a unit mix-up or a corrupted file, never a
-#: molecule (integrals and the distance search overflow long before float64 does).
+#: Coordinates beyond this (Angstrom, whatever the input's unit) are refused: a unit mix-up or a
+#: corrupted file, never a molecule (integrals and the distance search overflow long before
+#: float64 does).
 MAX_COORDINATE = 1e5
 
 
@@ -291,36 +296,66 @@ def molecule_record(mol, multiplicity: int | None = None) -> dict:
 # ---------------------------------------------------------------- checks
 
 
-def _check_coordinates(labels, coords, source: str) -> None:
-    """Finite coordinates, and no two atoms (ghosts included) closer than MIN_DISTANCE."""
+def unit_name(unit) -> str | None:
+    """The unit PySCF reads coordinates in for a ``Mole.unit`` of ``unit``, as
+    :data:`dfmp2._names.UNITS` names it: 'bohr' for PySCF's atomic-unit names (B, Bohr, AU,
+    any case), 'angstrom' for any other name (as PySCF reads it); for a number (the Bohr
+    radius in the coordinates' unit) 'bohr' at 1, 'angstrom' at PySCF's Bohr radius in
+    Angstrom, None otherwise."""
+    if isinstance(unit, str):
+        return "bohr" if gto.mole.is_au(unit) else "angstrom"
+    for name, bohr_radius in (("bohr", 1.0), ("angstrom", param.BOHR)):
+        if isinstance(unit, (int, float, np.floating)) and math.isclose(unit, bohr_radius):
+            return name
+    return None
+
+
+#: Unit names as messages write them, and the length of one unit in Angstrom (PySCF's Bohr).
+_UNIT_TEXT = {"angstrom": ("Å", "Angstrom", 1.0), "bohr": ("Bohr", "Bohr", param.BOHR)}
+
+
+def _length(value: float, unit: str, spec: str = ".4f") -> str:
+    """A length given in ``unit`` as a message writes it: ``0.0500 Å``, or in Bohr with its
+    Angstrom beside it, ``0.0945 Bohr = 0.0500 Å``."""
+    symbol, _name, angstrom = _UNIT_TEXT[unit]
+    text = f"{value:{spec}} {symbol}"
+    return text if unit == "angstrom" else f"{text} = {value * angstrom:{spec}} Å"
+
+
+def _check_coordinates(labels, coords, source: str, unit: str = "angstrom") -> None:
+    """Finite coordinates, none beyond MAX_COORDINATE and no two atoms (ghosts included)
+    closer than MIN_DISTANCE; ``coords`` in ``unit`` ('angstrom' or 'bohr'), in which the
+    messages give the lengths (Angstrom beside Bohr)."""
     from scipy.spatial import cKDTree
 
+    _symbol, name, to_angstrom = _UNIT_TEXT[unit]
     coords = np.asarray(coords, dtype=float).reshape(-1, 3)
     bad = np.argwhere(~np.isfinite(coords))
     if bad.size:
         atom, axis = bad[0]
         raise InputError(
             f"{source}: atom {atom + 1} ({labels[atom]}) has the non-finite coordinate "
-            f"{'xyz'[axis]} = {coords[atom, axis]}; give its position in Angstrom"
+            f"{'xyz'[axis]} = {coords[atom, axis]}; give its position in {name}"
         )
-    far = np.argwhere(np.abs(coords) > MAX_COORDINATE)
+    far = np.argwhere(np.abs(coords) * to_angstrom > MAX_COORDINATE)
     if far.size:
         atom, axis = far[0]
         raise InputError(
             f"{source}: atom {atom + 1} ({labels[atom]}) has the coordinate "
-            f"{'xyz'[axis]} = {coords[atom, axis]:g} Å, beyond {MAX_COORDINATE:g} Å; give its "
-            "position in Angstrom"
+            f"{'xyz'[axis]} = {_length(coords[atom, axis], unit, 'g')}, beyond "
+            f"{MAX_COORDINATE:g} Å; give its position in {name}"
         )
-    pairs = cKDTree(coords).query_pairs(MIN_DISTANCE, output_type="ndarray")
+    pairs = cKDTree(coords).query_pairs(MIN_DISTANCE / to_angstrom, output_type="ndarray")
     if not len(pairs):
         return
     distances = np.linalg.norm(coords[pairs[:, 0]] - coords[pairs[:, 1]], axis=1)
     i, j = sorted(pairs[int(np.argmin(distances))])
     d = float(distances.min())
-    how = "coincide" if d < 1e-8 else f"are closer than {MIN_DISTANCE} Å"
+    how = ("coincide" if d < 1e-8 else
+           f"are closer than {_length(MIN_DISTANCE / to_angstrom, unit, '.4g')}")
     raise InputError(
         f"{source}: atoms {i + 1} ({labels[i]}) and {j + 1} ({labels[j]}) {how} "
-        f"({d:.4f} Å apart); remove the duplicate or fix the coordinates (Angstrom)"
+        f"({_length(d, unit)} apart); remove the duplicate or fix the coordinates ({name})"
     )
 
 
@@ -370,8 +405,10 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
     check_every_atom_has_functions(
         mol, f"{source}: the basis", "give a basis (or a basis dict entry) for every element")
     labels = [mol.atom_symbol(k) for k in range(mol.natm)]
-    # atoms on top of each other first: a duplicated atom is also why an electron count is off
-    _check_coordinates(labels, mol.atom_coords(unit="Angstrom"), source)
+    # atoms on top of each other first: a duplicated atom is also why an electron count is off;
+    # lengths in the Mole's unit (Angstrom where it is neither)
+    unit = unit_name(mol.unit) or "angstrom"
+    _check_coordinates(labels, mol.atom_coords(unit=_UNIT_TEXT[unit][1]), source, unit)
     _check_electrons(mol.nelectron, spin, charge, source)
     mol.spin = spin
     _check_capacity(mol, source)
@@ -569,14 +606,15 @@ def _pp_partner(basis, elements):
     return table
 
 
-def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
+def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None,
+                   unit: str = "angstrom") -> gto.Mole:
     _check_stated(parsed, charge, spin)
     basis = DEFAULT_BASIS if basis is None else basis
     _check_basis_arg(basis)
     labels = [label for label, _ in parsed.atoms]
     basis = _pp_partner(basis, sorted({element_of(label) for label in labels}))
     if all(isinstance(xyz, tuple) for _, xyz in parsed.atoms):
-        _check_coordinates(labels, [xyz for _, xyz in parsed.atoms], parsed.source)
+        _check_coordinates(labels, [xyz for _, xyz in parsed.atoms], parsed.source, unit)
         atom = [(label, xyz) for label, xyz in parsed.atoms]
     else:
         atom = "; ".join(xyz if isinstance(xyz, str) else f"{label} {xyz[0]!r} {xyz[1]!r} "
@@ -587,7 +625,7 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None) -
     mol.basis = ghost_basis(basis, labels)
     mol.ecp = {element: name for element, (name, _) in _ecp_table(basis, ecp, real).items()}
     mol.charge = 0 if charge is None else int(charge)
-    mol.unit = "Angstrom"
+    mol.unit = _UNIT_TEXT[unit][1]
     mol.cart = bool(cartesian)
     mol.verbose = 0
     mol = _build(mol, basis, parsed.source)
@@ -642,9 +680,16 @@ def is_ghost_label(label: str) -> bool:
     return unghosted(label) != label
 
 
-def _from_mole(given: gto.Mole, basis, charge, spin, ecp, cartesian=None) -> gto.Mole:
-    """Check a given ``Mole``; settings that are not None are applied to a rebuilt copy."""
+def _from_mole(given: gto.Mole, basis, charge, spin, ecp, cartesian=None,
+               unit: str | None = None) -> gto.Mole:
+    """Check a given ``Mole``; settings that are not None are applied to a rebuilt copy but
+    ``unit``, which must be the Mole's own."""
     source = "the given Mole"
+    if unit is not None and unit != unit_name(given.unit):
+        raise InputError(
+            f"unit={unit!r} contradicts the given Mole's own unit (mol.unit = {given.unit!r}), "
+            "in which its coordinates are read; leave unit= out, or set mol.unit to the unit "
+            "its coordinates are in")
     _check_integer("the given Mole's charge", given.charge)
     _check_integer("the given Mole's spin (2S)", given.spin)
     if given._built:
@@ -736,8 +781,8 @@ def _check_integer(name: str, value) -> None:
 
 
 def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None,
-               cartesian=None) -> gto.Mole:
-    """A built PySCF ``Mole`` (Angstrom input), every setting checked.
+               cartesian=None, unit=None) -> gto.Mole:
+    """A built PySCF ``Mole``, every setting checked.
 
     Parameters
     ----------
@@ -757,6 +802,9 @@ def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None,
     cartesian : bool, optional
         Cartesian (True) or spherical (False) functions; None means spherical for a path or
         string and the ``Mole``'s own ``cart`` for a ``Mole``.
+    unit : {'angstrom', 'bohr'}, optional
+        The unit of a path's or string's coordinates (and Z-matrix distances), any case; None
+        means Angstrom. A ``Mole`` keeps its own ``unit``: one given with it must be that one.
 
     Returns
     -------
@@ -770,7 +818,8 @@ def build_mole(geometry, basis=None, charge=None, spin=None, ecp=None,
     """
     _check_integer("charge", charge)
     _check_integer("spin", spin)
+    unit = None if unit is None else checked_choice("unit", unit)
     parsed = parse_geometry(geometry)
     if isinstance(parsed, gto.Mole):
-        return _from_mole(parsed, basis, charge, spin, ecp, cartesian)
-    return _from_geometry(parsed, basis, charge, spin, ecp, cartesian)
+        return _from_mole(parsed, basis, charge, spin, ecp, cartesian, unit)
+    return _from_geometry(parsed, basis, charge, spin, ecp, cartesian, unit or "angstrom")

@@ -15,6 +15,7 @@ from ._names import (
     NKI_MATMULS,
     NKI_TARGETS,
     STABILITY_MODES,
+    UNITS,
 )
 from .errors import InputError
 from .functionals import parse_grid, resolve
@@ -31,7 +32,7 @@ CHOICES = {"scf_type": SCF_TYPES, "scf_precision": SCF_PRECISIONS, "backend": BA
            "cpu_blas": CPU_BLAS_CHOICES, "device": DEVICES,
            "nki_matmul": NKI_MATMULS, "nki_target": NKI_TARGETS, "precision": PRECISIONS,
            "reference": REFERENCES, "core_rule": CORE_RULES, "stability": STABILITY_MODES,
-           "guess": GUESSES}
+           "guess": GUESSES, "unit": UNITS}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class Options:
     charge, spin : total charge and 2S (PySCF convention: 0 singlet, 1 doublet, ...).
     ecp : None (attach the ECP that PySCF's library has for ``basis``, e.g. def2-* on elements
         beyond Kr), 'none' (all electrons) or an ECP name.
+    unit : 'angstrom' or 'bohr': the unit of the coordinates (and Z-matrix distances) of an xyz
+        file or atom string (PySCF's ``Mole.unit``). A ``Mole`` keeps its own ``unit`` and a
+        QCSchema input's geometry is in Bohr by definition: a unit given with either must be
+        that one (it changes nothing), another is refused.
     cartesian : True for Cartesian functions (6 d, 10 f per shell), False for spherical ones
         (5 d, 7 f); None = spherical (PySCF's default) for a geometry, the ``Mole``'s own
         ``cart`` for a Mole. Gaussian and Psi4 run the 3-21G and 6-31G families Cartesian by
@@ -128,6 +133,7 @@ class Options:
     charge: int = 0
     spin: int = 0
     ecp: str | None = None
+    unit: str = "angstrom"
     cartesian: bool | None = None
     reference: str | None = None
     frozen: int | tuple[int, ...] | None = None
@@ -172,6 +178,7 @@ class Options:
             raise InputError(f"level_shift (--level-shift) must be a number of Eh from 0 up to "
                              f"{MAX_LEVEL_SHIFT:g}, got {self.level_shift!r}")
         object.__setattr__(self, "level_shift", float(self.level_shift))
+        _choice(self, "unit")
         if self.scf_type == "conv":
             for name, value, default in (("scf_auxbasis", self.scf_auxbasis, None),
                                          ("scf_precision", self.scf_precision, "fp64")):
@@ -424,10 +431,16 @@ def chosen(name: str, value):
     return value
 
 
-def _choice(options, name: str) -> None:
-    """``options.name`` is one of :data:`CHOICES`' values for it (:func:`chosen`: put as
-    spelled there); else one line naming them."""
-    value = chosen(name, getattr(options, name))
-    object.__setattr__(options, name, value)
+def checked_choice(name: str, value):
+    """``value`` of the option ``name`` as :data:`CHOICES` spells it (:func:`chosen`); one line
+    naming the choices where it is none of them."""
+    value = chosen(name, value)
     if value not in CHOICES[name]:
         raise InputError(f"{name} must be one of {', '.join(CHOICES[name])}; got {value!r}")
+    return value
+
+
+def _choice(options, name: str) -> None:
+    """``options.name`` is one of :data:`CHOICES`' values for it, put as spelled there
+    (:func:`checked_choice`)."""
+    object.__setattr__(options, name, checked_choice(name, getattr(options, name)))

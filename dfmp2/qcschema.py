@@ -301,14 +301,19 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
     its options and echoed in the input its AtomicResult repeats, so that the result says what
     ran: ``basis`` as ``model.basis``, any other option but the machine's resources
     (:data:`_RESOURCES`) as its keyword (:func:`_keyword_of`) in place of those of the input
-    that set it. Options of the molecule or the method (:data:`INPUT_ONLY`) are refused."""
-    from .options import chosen
+    that set it. Options of the molecule or the method (:data:`INPUT_ONLY`) are refused; a
+    ``unit`` must be Bohr, the unit of QCSchema's geometry (it is the input's own: not echoed)."""
+    from .options import checked_choice, chosen
 
     overrides = {option: chosen(option, value) for option, value in overrides.items()}
     for option in overrides:
         if option in INPUT_ONLY:
             raise InputError(f"--{option.replace('_', '-')} with a QCSchema input: set "
                              f"{INPUT_ONLY[option]} in the input instead")
+    if "unit" in overrides and checked_choice("unit", overrides["unit"]) != "bohr":
+        raise InputError(f"--unit {overrides['unit']} with a QCSchema input: its "
+                         "molecule.geometry is in Bohr by QCSchema's definition; leave --unit "
+                         "out")
     given = copy.deepcopy(job.input)
     model, keywords = dict(given["model"]), dict(given.get("keywords") or {})
     options = {**job.options, **overrides}
@@ -321,6 +326,8 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
             options.pop(other, None)
         if option == "basis":
             model["basis"] = value
+            continue
+        if option == "unit":  # Bohr, the input's own (checked above)
             continue
         named = [k for k in keywords if _option_of(k) in replaced]
         for name in named:
