@@ -9,6 +9,10 @@ another thread's run keeps its own. Blocks nest (a counterpoise run around the r
 complex and fragments): a record goes to every block open in the thread, so each run keeps its
 own warnings and the outer block all of them.
 
+A block of :func:`labelled` names whose run a record is about (a counterpoise fragment's):
+the keeper keeps its warnings as ``label: message``, and :class:`LabelledFormatter` (the
+``dfmp2`` command's terminal) shows its lines so.
+
 Only records the ``dfmp2`` logger lets through are seen: every WARNING unless a caller raised
 that logger's level above WARNING (the ``dfmp2`` command keeps the logger at WARNING and
 quietens its terminal handler instead, so ``-q`` runs keep their warnings in the JSON).
@@ -20,9 +24,39 @@ import contextlib
 import logging
 import threading
 
-__all__ = ["kept_warnings", "keeper_handlers"]
+__all__ = ["LabelledFormatter", "kept_warnings", "keeper_handlers", "labelled"]
 
-_local = threading.local()  # .open: the lists of this thread's open blocks, innermost last
+_local = threading.local()  # .open: the lists of this thread's open blocks, innermost last;
+# .labels: the labels of this thread's open labelled() blocks, outermost first
+
+
+@contextlib.contextmanager
+def labelled(label: str):
+    """Records the calling thread logs while the block runs are about ``label`` (e.g.
+    'fragment 2 in its own basis'): kept and shown as ``label: message``."""
+    labels = _local.__dict__.setdefault("labels", [])
+    labels.append(label)
+    try:
+        yield
+    finally:
+        labels.pop()
+
+
+def _with_label(message: str) -> str:
+    """``message`` under the calling thread's open labels, if any."""
+    labels = getattr(_local, "labels", ())
+    return ": ".join([*labels, message])
+
+
+class LabelledFormatter(logging.Formatter):
+    """A formatter whose message is under the labels of the thread that logs (handlers format
+    in the logging thread)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if getattr(_local, "labels", None):
+            record = logging.makeLogRecord({**record.__dict__,
+                                            "message": _with_label(record.message)})
+        return super().formatMessage(record)
 
 
 class _Keeper(logging.Handler):
@@ -33,7 +67,7 @@ class _Keeper(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         for kept in getattr(_local, "open", ()):
-            kept.append(record.getMessage())
+            kept.append(_with_label(record.getMessage()))
         if logging.lastResort is not None and record.levelno >= logging.lastResort.level \
                 and not _other_handlers(record.name):
             logging.lastResort.handle(record)

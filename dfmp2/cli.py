@@ -49,9 +49,10 @@ def _configure_logging(verbose: int, quiet: bool):
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[
         min(verbose, 2)]
     handler = _LogHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    from ._logged import LabelledFormatter, keeper_handlers
+
+    handler.setFormatter(LabelledFormatter("%(levelname)s: %(message)s"))
     handler.setLevel(level)
-    from ._logged import keeper_handlers
 
     root = logging.getLogger("dfmp2")
     saved = (root.handlers[:], root.level, root.propagate)

@@ -243,14 +243,15 @@ def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=
 
     with kept_warnings() as warned:
         result = _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progress,
-                               environment, options, warned)
+                               environment, options)
     return None if result is None else replace(result, warnings=tuple(warned))
 
 
 def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progress, environment,
-                  options: dict, warned: list[str]):
+                  options: dict):
     from qcelemental import constants
 
+    from ._logged import labelled
     from .api import check_run, run, run_molecule, silenced
     from .options import Options
 
@@ -301,10 +302,9 @@ def _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progres
     for k, own, frag in runs:
         stage = f"fragment {k + 1}/{nfrag}{_in_basis(own)}"
         report = (lambda s, d, t, _p=stage: progress(f"{_p} {s}", d, t)) if progress else None
-        said = len(warned)
-        with _named(frags, k, own), _finished_said(complex_result, parts, own_parts):
+        with _named(frags, k, own), _finished_said(complex_result, parts, own_parts), \
+                labelled(f"fragment {k + 1}{_in_basis(own)}"):  # its lines and warnings say so
             (own_parts if own else parts).append(run(frag, progress=report, **per_fragment[k]))
-        warned[said:] = [f"fragment {k + 1}{_in_basis(own)}: {text}" for text in warned[said:]]
     if complex_result is None:  # a distributed run's other ranks: rank 0 reports
         return None
     to_kcal = constants.conversion_factor("hartree", "kcal/mol")

@@ -91,6 +91,30 @@ def test_a_counterpoise_run_names_its_fragments_warnings():
     assert SHORT_FIT_TEXT in result.warnings[0] and not result.warnings[0].startswith("frag")
 
 
+def test_the_terminal_names_a_counterpoise_fragments_lines_as_the_record_does():
+    """On the command's stderr each fragment's warning carries the name it has in the record
+    (five alike-looking lines otherwise), and a thread's label stays in that thread."""
+    out = CliRunner().invoke(main, ["run", DIMER, *SHORT_FIT, "--counterpoise", "--fragments",
+                                    "3,3"])
+    assert out.exit_code == 0, out.output
+    lines = [line for line in out.output.splitlines() if SHORT_FIT_TEXT in line]
+    assert [line.split(":")[1].strip() for line in lines[1:]] == [
+        "fragment 1", "fragment 2", "fragment 1 in its own basis", "fragment 2 in its own basis"]
+    assert lines[0].startswith("WARNING: ") and "fragment" not in lines[0]
+    from dfmp2._logged import LabelledFormatter, labelled
+
+    record = logging.makeLogRecord({"msg": "m", "levelname": "WARNING",
+                                    "levelno": logging.WARNING})
+    seen = []
+    with labelled("fragment 9"):
+        thread = threading.Thread(target=lambda: seen.append(
+            LabelledFormatter("%(message)s").format(record)))
+        thread.start()
+        thread.join()
+        seen.append(LabelledFormatter("%(message)s").format(record))
+    assert seen == ["m", "fragment 9: m"]
+
+
 def test_each_thread_keeps_only_its_own_warnings():
     logger = logging.getLogger("dfmp2.test_threads")
     ready, kept = threading.Barrier(2), {}
