@@ -221,7 +221,8 @@ def _stability(mf, options: Options, progress) -> None:
                 "--stability check to keep the converged SCF")
 
     mf.stability_record = {"mode": options.stability,
-                           **stability.settle(mf, options.stability == "follow", rerun, label)}
+                           **stability.settle(mf, options.stability == "follow", rerun, label,
+                                             progress)}
 
 
 def _check_unchanged(mf, path: str) -> None:

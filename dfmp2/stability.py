@@ -101,11 +101,12 @@ def threshold(mf) -> float:
     return UNSTABLE_BELOW_KS if isinstance(mf, dft.rks.KohnShamDFT) else UNSTABLE_BELOW
 
 
-def _lowest(hop, hdiag: np.ndarray, below: float, keep_vector: bool) -> Lowest:
+def _lowest(hop, hdiag: np.ndarray, below: float, keep_vector: bool, report=None) -> Lowest:
     """The lowest eigenvalue of the symmetric operator ``hop`` (vectors of ``hdiag``'s length)
     by Davidson iterations (:data:`NROOTS` roots), preconditioned by its diagonal ``hdiag``,
     from the unit vectors of the :data:`START_UNITS` smallest diagonal elements and PySCF's
-    ``1/hdiag`` vector."""
+    ``1/hdiag`` vector; ``report(iteration, lowest so far)`` after each iteration when
+    given."""
     size = hdiag.size
     if size == 0:
         return Lowest(None, True, below)
@@ -125,26 +126,30 @@ def _lowest(hop, hdiag: np.ndarray, below: float, keep_vector: bool) -> Lowest:
         shifted[np.abs(shifted) < 1e-8] = 1e-8
         return dx / shifted
 
+    def callback(envs: dict) -> None:
+        report(envs["icyc"] + 1, float(np.min(envs["e"])))
+
     conv, e, v = lib.davidson1(lambda xs: [hop(x) for x in xs], starts, precond,
                                tol=DAVIDSON_TOL, max_cycle=DAVIDSON_CYCLES,
-                               nroots=min(NROOTS, size), verbose=0)
+                               nroots=min(NROOTS, size), verbose=0,
+                               callback=None if report is None else callback)
     e, conv = np.atleast_1d(e), np.atleast_1d(conv)
     first = int(np.argmin(e))
     return Lowest(float(e[first]), bool(conv[first]), below,
                   np.asarray(v[first]) if keep_vector else None)
 
 
-def internal(mf) -> Lowest:
+def internal(mf, report=None) -> Lowest:
     """The lowest eigenvalue of ``mf``'s Hessian over rotations within its own kind, with its
-    eigenvector."""
+    eigenvector (``report`` as in :func:`_lowest`)."""
     gen = {"rhf": newton_ah.gen_g_hop_rhf, "uhf": newton_ah.gen_g_hop_uhf,
            "rohf": newton_ah.gen_g_hop_rohf}[_kind(mf)]
     _, hop, hdiag = gen(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
     return _lowest(lambda x: hop(x).real * 2, np.asarray(hdiag).real * 2, threshold(mf),
-                   keep_vector=True)
+                   keep_vector=True, report=report)
 
 
-def rhf_to_uhf(mf) -> Lowest:
+def rhf_to_uhf(mf, report=None) -> Lowest:
     """The lowest eigenvalue of a closed-shell RHF's (RKS's) Hessian over the triplet
     rotations (RHF -> UHF): the orbital response with K only (and the triplet kernel of a
     functional), as PySCF's ``rhf_external`` builds it, without its real -> complex part."""
@@ -165,15 +170,23 @@ def rhf_to_uhf(mf) -> Lowest:
         out += orbv.T @ response(d_ao + d_ao.T) @ orbo
         return out.ravel()
 
-    return _lowest(hop, hdiag, threshold(mf), keep_vector=False)
+    return _lowest(hop, hdiag, threshold(mf), keep_vector=False, report=report)
 
 
-def analyse(mf) -> dict[str, Lowest]:
+def analyse(mf, progress=None) -> dict[str, Lowest]:
     """``{'internal': ...}`` for every converged SCF, with ``'rhf_to_uhf'`` for a closed-shell
-    RHF or RKS."""
-    found = {"internal": internal(mf)}
+    RHF or RKS; each Davidson iteration reported to ``progress(stage, iteration,
+    DAVIDSON_CYCLES)`` when given."""
+    def report(name: str):
+        if progress is None:
+            return None
+        return lambda iteration, lowest: progress(
+            f"SCF stability ({name}) lowest eigenvalue {lowest:.6f}", iteration,
+            DAVIDSON_CYCLES)
+
+    found = {"internal": internal(mf, report("internal"))}
     if _kind(mf) == "rhf":
-        found["rhf_to_uhf"] = rhf_to_uhf(mf)
+        found["rhf_to_uhf"] = rhf_to_uhf(mf, report("RHF -> UHF"))
     return found
 
 
@@ -197,7 +210,7 @@ def rotated_orbitals(mf, vector: np.ndarray):
 _SOLUTION = ("mo_coeff", "mo_occ", "mo_energy", "e_tot", "converged", "cycles", "solver")
 
 
-def settle(mf, follow: bool, rerun, label: str) -> dict:
+def settle(mf, follow: bool, rerun, label: str, progress=None) -> dict:
     """The stability analysis of the converged SCF ``mf`` (its record: ``extras.scf.stability``
     less ``mode``), with every instability it leaves, and an analysis that did not converge,
     a warning. With ``follow``, each internal instability is followed: ``rerun(mf, dm0, k)``
@@ -205,12 +218,13 @@ def settle(mf, follow: bool, rerun, label: str) -> dict:
     the follow's number; it raises when that SCF does not converge), until the SCF is stable,
     :data:`MAX_FOLLOWS` times, or a followed SCF that does not lower the energy (by
     :data:`LOWERED_BY_CONV_TOL` conv_tol), whose solution is then dropped for the one it left.
-    ``mf.cycles`` counts every SCF's cycles; ``label`` names the SCF in messages."""
+    ``mf.cycles`` counts every SCF's cycles; ``label`` names the SCF in messages; ``progress``
+    as in :func:`analyse`."""
     start = time.perf_counter()
     jk = getattr(mf, "with_df", None)
     calls = getattr(jk, "stats", {}).get("calls")
     follows: list[dict] = []
-    found = _analysed(mf)
+    found = _analysed(mf, progress)
     while (follow and not found["internal"].stable and len(follows) < MAX_FOLLOWS
            and not (follows and not follows[-1]["lowered"])):
         left = {name: getattr(mf, name, None) for name in _SOLUTION}
@@ -228,7 +242,7 @@ def settle(mf, follow: bool, rerun, label: str) -> dict:
         cycles = left["cycles"] + mf.cycles
         if lowered:
             mf.solver = left["solver"]
-            found = _analysed(mf)
+            found = _analysed(mf, progress)
         else:  # the solution it left stays, with its analysis
             for name, value in left.items():
                 setattr(mf, name, value)
@@ -241,9 +255,9 @@ def settle(mf, follow: bool, rerun, label: str) -> dict:
     return record
 
 
-def _analysed(mf) -> dict[str, Lowest]:
+def _analysed(mf, progress) -> dict[str, Lowest]:
     """:func:`analyse`, each eigenvalue logged."""
-    found = analyse(mf)
+    found = analyse(mf, progress)
     for name, lowest in found.items():
         if lowest.eigenvalue is not None:
             log.info("SCF stability (%s): lowest Hessian eigenvalue %.6f Eh (%s)", name,

@@ -275,3 +275,18 @@ def test_the_command_line_and_a_qcschema_keyword(tmp_path):
     assert len(saved["extras"]["scf"]["stability"]["follows"]) == 1
     bad = CliRunner().invoke(main, ["run", WATER, "--stability", "maybe"])
     assert bad.exit_code != 0 and "maybe" in bad.output
+
+
+def test_the_analysis_reports_its_progress():
+    """A long analysis moves the terminal's status line: each Davidson iteration is a
+    progress report, after the SCF's cycles."""
+    seen = []  # (in STO-3G the ten start vectors span all rotations: done before a report)
+    dfmp2.run(WATER, basis="6-31g", stability="check",
+              progress=lambda stage, done, total: seen.append((stage, done, total)))
+    analysis = [(stage, done, total) for stage, done, total in seen
+                if stage.startswith("SCF stability")]
+    assert {stage.split(")")[0] for stage, _, _ in analysis} == {
+        "SCF stability (internal", "SCF stability (RHF -> UHF"}
+    assert all(total == stability.DAVIDSON_CYCLES and done >= 1 for _, done, total in analysis)
+    first = next(i for i, (stage, _, _) in enumerate(seen) if stage.startswith("SCF stability"))
+    assert any(stage.startswith("SCF E=") for stage, _, _ in seen[:first])
