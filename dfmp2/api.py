@@ -889,8 +889,9 @@ def check_float64_k(mf) -> None:
 
 
 def _jk_stats(mf) -> dict | None:
-    """Calls, seconds and GFLOP of dfmp2's J/K during ``mf``'s SCF (None when PySCF's code or
-    exact integrals built them)."""
+    """Calls, seconds and GFLOP of dfmp2's J/K during ``mf``'s SCF and its stability analysis
+    (``extras.scf.stability.jk_builds`` counts the analysis's; None when PySCF's code or exact
+    integrals built them)."""
     stats = getattr(getattr(mf, "with_df", None), "stats", None)
     if not isinstance(stats, dict) or not stats.get("calls"):
         return None

@@ -302,8 +302,9 @@ _D = Options.default
               show_default=True,
               help="Initial guess of the SCF (PySCF's init_guess) where no --chkfile "
                    "checkpoint gives one: minao, atom (atomic SCF densities), huckel, "
-                   "mod_huckel, 1e (core Hamiltonian), sap (atomic potentials).")
-@click.option("--level-shift", type=click.FloatRange(0, MAX_LEVEL_SHIFT, max_open=True),
+                   "mod_huckel, 1e (core Hamiltonian), sap (atomic potentials). Another guess "
+                   "can reach another SCF solution: --stability says whether it is a minimum.")
+@click.option("--level-shift", type=click.FloatRange(0, MAX_LEVEL_SHIFT),
               default=_D("level_shift"), show_default=True, metavar="EH",
               help="Level shift of the SCF's virtual orbitals in Eh (0.1-0.5 steadies an SCF "
                    "with a small HOMO-LUMO gap); the converged energies are unshifted.")

@@ -23,8 +23,8 @@ from .scf_integrals import UNPACK_BLOCK
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHK_XC_KEY", "check_guess", "check_reference_spin", "jk_auxbasis", "make_scf", "plan_scf",
-           "release_integrals", "restart_guess", "run_scf", "scf_fit_record"]
+__all__ = ["CHK_XC_KEY", "check_guess", "check_reference_spin", "jk_auxbasis", "make_scf",
+           "plan_scf", "release_integrals", "restart_guess", "run_scf", "scf_fit_record"]
 
 
 def jk_auxbasis(mol, options: Options):
@@ -197,7 +197,9 @@ def _require_converged(mf, options: Options) -> None:
         f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise "
         "--max-cycle, or check the geometry, the charge and the spin (--charge, --spin)" + (
             "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
-            "or a looser --conv-tol-grad" if options.xc is not None else "")
+            "or a looser --conv-tol-grad" if options.xc is not None else "") + (
+            f"; a level shift slows the last cycles: lower --level-shift "
+            f"{options.level_shift:g} or drop it" if options.level_shift else "")
     )
 
 
@@ -212,13 +214,16 @@ def _stability(mf, options: Options, progress) -> None:
     def rerun(mf, dm0, k: int) -> None:
         before = mf.e_tot
         mf.solver = "DIIS (PySCF)"
-        _kernel(mf, options, progress, dm0, note=f"(instability {k} followed)")
+        after = f"after following an instability of the converged SCF (E = {before:.10f} Eh"
+        keep = "raise --max-cycle, or run --stability check to keep the converged SCF"
+        try:
+            _kernel(mf, options, progress, dm0, note=f"(instability {k} followed)")
+        except ConvergenceError as exc:  # a stall the second-order solver could not finish
+            raise ConvergenceError(f"{exc}; this SCF ran {after}); or {keep}") from None
         if not mf.converged:
-            raise ConvergenceError(
-                f"the {label} did not converge in {_cycles(options.max_cycle)} after following "
-                f"an instability of the converged SCF (E = {before:.10f} Eh; last energy "
-                f"{mf.e_tot:.10f} Eh); raise --max-cycle, try another --guess, or run "
-                "--stability check to keep the converged SCF")
+            raise ConvergenceError(f"the {label} did not converge in "
+                                   f"{_cycles(options.max_cycle)} {after}; last energy "
+                                   f"{mf.e_tot:.10f} Eh); {keep}")
 
     mf.stability_record = {"mode": options.stability,
                            **stability.settle(mf, options.stability == "follow", rerun, label,
@@ -336,10 +341,17 @@ def check_reference_spin(mol, reference: str) -> None:
 
 def check_guess(mol, guess: str) -> None:
     """Refuse, before any SCF, an initial guess PySCF cannot make for ``mol``: 'sap' has no
-    atomic potential of a ghost atom (a counterpoise fragment's partners)."""
-    if guess == "sap" and any(mol.atom_charge(i) == 0 for i in range(mol.natm)):
+    atomic potential of a ghost atom (a counterpoise fragment's partners), and PySCF's 'sap'
+    fails on Cartesian d or higher shells (its potential's matrix has the spherical size)."""
+    if guess != "sap":
+        return
+    if any(mol.atom_charge(i) == 0 for i in range(mol.natm)):
         raise InputError("--guess sap (guess='sap') has no atomic potential for ghost atoms "
                          "(a counterpoise run's fragments have them); choose another guess")
+    if mol.cart and any(mol.bas_angular(i) >= 2 for i in range(mol.nbas)):
+        raise InputError("--guess sap (guess='sap') is made for spherical functions only "
+                         "(PySCF's fails on Cartesian d shells); choose another guess or drop "
+                         "--cartesian")
 
 
 def release_integrals(mf) -> None:

@@ -58,7 +58,7 @@ def test_a_chkfile_start_records_no_guess(tmp_path):
 def test_refusals_are_one_line():
     with pytest.raises(InputError, match="guess must be one of minao, atom"):
         dfmp2.run(WATER, basis="sto-3g", guess="sad")
-    for shift in (-0.1, 10.0, float("nan"), True, "0.3"):
+    for shift in (-0.1, 2.5, float("nan"), True, "0.3"):
         with pytest.raises(InputError, match="level_shift"):
             dfmp2.run(WATER, basis="sto-3g", level_shift=shift)
     with pytest.raises(InputError, match="no atomic potential for ghost atoms"):
@@ -94,3 +94,17 @@ def test_the_command_line_and_psi4s_keywords(tmp_path):
     path.write_text(json.dumps(schema))
     out = CliRunner().invoke(main, ["run", str(path)])
     assert out.exit_code != 0 and "keyword guess='GWH'" in out.output
+
+
+def test_sap_on_cartesian_d_shells_is_refused_before_the_scf():
+    with pytest.raises(InputError, match="sap.*spherical functions only"):
+        dfmp2.run(WATER, basis="6-31g*", cartesian=True, guess="sap")
+    assert dfmp2.run(WATER, basis="6-31g", cartesian=True, guess="sap").scf.guess == "sap"
+
+
+def test_an_scf_that_does_not_converge_under_a_level_shift_names_it():
+    with pytest.raises(dfmp2.ConvergenceError, match="lower --level-shift 2 or drop it"):
+        dfmp2.run(WATER, basis="sto-3g", level_shift=2.0, max_cycle=5)
+    with pytest.raises(dfmp2.ConvergenceError) as plain:
+        dfmp2.run(WATER, basis="sto-3g", max_cycle=2)
+    assert "level" not in str(plain.value)

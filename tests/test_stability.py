@@ -29,7 +29,8 @@ def _pyscf_scf(atom: str, spin: int, kind, basis: str = "cc-pvdz", xc: str | Non
     """PySCF's own DF-SCF with dfmp2's JK-fit partner basis and default tolerances."""
     mol = gto.M(atom=atom, basis=basis, spin=spin, verbose=0)
     mf = kind(mol) if xc is None else kind(mol, xc=xc)
-    mf = mf.density_fit(auxbasis=f"{basis}-jkfit" if basis.startswith("cc-") else "def2-universal-jkfit")
+    jkfit = f"{basis}-jkfit" if basis.startswith("cc-") else "def2-universal-jkfit"
+    mf = mf.density_fit(auxbasis=jkfit)
     mf.conv_tol, mf.conv_tol_grad = 1e-10, 1e-7
     mf.kernel()
     assert mf.converged
@@ -144,7 +145,8 @@ def test_a_stable_scf_has_its_record_and_no_warning_and_none_runs_no_analysis():
     assert plain.e_tot == checked.e_tot
 
 
-def test_a_follow_that_does_not_lower_the_energy_keeps_the_solution_it_left(monkeypatch):
+def test_a_follow_that_does_not_lower_the_energy_keeps_the_solution_it_left(monkeypatch,
+                                                                             tmp_path):
     """An SCF that does not end below the solution it left (here: a rotation to a higher
     determinant, the occupied and the lowest virtual orbital of each spin swapped) is
     dropped: the run keeps the saddle point, with its analysis, and says so."""
@@ -156,7 +158,11 @@ def test_a_follow_that_does_not_lower_the_energy_keeps_the_solution_it_left(monk
         return mo
 
     monkeypatch.setattr(stability, "rotated_orbitals", swapped)
-    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
+    chk = str(tmp_path / "h2.chk")
+    result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow", chkfile=chk)
+    from pyscf import lib
+    saved = lib.chkfile.load(chk, "scf")
+    assert saved["e_tot"] == saddle.e_scf  # the checkpoint holds the solution kept
     [follow] = result.scf.stability["follows"]
     assert follow["lowered"] is False and follow["energy"] > follow["from_energy"]
     assert result.e_scf == saddle.e_scf and result.e_tot == saddle.e_tot
