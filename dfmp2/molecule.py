@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 from pyscf import gto
+from pyscf.data import radii
 from pyscf.data.elements import ELEMENTS
 from pyscf.lib import param
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -359,6 +360,62 @@ def _check_coordinates(labels, coords, source: str, unit: str = "angstrom") -> N
     )
 
 
+#: Two atoms closer than this fraction of their covalent bond length (the sum of PySCF's
+#: covalent radii) are a geometry squeezed by a unit mix-up (Angstrom read as Bohr: bonds at
+#: 0.53 of their length), not a molecule: a warning. The shortest bonds known are above it
+#: (N2 0.77, C2H2's triple bond 0.82, a Cr-Cr quintuple bond 0.66).
+SQUEEZED_BOND = 0.6
+#: Three or more atoms none of which has another within this multiple of their covalent bond
+#: length: a geometry stretched by a unit mix-up (Bohr read as Angstrom: bonds at 1.89 of their
+#: length; water's O-H at 1.81 A, 1.87 of its 0.97 A). Two atoms are a bond scan's or a van der
+#: Waals pair's, and left alone.
+STRETCHED_BOND = 1.5
+
+
+def _warn_unit_mixup(mol, source: str, unit: str) -> None:
+    """A warning where the real atoms' distances look like coordinates in the other unit
+    (:data:`SQUEEZED_BOND`, :data:`STRETCHED_BOND`); ghost atoms are left out."""
+    from scipy.spatial import cKDTree
+
+    real = [i for i in range(mol.natm) if not is_ghost_label(mol.atom_symbol(i))
+            and mol.atom_charge(i) > 0]
+    if len(real) < 2:
+        return
+    coords = mol.atom_coords()[real]  # Bohr
+    covalent = radii.COVALENT[[gto.charge(mol.atom_pure_symbol(i)) for i in real]]
+    _symbol, name, to_angstrom = _UNIT_TEXT[unit]
+    to_unit = param.BOHR / to_angstrom  # Bohr -> the input's unit
+
+    def length(bohr: float) -> str:
+        return _length(bohr * to_unit, unit, ".3f")
+
+    reach = STRETCHED_BOND * 2 * float(covalent.max())
+    pairs = cKDTree(coords).sparse_distance_matrix(cKDTree(coords), reach, output_type="ndarray")
+    pairs = pairs[pairs["i"] < pairs["j"]]
+    bonds = covalent[pairs["i"]] + covalent[pairs["j"]]
+    ratio = pairs["v"] / bonds
+    if len(pairs) and ratio.min() < SQUEEZED_BOND:
+        k = int(np.argmin(ratio))
+        i, j = real[pairs["i"][k]], real[pairs["j"][k]]
+        log.warning("%s: atoms %d (%s) and %d (%s) are %s apart, less than %g of their "
+                    "covalent bond length (%s): are the coordinates in another unit than %s? "
+                    "(--unit, unit=)", source, i + 1, mol.atom_symbol(i), j + 1,
+                    mol.atom_symbol(j), length(pairs["v"][k]), SQUEEZED_BOND,
+                    length(bonds[k]), name)
+        return
+    bonded = np.zeros(len(real), dtype=bool)
+    close = ratio <= STRETCHED_BOND
+    bonded[pairs["i"][close]] = bonded[pairs["j"][close]] = True
+    if len(real) >= 3 and not bonded.any():
+        nearest = cKDTree(coords).query(coords, k=2)[0][:, 1].min()
+        log.warning("%s: no atom is within %g times a covalent bond length of another (the "
+                    "nearest two are %s apart): are the coordinates in Bohr? (--unit bohr, "
+                    "unit='bohr')" if unit == "angstrom" else
+                    "%s: no atom is within %g times a covalent bond length of another (the "
+                    "nearest two are %s apart): check the coordinates and their unit", source,
+                    STRETCHED_BOND, length(nearest))
+
+
 def _check_electrons(nelectron: int, spin: int, charge: int, source: str) -> None:
     if nelectron <= 0:
         raise InputError(
@@ -409,6 +466,7 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
     # lengths in the Mole's unit (Angstrom where it is neither)
     unit = unit_name(mol.unit) or "angstrom"
     _check_coordinates(labels, mol.atom_coords(unit=_UNIT_TEXT[unit][1]), source, unit)
+    _warn_unit_mixup(mol, source, unit)
     _check_electrons(mol.nelectron, spin, charge, source)
     mol.spin = spin
     _check_capacity(mol, source)

@@ -210,3 +210,23 @@ def test_a_qcschema_input_is_bohr_and_refuses_angstrom(tmp_path):
     ran = CliRunner().invoke(main, ["run", str(path), "--unit", "bohr", "--json", "-"])
     assert ran.exit_code == 0, ran.output
     assert json.loads(ran.stdout)["keywords"] == {}
+
+
+@pytest.mark.parametrize("atoms, unit, expected", [
+    (WATER, "bohr", "less than 0.6 of their covalent bond length"),  # Angstrom as Bohr
+    ("O 0 0 0; H 0 1.436 1.115; H 0 -1.436 1.115", "angstrom",  # Bohr as Angstrom
+     "no atom is within 1.5 times a covalent bond length of another"),
+    (WATER, "angstrom", None),
+    ("O 0 0 0; H 0 1.436 1.115; H 0 -1.436 1.115", "bohr", None),
+    ("H 0 0 0; H 0 0 2.5", "angstrom", None),  # a bond scan's stretched pair
+    ("N 0 0 0; N 0 0 1.098", "angstrom", None),  # a triple bond
+    (WATER + "; ghost-O 0 0 0.3", "angstrom", None),  # ghosts are no atoms
+])
+def test_distances_that_look_like_the_other_unit_are_a_warning(atoms, unit, expected):
+    warnings = dfmp2.run(atoms, basis="sto-3g", unit=unit).warnings
+    mixups = [w for w in warnings if "covalent bond length" in w]
+    if expected is None:
+        assert mixups == []
+    else:
+        [warning] = mixups
+        assert expected in warning and "--unit" in warning
