@@ -362,58 +362,68 @@ def _check_coordinates(labels, coords, source: str, unit: str = "angstrom") -> N
 
 #: Two atoms closer than this fraction of their covalent bond length (the sum of PySCF's
 #: covalent radii) are a geometry squeezed by a unit mix-up (Angstrom read as Bohr: bonds at
-#: 0.53 of their length), not a molecule: a warning. The shortest bonds known are above it
-#: (N2 0.77, C2H2's triple bond 0.82, a Cr-Cr quintuple bond 0.66).
-SQUEEZED_BOND = 0.6
-#: Three or more atoms none of which has another within this multiple of their covalent bond
-#: length: a geometry stretched by a unit mix-up (Bohr read as Angstrom: bonds at 1.89 of their
-#: length; water's O-H at 1.81 A, 1.87 of its 0.97 A). Two atoms are a bond scan's or a van der
-#: Waals pair's, and left alone.
-STRETCHED_BOND = 1.5
+#: 0.53 of their length; H2's at 0.63 of H-H's), not a molecule: a warning. The shortest
+#: common bonds are above it (N2 0.77, C2H2's triple bond 0.82); a Cr-Cr quintuple bond
+#: (0.66) would be warned about.
+SQUEEZED_BOND = 0.7
+#: Bohr read as Angstrom stretches every bond 1.89 times: a geometry of three or more atoms
+#: (noble gases aside) whose atoms' nearest neighbours sit at a median of this range of
+#: multiples of their covalent bond length, none nearer than :data:`STRETCHED_NEAREST`, is
+#: warned about (water in Bohr: 1.87 for every atom; formaldehyde: 1.65 and 2.06, median
+#: 1.86). A stretched bond scan (water's symmetric stretch at 1.6 A: 1.65; an H4 chain at
+#: 1 A: 1.61) and van der Waals clusters (2.5 and more) fall outside.
+STRETCHED_MEDIAN = (1.7, 2.1)
+STRETCHED_NEAREST = 1.4
+#: Noble gases' covalent radii say nothing of their clusters' distances: left out.
+_NOBLE = frozenset({2, 10, 18, 36, 54, 86, 118})
 
 
 def _warn_unit_mixup(mol, source: str, unit: str) -> None:
     """A warning where the real atoms' distances look like coordinates in the other unit
-    (:data:`SQUEEZED_BOND`, :data:`STRETCHED_BOND`); ghost atoms are left out."""
+    (:data:`SQUEEZED_BOND`, :data:`STRETCHED_MEDIAN`); ghost atoms and noble gases are left
+    out. For geometries read from text (a given Mole states its own unit)."""
     from scipy.spatial import cKDTree
 
+    charges = [gto.charge(mol.atom_pure_symbol(i)) for i in range(mol.natm)]
     real = [i for i in range(mol.natm) if not is_ghost_label(mol.atom_symbol(i))
-            and mol.atom_charge(i) > 0]
+            and mol.atom_charge(i) > 0 and charges[i] not in _NOBLE]
     if len(real) < 2:
         return
     coords = mol.atom_coords()[real]  # Bohr
-    covalent = radii.COVALENT[[gto.charge(mol.atom_pure_symbol(i)) for i in real]]
+    covalent = radii.COVALENT[[charges[i] for i in real]]
     _symbol, name, to_angstrom = _UNIT_TEXT[unit]
     to_unit = param.BOHR / to_angstrom  # Bohr -> the input's unit
 
     def length(bohr: float) -> str:
         return _length(bohr * to_unit, unit, ".3f")
 
-    reach = STRETCHED_BOND * 2 * float(covalent.max())
-    pairs = cKDTree(coords).sparse_distance_matrix(cKDTree(coords), reach, output_type="ndarray")
+    tree = cKDTree(coords)
+    pairs = tree.sparse_distance_matrix(tree, SQUEEZED_BOND * 2 * float(covalent.max()),
+                                        output_type="ndarray")
     pairs = pairs[pairs["i"] < pairs["j"]]
-    bonds = covalent[pairs["i"]] + covalent[pairs["j"]]
-    ratio = pairs["v"] / bonds
-    if len(pairs) and ratio.min() < SQUEEZED_BOND:
+    if len(pairs):
+        bonds = covalent[pairs["i"]] + covalent[pairs["j"]]
+        ratio = pairs["v"] / bonds
         k = int(np.argmin(ratio))
-        i, j = real[pairs["i"][k]], real[pairs["j"][k]]
-        log.warning("%s: atoms %d (%s) and %d (%s) are %s apart, less than %g of their "
-                    "covalent bond length (%s): are the coordinates in another unit than %s? "
-                    "(--unit, unit=)", source, i + 1, mol.atom_symbol(i), j + 1,
-                    mol.atom_symbol(j), length(pairs["v"][k]), SQUEEZED_BOND,
-                    length(bonds[k]), name)
+        if ratio[k] < SQUEEZED_BOND:
+            i, j = real[pairs["i"][k]], real[pairs["j"][k]]
+            log.warning("%s: atoms %d (%s) and %d (%s) are %s apart, less than %g of their "
+                        "covalent bond length (%s): are the coordinates in another unit than "
+                        "%s? (--unit, unit=)", source, i + 1, mol.atom_symbol(i), j + 1,
+                        mol.atom_symbol(j), length(pairs["v"][k]), SQUEEZED_BOND,
+                        length(bonds[k]), name)
+            return
+    if len(real) < 3 or unit != "angstrom":
         return
-    bonded = np.zeros(len(real), dtype=bool)
-    close = ratio <= STRETCHED_BOND
-    bonded[pairs["i"][close]] = bonded[pairs["j"][close]] = True
-    if len(real) >= 3 and not bonded.any():
-        nearest = cKDTree(coords).query(coords, k=2)[0][:, 1].min()
-        log.warning("%s: no atom is within %g times a covalent bond length of another (the "
-                    "nearest two are %s apart): are the coordinates in Bohr? (--unit bohr, "
-                    "unit='bohr')" if unit == "angstrom" else
-                    "%s: no atom is within %g times a covalent bond length of another (the "
-                    "nearest two are %s apart): check the coordinates and their unit", source,
-                    STRETCHED_BOND, length(nearest))
+    # each atom's nearest neighbour, in multiples of their covalent bond length
+    distances, index = tree.query(coords, k=2)
+    nearest = distances[:, 1] / (covalent + covalent[index[:, 1]])
+    low, high = STRETCHED_MEDIAN
+    if low <= np.median(nearest) <= high and nearest.min() >= STRETCHED_NEAREST:
+        log.warning("%s: every atom's nearest neighbour is %.2f to %.2f times their covalent "
+                    "bond length away (median %.2f), as if the coordinates were in Bohr: are "
+                    "they? (--unit bohr, unit='bohr')", source, nearest.min(), nearest.max(),
+                    np.median(nearest))
 
 
 def _check_electrons(nelectron: int, spin: int, charge: int, source: str) -> None:
@@ -466,7 +476,6 @@ def _check_built(mol, charge: int, spin: int, source: str) -> gto.Mole:
     # lengths in the Mole's unit (Angstrom where it is neither)
     unit = unit_name(mol.unit) or "angstrom"
     _check_coordinates(labels, mol.atom_coords(unit=_UNIT_TEXT[unit][1]), source, unit)
-    _warn_unit_mixup(mol, source, unit)
     _check_electrons(mol.nelectron, spin, charge, source)
     mol.spin = spin
     _check_capacity(mol, source)
@@ -687,7 +696,9 @@ def _from_geometry(parsed: Geometry, basis, charge, spin, ecp, cartesian=None,
     mol.cart = bool(cartesian)
     mol.verbose = 0
     mol = _build(mol, basis, parsed.source)
-    return _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
+    mol = _check_built(mol, mol.charge, 0 if spin is None else int(spin), parsed.source)
+    _warn_unit_mixup(mol, parsed.source, unit)
+    return mol
 
 
 def _check_stated(parsed: Geometry, charge: int | None, spin: int | None) -> None:

@@ -213,12 +213,18 @@ def test_a_qcschema_input_is_bohr_and_refuses_angstrom(tmp_path):
 
 
 @pytest.mark.parametrize("atoms, unit, expected", [
-    (WATER, "bohr", "less than 0.6 of their covalent bond length"),  # Angstrom as Bohr
+    (WATER, "bohr", "less than 0.7 of their covalent bond length"),  # Angstrom as Bohr
+    ("H 0 0 0; H 0 0 0.74", "bohr", "less than 0.7 of their covalent bond length"),
     ("O 0 0 0; H 0 1.436 1.115; H 0 -1.436 1.115", "angstrom",  # Bohr as Angstrom
-     "no atom is within 1.5 times a covalent bond length of another"),
+     "as if the coordinates were in Bohr"),
+    ("C 0 0 0; O 0 0 2.287; H 0 1.786 -1.041; H 0 -1.786 -1.041", "angstrom",  # H2CO too
+     "as if the coordinates were in Bohr"),
     (WATER, "angstrom", None),
     ("O 0 0 0; H 0 1.436 1.115; H 0 -1.436 1.115", "bohr", None),
     ("H 0 0 0; H 0 0 2.5", "angstrom", None),  # a bond scan's stretched pair
+    ("O 0 0 0; H 0 1.25 1.0; H 0 -1.25 1.0", "angstrom", None),  # a symmetric stretch
+    ("H 0 0 0; H 0 0 1.0; H 0 0 2.0; H 0 0 3.0", "angstrom", None),  # an H4 chain
+    ("Ne 0 0 0; Ne 3.1 0 0; Ne 1.55 2.68 0", "angstrom", None),  # a van der Waals trimer
     ("N 0 0 0; N 0 0 1.098", "angstrom", None),  # a triple bond
     (WATER + "; ghost-O 0 0 0.3", "angstrom", None),  # ghosts are no atoms
 ])
@@ -230,3 +236,13 @@ def test_distances_that_look_like_the_other_unit_are_a_warning(atoms, unit, expe
     else:
         [warning] = mixups
         assert expected in warning and "--unit" in warning
+
+
+def test_a_counterpoise_run_says_a_unit_warning_once(tmp_path):
+    """The fragments' runs (Moles built from the complex) do not repeat the input's."""
+    path = tmp_path / "dimer_bohr.xyz"
+    path.write_text("6\nwater dimer in Bohr\n"
+                    "O 0 0 0\nH 0 1.436 1.115\nH 0 -1.436 1.115\n"
+                    "O 0 0 6\nH 0 1.436 7.115\nH 0 -1.436 7.115\n")
+    result = run_counterpoise(str(path), "3,3", basis="sto-3g")
+    assert len([w for w in result.warnings if "as if the coordinates" in w]) == 1
