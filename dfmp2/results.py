@@ -538,7 +538,7 @@ class Result:
             f"  MP2 space  {_mp2_space(s)} ({frozen})",
         ]
         if scf.stability is not None:
-            lines.append(f"  stability  {_stability_text(scf.stability)}")
+            lines.append(f"  stability  {_stability_text(scf.stability, scf.kind)}")
         if scf.hamiltonian:
             lines.append(f"  Hamiltonian  {scf.hamiltonian}")
         if scf.s2 is not None:
@@ -977,27 +977,33 @@ def versions() -> dict:
 _STABILITY_NAMES = {"internal": "internal", "rhf_to_uhf": "RHF -> UHF"}
 
 
-def _stability_text(record: dict) -> str:
-    """The summary's stability line: per analysis its lowest Hessian eigenvalue and verdict,
-    then the instabilities followed (each one's energy before and after)."""
+def _stability_text(record: dict, kind: str) -> str:
+    """The summary's stability line: the instabilities followed (each one's eigenvalue and
+    energy before and after), then per analysis of the SCF kept its lowest Hessian eigenvalue
+    and verdict (``kind``: the reference's, 'rks' names RKS -> UKS)."""
     parts = []
+    for k, follow in enumerate(record.get("follows", ()), 1):
+        parts.append(f"internal instability {k} ({follow['eigenvalue']:.6f} Eh) followed: E "
+                     f"{follow['from_energy']:.10f} -> {follow['energy']:.10f} Eh in "
+                     f"{follow['cycles']} cycles"
+                     + ("" if follow["lowered"] else ", not lower: the solution it left kept"))
+    then = "then " if parts else ""
     for key, name in _STABILITY_NAMES.items():
-        if key in record:
-            lowest = record[key]
-            value = lowest["lowest_eigenvalue"]
-            if value is None:
-                parts.append(f"{name} stable (no orbital rotations)")
-                continue
+        if key not in record:
+            continue
+        if key == "rhf_to_uhf" and kind == "rks":
+            name = "RKS -> UKS"
+        lowest = record[key]
+        value = lowest["lowest_eigenvalue"]
+        if value is None:
+            parts.append(f"{then}{name} stable (no orbital rotations)")
+        else:
             value = 0.0 if abs(value) < 5e-7 else value  # no "-0.000000"
-            parts.append(f"{name} {'stable' if lowest['stable'] else 'UNSTABLE'} (lowest "
+            parts.append(f"{then}{name} {'stable' if lowest['stable'] else 'UNSTABLE'} (lowest "
                          f"Hessian eigenvalue {value:.6f} Eh"
                          + ("" if lowest["converged"] else ", not converged") + ")")
-    text = "; ".join(parts)
-    for k, follow in enumerate(record.get("follows", ()), 1):
-        text += (f"; instability {k} followed: E {follow['from_energy']:.10f} -> "
-                 f"{follow['energy']:.10f} Eh in {follow['cycles']} cycles"
-                 + ("" if follow["lowered"] else ", not lower: the solution it left kept"))
-    return text
+        then = ""
+    return "; ".join(parts)
 
 
 def _spin_text(spin: str | None) -> str:

@@ -77,6 +77,9 @@ def run_scf(mol, options: Options, progress=None, la=None):
     mf = make_scf(mol, options)
     dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
     mf.guess_record = options.guess if dm0 is None else None  # else the chkfile's orbitals
+    if dm0 is not None and options.guess != Options.default("guess"):
+        mf.restart += (f"; --guess {options.guess} not used: the checkpoint's orbitals are the "
+                       "initial guess")
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)

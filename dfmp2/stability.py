@@ -237,8 +237,13 @@ def settle(mf, follow: bool, rerun, label: str, progress=None) -> dict:
         follows.append({"eigenvalue": eigenvalue, "from_energy": float(left["e_tot"]),
                         "energy": float(mf.e_tot), "cycles": int(mf.cycles),
                         "lowered": lowered})
-        if mf.solver != "DIIS (PySCF)":
-            left["solver"] = f"{left['solver']}; after instability {len(follows)}: {mf.solver}"
+        if lowered:  # what converged each SCF, and for how many cycles: they add up
+            plain = left["solver"] == "DIIS (PySCF)" and not follows[:-1]
+            left["solver"] = (f"{left['solver']}"
+                              + (f" for {left['cycles']} cycles" if plain else "")
+                              + f"; after following instability {len(follows)}: {mf.solver}"
+                              + (f" for {mf.cycles} cycles" if mf.solver == "DIIS (PySCF)"
+                                 else ""))
         cycles = left["cycles"] + mf.cycles
         if lowered:
             mf.solver = left["solver"]
@@ -285,11 +290,12 @@ def _warn(label: str, found: dict, follows: list[dict]) -> None:
     triplet = found.get("rhf_to_uhf")
     if triplet is not None and not triplet.stable:
         unrestricted = label.replace("RHF", "UHF").replace("RKS", "UKS")
-        log.warning("the %s is unstable towards %s: its lowest RHF -> UHF Hessian eigenvalue is "
-                    "%.6f Eh, so a spin-polarised determinant of lower energy exists (a "
-                    "stretched bond, a diradical); for its energies run --reference uhf "
-                    "--stability follow (reference='uhf', stability='follow')", label,
-                    unrestricted, triplet.eigenvalue)
+        kinds = "RKS -> UKS" if "RKS" in label else "RHF -> UHF"
+        log.warning("the %s is unstable towards %s: its lowest %s Hessian eigenvalue is %.6f "
+                    "Eh, so a spin-polarised determinant of lower energy exists (a stretched "
+                    "bond, a diradical); for its energies run --reference uhf --stability "
+                    "follow (reference='uhf', stability='follow'; a KS reference then runs "
+                    "UKS)", label, unrestricted, kinds, triplet.eigenvalue)
     for name, lowest in found.items():
         if not lowest.converged:
             log.warning("the %s stability analysis (%s) did not converge in %d Davidson "

@@ -53,6 +53,7 @@ def test_a_chkfile_start_records_no_guess(tmp_path):
     dfmp2.run(WATER, basis="sto-3g", chkfile=path)
     again = dfmp2.run(WATER, basis="sto-3g", chkfile=path, guess="huckel")
     assert again.scf.guess is None and "initial guess from chkfile" in again.scf.restart
+    assert "--guess huckel not used" in again.scf.restart
 
 
 def test_refusals_are_one_line():

@@ -121,6 +121,13 @@ def test_check_reports_a_saddle_point_and_keeps_it():
     assert "internal UNSTABLE" in result.summary()
 
 
+def test_a_kohn_sham_reference_is_named_as_such():
+    result = dfmp2.run(STRETCHED_H2, basis="sto-3g", xc="b2plyp", stability="check")
+    [warning] = [w for w in result.warnings if "unstable towards" in w]
+    assert "lowest RKS -> UKS Hessian eigenvalue" in warning and "runs UKS" in warning
+    assert "RKS -> UKS UNSTABLE" in result.summary()
+
+
 def test_an_rhf_unstable_towards_uhf_says_how_to_reach_it():
     result = dfmp2.run(STRETCHED_H2, stability="check")
     record = result.scf.stability
@@ -227,7 +234,8 @@ def test_the_record_round_trips_and_a_damaged_one_is_one_line():
     result = dfmp2.run(STRETCHED_H2, reference="uhf", stability="follow")
     again = Result.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again.scf.stability == result.scf.stability
-    assert "instability 1 followed" in again.summary()
+    assert "internal instability 1 (-0.611880 Eh) followed" in again.summary()
+    assert "then internal stable" in again.summary()
     data = result.to_dict()
     data["extras"]["scf"]["stability"]["internal"]["lowest_eigenvalue"] = "low"
     with pytest.raises(InputError, match="stability.internal.lowest_eigenvalue is 'low'"):
@@ -265,7 +273,12 @@ def test_the_command_line_and_a_qcschema_keyword(tmp_path):
     out = CliRunner().invoke(main, ["run", STRETCHED_H2, "--reference", "uhf", "--stability",
                                     "follow", "--json", str(tmp_path / "r.json")])
     assert out.exit_code == 0, out.output
-    assert "instability 1 followed" in out.output
+    assert "internal instability 1 (" in out.output
+    # what converged each SCF adds up to the cycles the SCF line says
+    line = next(text for text in out.output.splitlines() if "converged in" in text)
+    total = int(line.split("converged in ")[1].split()[0])
+    parts = [int(p.split(" cycles")[0]) for p in line.split("DIIS (PySCF) for ")[1:]]
+    assert len(parts) == 2 and sum(parts) == total
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["extras"]["scf"]["stability"]["internal"]["stable"] is True
     schema = {"schema_name": "qcschema_input", "schema_version": 1,
