@@ -363,34 +363,39 @@ def _check_coordinates(labels, coords, source: str, unit: str = "angstrom") -> N
 #: Two atoms closer than this fraction of their covalent bond length (the sum of PySCF's
 #: covalent radii) are a geometry squeezed by a unit mix-up (Angstrom read as Bohr: bonds at
 #: 0.53 of their length; H2's at 0.63 of H-H's), not a molecule: a warning. The shortest
-#: common bonds are above it (N2 0.77, C2H2's triple bond 0.82); a Cr-Cr quintuple bond
-#: (0.66) would be warned about.
+#: bonds between elements up to Ar are above it (N2 0.77, C2H2's triple bond 0.82).
 SQUEEZED_BOND = 0.7
+#: The same for a pair with a heavier element, whose covalent radii are those of single bonds:
+#: Cr2's sextuple bond (1.68 A) is at 0.60 of its Cr-Cr length, a Cr-Cr quintuple bond at
+#: 0.66; squeezed Fe(CO)5's Fe-C at 0.47, XeF2's Xe-F at 0.53.
+SQUEEZED_HEAVY_BOND = 0.55
 #: Bohr read as Angstrom stretches every bond 1.89 times: a geometry of three or more atoms
-#: (noble gases aside) whose atoms' nearest neighbours sit at a median of this range of
-#: multiples of their covalent bond length, none nearer than :data:`STRETCHED_NEAREST`, is
-#: warned about (water in Bohr: 1.87 for every atom; formaldehyde: 1.65 and 2.06, median
-#: 1.86). A stretched bond scan (water's symmetric stretch at 1.6 A: 1.65; an H4 chain at
-#: 1 A: 1.61) and van der Waals clusters (2.5 and more) fall outside.
-STRETCHED_MEDIAN = (1.7, 2.1)
+#: (noble gases aside: their covalent radii say nothing of their clusters) whose atoms'
+#: nearest neighbours sit at a median of this range of multiples of their covalent bond
+#: length, none nearer than :data:`STRETCHED_NEAREST`, is warned about (water in Bohr: 1.87
+#: for every atom; CH4 1.98, NH3 1.87, HCN 1.94, formaldehyde 1.98). A bond scan that
+#: stretches one bond keeps the others near 1; a symmetric stretch of every bond of a small
+#: molecule (water's O-H at 1.75-1.99 A) cannot be told from Bohr and is warned about too,
+#: which the message says.
+STRETCHED_MEDIAN = (1.8, 2.05)
 STRETCHED_NEAREST = 1.4
-#: Noble gases' covalent radii say nothing of their clusters' distances: left out.
 _NOBLE = frozenset({2, 10, 18, 36, 54, 86, 118})
 
 
 def _warn_unit_mixup(mol, source: str, unit: str) -> None:
     """A warning where the real atoms' distances look like coordinates in the other unit
-    (:data:`SQUEEZED_BOND`, :data:`STRETCHED_MEDIAN`); ghost atoms and noble gases are left
-    out. For geometries read from text (a given Mole states its own unit)."""
+    (:data:`SQUEEZED_BOND`, :data:`SQUEEZED_HEAVY_BOND`, :data:`STRETCHED_MEDIAN`); ghost atoms
+    are left out. For geometries read from text (a given Mole states its own unit)."""
     from scipy.spatial import cKDTree
 
-    charges = [gto.charge(mol.atom_pure_symbol(i)) for i in range(mol.natm)]
+    charges = np.array([gto.charge(mol.atom_pure_symbol(i)) for i in range(mol.natm)])
     real = [i for i in range(mol.natm) if not is_ghost_label(mol.atom_symbol(i))
-            and mol.atom_charge(i) > 0 and charges[i] not in _NOBLE]
+            and mol.atom_charge(i) > 0]
     if len(real) < 2:
         return
     coords = mol.atom_coords()[real]  # Bohr
-    covalent = radii.COVALENT[[charges[i] for i in real]]
+    z = charges[real]
+    covalent = radii.COVALENT[z]
     _symbol, name, to_angstrom = _UNIT_TEXT[unit]
     to_unit = param.BOHR / to_angstrom  # Bohr -> the input's unit
 
@@ -403,26 +408,31 @@ def _warn_unit_mixup(mol, source: str, unit: str) -> None:
     pairs = pairs[pairs["i"] < pairs["j"]]
     if len(pairs):
         bonds = covalent[pairs["i"]] + covalent[pairs["j"]]
-        ratio = pairs["v"] / bonds
-        k = int(np.argmin(ratio))
-        if ratio[k] < SQUEEZED_BOND:
+        light = (z[pairs["i"]] <= 18) & (z[pairs["j"]] <= 18)
+        limit = np.where(light, SQUEEZED_BOND, SQUEEZED_HEAVY_BOND)
+        squeezed = pairs["v"] / bonds / limit
+        k = int(np.argmin(squeezed))
+        if squeezed[k] < 1:
             i, j = real[pairs["i"][k]], real[pairs["j"][k]]
             log.warning("%s: atoms %d (%s) and %d (%s) are %s apart, less than %g of their "
                         "covalent bond length (%s): are the coordinates in another unit than "
                         "%s? (--unit, unit=)", source, i + 1, mol.atom_symbol(i), j + 1,
-                        mol.atom_symbol(j), length(pairs["v"][k]), SQUEEZED_BOND,
+                        mol.atom_symbol(j), length(pairs["v"][k]), limit[k],
                         length(bonds[k]), name)
             return
-    if len(real) < 3 or unit != "angstrom":
+    keep = ~np.isin(z, list(_NOBLE))
+    if keep.sum() < 3 or unit != "angstrom":
         return
     # each atom's nearest neighbour, in multiples of their covalent bond length
-    distances, index = tree.query(coords, k=2)
-    nearest = distances[:, 1] / (covalent + covalent[index[:, 1]])
+    tree = cKDTree(coords[keep])
+    distances, index = tree.query(coords[keep], k=2)
+    nearest = distances[:, 1] / (covalent[keep] + covalent[keep][index[:, 1]])
     low, high = STRETCHED_MEDIAN
     if low <= np.median(nearest) <= high and nearest.min() >= STRETCHED_NEAREST:
         log.warning("%s: every atom's nearest neighbour is %.2f to %.2f times their covalent "
-                    "bond length away (median %.2f), as if the coordinates were in Bohr: are "
-                    "they? (--unit bohr, unit='bohr')", source, nearest.min(), nearest.max(),
+                    "bond length away (median %.2f), as if the coordinates were in Bohr: if "
+                    "they are, give --unit bohr (unit='bohr'); a geometry stretched on "
+                    "purpose is right as it is", source, nearest.min(), nearest.max(),
                     np.median(nearest))
 
 

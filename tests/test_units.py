@@ -7,6 +7,7 @@ that contradicts the input's own (a Mole's, a QCSchema input's Bohr) is one refu
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -226,10 +227,19 @@ def test_a_qcschema_input_is_bohr_and_refuses_angstrom(tmp_path):
     ("H 0 0 0; H 0 0 1.0; H 0 0 2.0; H 0 0 3.0", "angstrom", None),  # an H4 chain
     ("Ne 0 0 0; Ne 3.1 0 0; Ne 1.55 2.68 0", "angstrom", None),  # a van der Waals trimer
     ("N 0 0 0; N 0 0 1.098", "angstrom", None),  # a triple bond
+    ("Cr 0 0 0; Cr 0 0 1.68", "angstrom", None),  # Cr2's multiple bond, 0.60 of Cr-Cr's
+    ("Cr 0 0 0; Cr 0 0 1.68", "bohr", "less than 0.55 of their covalent bond length"),
+    ("Xe 0 0 0; F 0 0 1.977; F 0 0 -1.977", "bohr", "less than 0.55"),  # a noble gas's bond
+    ("Xe 0 0 0; F 0 0 1.977; F 0 0 -1.977", "angstrom", None),
     (WATER + "; ghost-O 0 0 0.3", "angstrom", None),  # ghosts are no atoms
 ])
-def test_distances_that_look_like_the_other_unit_are_a_warning(atoms, unit, expected):
-    warnings = dfmp2.run(atoms, basis="sto-3g", unit=unit).warnings
+def test_distances_that_look_like_the_other_unit_are_a_warning(atoms, unit, expected, caplog):
+    from dfmp2.molecule import build_mole
+
+    heavy = any(element in atoms for element in ("Cr", "Xe"))
+    with caplog.at_level(logging.WARNING, logger="dfmp2"):  # the molecule alone: no SCF
+        build_mole(atoms, basis="def2-svp" if heavy else "sto-3g", unit=unit)
+    warnings = [record.getMessage() for record in caplog.records]
     mixups = [w for w in warnings if "covalent bond length" in w]
     if expected is None:
         assert mixups == []
