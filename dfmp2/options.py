@@ -122,7 +122,7 @@ class Options:
         kind, and RHF -> UHF for a closed-shell RHF or RKS), in the record, with a warning for
         each instability; 'follow' rotates the orbitals along an internal instability and runs
         the SCF again from there, until it is stable (at most
-        :data:`dfmp2.scf.MAX_FOLLOWS` times).
+        :data:`dfmp2.stability.MAX_FOLLOWS` times).
     """
 
     basis: str = "cc-pvdz"

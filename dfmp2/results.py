@@ -14,7 +14,7 @@ import math
 import platform
 from dataclasses import asdict, dataclass, field
 
-from ._names import cartesian_elsewhere
+from ._names import STABILITY_MODES, cartesian_elsewhere
 
 __all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo", "versions"]
 
@@ -822,7 +822,7 @@ def _checked_stability(scf: ScfInfo) -> ScfInfo:
         return InputError(f"the record's extras.scf.stability{where} is {value!r}: the file "
                           "was changed after dfmp2 wrote it")
 
-    if record.get("mode") not in ("check", "follow"):
+    if record.get("mode") not in STABILITY_MODES or record.get("mode") == "none":
         raise bad(".mode", record.get("mode"))
     number = (int, float)
     for key in _STABILITY_NAMES:

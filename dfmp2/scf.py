@@ -147,9 +147,9 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         mf.check_convergence = _mixed_precision_check(jk)
     if dm0 is None:  # made here, as PySCF's kernel would, so that its failure is one line
         try:
-            dm0 = mf.get_init_guess(mf.mol, options.guess)
+            dm0 = mf.get_init_guess(mf.mol, mf.init_guess)
         except Exception as exc:  # e.g. 'sap' has no potential of a ghost atom
-            raise InputError(f"the SCF's initial guess {options.guess!r} could not be made "
+            raise InputError(f"the SCF's initial guess {mf.init_guess!r} could not be made "
                              f"({first_line(exc)}); choose another --guess") from None
     _kernel(mf, options, progress, dm0)
     _require_converged(mf, options)

@@ -225,8 +225,7 @@ def settle(mf, follow: bool, rerun, label: str, progress=None) -> dict:
     calls = getattr(jk, "stats", {}).get("calls")
     follows: list[dict] = []
     found = _analysed(mf, progress)
-    while (follow and not found["internal"].stable and len(follows) < MAX_FOLLOWS
-           and not (follows and not follows[-1]["lowered"])):
+    while follow and not found["internal"].stable and len(follows) < MAX_FOLLOWS:
         left = {name: getattr(mf, name, None) for name in _SOLUTION}
         eigenvalue = found["internal"].eigenvalue
         log.info("SCF: following the internal instability (eigenvalue %.6f Eh) from E = "
@@ -237,21 +236,20 @@ def settle(mf, follow: bool, rerun, label: str, progress=None) -> dict:
         follows.append({"eigenvalue": eigenvalue, "from_energy": float(left["e_tot"]),
                         "energy": float(mf.e_tot), "cycles": int(mf.cycles),
                         "lowered": lowered})
-        if lowered:  # what converged each SCF, and for how many cycles: they add up
-            plain = left["solver"] == "DIIS (PySCF)" and not follows[:-1]
-            left["solver"] = (f"{left['solver']}"
-                              + (f" for {left['cycles']} cycles" if plain else "")
-                              + f"; after following instability {len(follows)}: {mf.solver}"
-                              + (f" for {mf.cycles} cycles" if mf.solver == "DIIS (PySCF)"
-                                 else ""))
         cycles = left["cycles"] + mf.cycles
-        if lowered:
-            mf.solver = left["solver"]
-            found = _analysed(mf, progress)
-        else:  # the solution it left stays, with its analysis
+        if not lowered:  # the solution it left stays, with its analysis
             for name, value in left.items():
                 setattr(mf, name, value)
+            mf.cycles = cycles
+            break
+        # what converged each SCF, and for how many cycles: they add up to mf.cycles
+        mf.solver = (left["solver"]
+                     + (f" for {left['cycles']} cycles" if left["solver"] == "DIIS (PySCF)"
+                        else "")
+                     + f"; after following instability {len(follows)}: {mf.solver}"
+                     + (f" for {mf.cycles} cycles" if mf.solver == "DIIS (PySCF)" else ""))
         mf.cycles = cycles
+        found = _analysed(mf, progress)
     _warn(label, found, follows)
     record = {**{name: lowest.record() for name, lowest in found.items()}, "follows": follows,
               "seconds": time.perf_counter() - start}
