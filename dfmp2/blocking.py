@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_only_fits", "plan_blocks",
+__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_only_fits", "jk_square_rows",
+           "plan_blocks",
            "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
            "RESERVE"]
 
@@ -175,6 +176,29 @@ def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block:
     products = _F64 * 2 * nao * square_block * nao
     return metric + square + max(_jk_build_bytes(nao, naux), products) \
         <= usable_bytes(max_memory_mb)
+
+
+def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
+                   square_block: int, unpack_block: int) -> int:
+    """How many of a DF-SCF's in-memory tensor's rows (auxiliary functions) may be held
+    unpacked, (q, n, n) float64, with the others on the ``ncol`` columns of the AO pairs that
+    are not zero, (naux - q, ncol), in the memory of the build
+    (:func:`dfmp2.scf_integrals.screened_cderi`): the metric's factors, those rows and the
+    larger of the build's work arrays and K's (the unpacked rows' product, as in
+    :func:`jk_square_only_fits`, and the other rows' unpacking, as in :func:`jk_square_fits`)
+    within the usable budget. 0 when not even the pair-screened tensor fits that way, at most
+    ``naux``. ``square_block``, ``unpack_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK` and
+    :data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass."""
+    square, columns = _F64 * nao * nao, _F64 * ncol
+    metric = 3 * naux * naux * _F64
+    products = _F64 * 2 * nao * square_block * nao + _jk_work_bytes(nao, unpack_block)
+    free = usable_bytes(max_memory_mb) - metric - max(_jk_build_bytes(nao, naux), products) \
+        - columns * naux
+    if free < 0:
+        return 0
+    if square <= columns:
+        return naux
+    return min(naux, int(free // (square - columns)))
 
 
 def _jk_build_bytes(nao: int, naux: int) -> int:

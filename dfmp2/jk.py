@@ -17,8 +17,9 @@ distant pairs) are left out of the fit, of J's products and of the tensor in mem
 (:class:`dfmp2.df.PairColumns`). In memory, when K is float64 and it fits, B is held unpacked
 only, (naux_fit, nao, nao), built over its own screened rows: K reads it without unpacking and
 J takes its fitted density from K's products. Otherwise B is kept on the pairs that are not
-zero, (naux_fit, pairs.ncol), and K unpacks it block by block, with an unpacked copy where that
-fits too; ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2) instead.
+zero, (naux_fit, pairs.ncol), with as many of its first rows unpacked instead as memory holds
+(``head``, read as the unpacked tensor is), and K unpacks the others block by block every
+build, with an unpacked copy of the whole where that fits too (no rows unpacked); ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2) instead.
 PySCF's own tools that read a DF object (``loop``, ``get_naoaux``) keep working: ``loop`` gives
 PySCF's packed blocks of any layout, in memory or on disk.
 Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied orbitals.
@@ -34,7 +35,7 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, plan_jk
+from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, jk_square_rows, plan_jk
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -46,6 +47,7 @@ from .scf_integrals import (
     fitted_cderi,
     fitted_cderi_file,
     screened_cderi,
+    split_cderi,
 )
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,7 @@ def square_copy(cderi: np.ndarray, dtype, pairs: PairColumns | None = None) -> n
 def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
            k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
            counts: dict | None = None, read_block: int = JK_AUX_BLOCK,
-           pairs: PairColumns | None = None):
+           pairs: PairColumns | None = None, head: np.ndarray | None = None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
     tensor ``cderi`` float64, an array or a :class:`MatrixFile` read ``read_block`` auxiliary
     functions at a time: PySCF's packed layout (naux, nao(nao+1)/2), or with ``pairs`` the
@@ -236,7 +238,10 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     with c the tensor's columns (n(n+1)/2 packed, the kept pairs when screened), and ``(2 R +
     sum_k r_k) naux n^2`` for K from the R columns of the joint factor matrix, r_k of them
     density k's (the symmetric ``Y^T Y`` counted once per element pair; ROHF's two densities
-    share columns, so R < sum_k r_k there)."""
+    share columns, so R < sum_k r_k there). ``head``: the tensor's first rows unpacked,
+    (q, nao, nao) float64, read as a float64 ``square`` alone is (:func:`_jk_from_square`);
+    ``cderi`` then holds the rows after them (its J and K added), and ``square`` must be
+    None."""
     dms = np.asarray(dm)
     shape = dms.shape
     nao = shape[-1]
@@ -244,7 +249,12 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     nset = dms.shape[0]
     if cderi is None and (square is None or square.dtype != np.float64):
         raise ValueError("get_jk needs the packed tensor or a float64 square one")
+    if head is not None and (cderi is None or square is not None or head.dtype != np.float64
+                             or head.shape[1:] != (nao, nao)):
+        raise ValueError("get_jk: a head of unpacked rows goes with the tensor's other rows "
+                         "and no square copy, (q, nao, nao) float64")
     naux = (square if cderi is None else cderi).shape[0]
+    naux += 0 if head is None else head.shape[0]
     if pairs is not None and (pairs.nao != nao or (cderi is not None
                                                    and cderi.shape[1] != pairs.ncol)):
         raise ValueError(f"get_jk: pair columns of {pairs.nao} functions ({pairs.ncol} "
@@ -262,6 +272,9 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
         rank = sum(part.stop - part.start for density in parts for part, _ in density)
         flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
     dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
+    vj_head = vk_head = None
+    if head is not None and head.shape[0]:
+        vj_head, vk_head = _jk_from_square(head, dms, coeff, parts, la, k_la, with_j, dtype)
     if cderi is None:
         vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j, dtype)
         vj = vj.reshape(shape) if with_j else None
@@ -271,6 +284,10 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
         vj_tril, vk = _jk_from_packed(cderi, dms, coeff, parts, la, k_la, with_j, square,
                                       read_block, pairs)
         vj = lib.unpack_tril(vj_tril, 1).reshape(shape) if with_j else None
+    if vj_head is not None:
+        vj += vj_head.reshape(shape)
+    if vk_head is not None:
+        vk += vk_head
     vk = vk.reshape(shape) if with_k else None
     if counts is not None:
         counts["flops"] = counts.get("flops", 0) + flops
@@ -438,7 +455,7 @@ class DFJK(pyscf_df.DF):
     """
 
     _keys = {"la", "square", "k_precision", "k_calls", "stats", "plan", "file", "scratch_dir",
-             "force_outcore", "layout", "columns", "pairs"}
+             "force_outcore", "layout", "columns", "pairs", "head"}
 
     def __init__(self, mol, auxbasis, la: Dispatcher, k_precision: str = "fp64",
                  scratch_dir: str | None = None, force_outcore: bool = False,
@@ -453,6 +470,7 @@ class DFJK(pyscf_df.DF):
         self.la = la
         self.square = None
         self.columns = None
+        self.head = None
         self.pairs = None
         self.k_precision = k_precision
         self.k_calls = {"fp32": 0, "fp64": 0}
@@ -475,7 +493,7 @@ class DFJK(pyscf_df.DF):
         None."""
         self.square = None  # released before its successor is made
         tensor = self.tensor
-        if not isinstance(tensor, np.ndarray):
+        if not isinstance(tensor, np.ndarray) or self.head is not None:
             return
         dtype = np.dtype({"fp32": np.float32, "fp64": np.float64}[self.k_precision])
         if jk_square_fits(self.mol.nao_nr(), tensor.shape[0], dtype.itemsize,
@@ -503,8 +521,18 @@ class DFJK(pyscf_df.DF):
             self.square, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops(),
                                                      square=True)
         else:
-            self.columns, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops())
-            self._keep_square()
+            def rows(pairs, naux):  # as many rows unpacked as fit beside the others
+                if pairs.ncol > nao * nao:
+                    return 0
+                return jk_square_rows(nao, naux, pairs.ncol, self.max_memory, K_SQUARE_BLOCK,
+                                      UNPACK_BLOCK)
+
+            head, self.columns, self.pairs = split_cderi(self.mol, self.auxmol, self._ops(),
+                                                         rows)
+            if head.shape[0]:
+                self.head = head
+            else:
+                self._keep_square()
         log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %s", naux,
                  self.get_naoaux(), nao * (nao + 1) // 2, self.describe())
         return self
@@ -516,6 +544,11 @@ class DFJK(pyscf_df.DF):
                     f"{self.pairs.describe()}")
         if self.square_only:
             return f"{self.square.nbytes / 2**20:.0f} MB unpacked (float64) in memory"
+        if self.head is not None:
+            return (f"{self.head.nbytes / 2**20:.0f} MB unpacked (float64, the first "
+                    f"{self.head.shape[0]} of {self.get_naoaux()} auxiliary functions) + "
+                    f"{self.columns.nbytes / 2**20:.0f} MB on {self.pairs.describe()} in "
+                    "memory")
         if self.columns is not None:
             return (f"{self.columns.nbytes / 2**20:.0f} MB in memory, {self.pairs.describe()}"
                     + ("" if self.square is None else
@@ -527,8 +560,8 @@ class DFJK(pyscf_df.DF):
     @property
     def tensor(self):
         """The fitted tensor that is not unpacked: the :class:`MatrixFile`, the pair-screened
-        ``columns`` or PySCF's packed ``_cderi`` (None before :meth:`build`, and when the
-        tensor is held unpacked only)."""
+        ``columns`` (the rows after ``head`` where some are unpacked) or PySCF's packed
+        ``_cderi`` (None before :meth:`build`, and when the tensor is held unpacked only)."""
         if self.file is not None:
             return self.file
         return self.columns if self.columns is not None else self._cderi
@@ -539,20 +572,23 @@ class DFJK(pyscf_df.DF):
         if self.square_only:
             return self.square.shape[0]
         if self.tensor is not None:
-            return self.tensor.shape[0]
+            return self.tensor.shape[0] + (0 if self.head is None else self.head.shape[0])
         return super().get_naoaux()
 
     def loop(self, blksize=None):
         """PySCF's ``DF.loop``: blocks (q, nao(nao+1)/2) of the fitted tensor in PySCF's packed
         layout: from the file when it is on disk, packed from the square tensor when it is held
-        unpacked only, expanded from the pair-screened rows otherwise."""
+        unpacked only (and from its unpacked first rows, ``head``), expanded from the
+        pair-screened rows otherwise."""
         if self.tensor is None and not self.square_only:
             self.build()
-        if self.square_only:
+        unpacked = self.square if self.square_only else self.head
+        if unpacked is not None:
             step = blksize or JK_AUX_BLOCK
-            for q0 in range(0, self.square.shape[0], step):
-                yield lib.pack_tril(self.square[q0:q0 + step])
-            return
+            for q0 in range(0, unpacked.shape[0], step):
+                yield lib.pack_tril(unpacked[q0:q0 + step])
+            if self.square_only:
+                return
         if self.columns is not None:
             step = blksize or JK_AUX_BLOCK
             for q0 in range(0, self.columns.shape[0], step):
@@ -568,13 +604,13 @@ class DFJK(pyscf_df.DF):
         """K in float64 from now on (with a float64 square copy when it fits)."""
         if self.k_precision != "fp64":
             self.k_precision = "fp64"
-            if not self.square_only:
+            if not self.square_only and self.head is None:
                 self._keep_square()
 
     def reset(self, mol=None):
         """Release the tensors: the square copy, the array, the file, and those of the copies
         PySCF made for range-separated integrals (its own reset only forgets them)."""
-        self.square = self.columns = self.pairs = None
+        self.square = self.columns = self.pairs = self.head = None
         if self.file is not None:
             self.file.close()
             self.file = None
@@ -587,7 +623,7 @@ class DFJK(pyscf_df.DF):
         for range-separated integrals and resets the copy, which would release this one's)."""
         new = super().copy()
         new._cderi, new.file, new.square, new.plan = None, None, None, None
-        new.columns, new.pairs = None, None
+        new.columns, new.pairs, new.head = None, None, None
         # PySCF reads a range-separated copy through loop(): its packed layout, as before;
         # and the copy's reset must not reach this object's range-separated copies
         new.layout, new._rsh_df = "packed", {}
@@ -608,7 +644,7 @@ class DFJK(pyscf_df.DF):
                 dms = np.asarray(dm)
                 vj = get_jk(self.tensor, (dms + dms.swapaxes(-1, -2)) / 2, self._ops(),
                             with_k=False, square=self.square, read_block=self.plan.read_block,
-                            pairs=self.pairs)[0]
+                            pairs=self.pairs, head=self.head)[0]
             if with_k:
                 vk = super().get_jk(dm, hermi, False, True)[1]
             return vj, vk
@@ -619,7 +655,7 @@ class DFJK(pyscf_df.DF):
         start = time.perf_counter()
         result = get_jk(self.tensor, dm, self._ops(), with_j, with_k, self.k_precision,
                         self.square, k_la=self._ops(self.k_precision), counts=self.stats,
-                        read_block=self.plan.read_block, pairs=self.pairs)
+                        read_block=self.plan.read_block, pairs=self.pairs, head=self.head)
         self.stats["calls"] += 1
         self.stats["seconds"] += time.perf_counter() - start
         return result

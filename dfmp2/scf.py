@@ -157,7 +157,8 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     if options.stability != "none":
         _stability(mf, options, progress)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
-        products = "J and K" if jk.square_only else "K"
+        products = ("J and K" if jk.square_only else
+                    "K (and J of the unpacked rows)" if jk.head is not None else "K")
         mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of "
                   f"{sum(jk.k_calls.values())} builds, then float64")
     elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
@@ -403,6 +404,10 @@ def _jk_layout(jk: DFJK, mixed: bool) -> str:
     plan, naux = jk.plan, jk.get_naoaux()
     if jk.square_only:
         return f" (fitted tensor in memory, unpacked, float64, naux {naux})"
+    if jk.head is not None:
+        return (f" (fitted tensor in memory, its first {jk.head.shape[0]} auxiliary functions "
+                f"unpacked (float64), the other {jk.columns.shape[0]} packed on "
+                f"{jk.pairs.describe()}, naux {naux})")
     if plan.outcore:
         reason = ("forced out of core" if plan.incore_bytes <= usable_bytes(jk.max_memory) else
                   f"in memory it would take {plan.incore_bytes / 2**20:.1f} MB (the packed "

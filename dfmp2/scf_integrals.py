@@ -48,6 +48,7 @@ __all__ = [
     "fitted_cderi",
     "fitted_cderi_file",
     "screened_cderi",
+    "split_cderi",
     "unpack_in_place",
 ]
 
@@ -114,36 +115,11 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     of the kept pairs is that of :func:`fitted_cderi` (:func:`dfmp2.df.fit_in_place`) on fewer
     columns. With
     ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair blocks and
-    every pair is kept."""
+    every pair is kept. :func:`split_cderi` unpacks some of the rows."""
     nao = mol.nao_nr()
-    factor = scf_metric_factor(auxmol, la)
-    naux = factor.naux_fit
-    if factor.lower is None:
-        pairs = PairColumns.every(nao)
-        flat = _tensor_memory(naux, pairs, square)
-        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
-                                                    max(1, pairs.npair // 16)):
-            columns[:, p0:p1] = block  # kept = every pair: a pair's column is its index
-    else:
-        blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
-        p0, p1, first = next(blocks)
-        pairs = PairColumns.nonzero_in(nao, first, mol.ao_loc_nr())
-        flat = _screened_integrals(itertools.chain([(p0, p1, first)], blocks), pairs, naux,
-                                   square)
-        del first
-        if flat is None:
-            blocks.close()  # its int3c2e array goes before the next pass makes its own
-            log.info("DF-SCF integrals: a later auxiliary block is not zero where the first "
-                     "was; every AO pair kept")
-            pairs = PairColumns.every(nao)
-            flat = _screened_integrals(iter_int3c2e(mol, auxmol, JK_AUX_BLOCK), pairs, naux,
-                                       square)
-        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-        # B^T = (P|mu nu)^T L^{-T}: on the (kept pairs, naux) view, in place (the zero column
-        # stays zero)
-        fit_in_place(factor, la, torch.from_numpy(columns).T)
-    log.info("DF-SCF integrals: %s kept", pairs.describe())
+    flat, naux, pairs, _ = _fitted_columns(mol, auxmol, la,
+                                           lambda pairs, naux: naux if square else 0)
+    columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
     if not square:
         return columns, pairs
     if pairs.ncol > nao * nao:  # one basis function: its pair and the zero column
@@ -154,19 +130,83 @@ def screened_cderi(mol, auxmol, la: Dispatcher,
     return unpack_in_place(flat, naux, nao, pairs=pairs), pairs
 
 
-def _tensor_memory(naux: int, pairs: PairColumns, square: bool) -> np.ndarray:
-    """The flat float64 memory of a pair-screened tensor (naux, pairs.ncol), or of its square
-    form when ``square`` (at least as large), pages touched up front, in order, by threads (the
-    unpacking's scattered writes into untouched pages took 2-5 times as long on the benchmark
-    machine: :mod:`dfmp2.buffers`)."""
-    return zeros((naux * max(pairs.ncol, pairs.nao**2 if square else 0),))
+def split_cderi(mol, auxmol, la: Dispatcher,
+                rows_unpacked) -> tuple[np.ndarray, np.ndarray, PairColumns]:
+    """``(head, tail, pairs)``: the tensor of :func:`screened_cderi` with its first q rows
+    unpacked, ``head`` (q, nao, nao), and the others on the AO pairs that are not zero,
+    ``tail`` (naux_fit - q, pairs.ncol), both float64 in the memory of the build, q =
+    ``rows_unpacked(pairs, naux_fit)`` (decided once the kept pairs are known; 0 <= q <=
+    naux_fit): as much of the tensor unpacked as memory holds where the whole does not fit.
+    In place after the fit: the tail's rows are moved to their place behind the head's, last
+    row first, then the head's are unpacked (:func:`unpack_in_place`)."""
+    nao = mol.nao_nr()
+    flat, naux, pairs, q = _fitted_columns(mol, auxmol, la, rows_unpacked)
+    ncol = pairs.ncol
+    if q and ncol > nao * nao:  # one basis function: its pair and the zero column
+        raise ValueError("split_cderi: rows of one basis function's pair and the zero column "
+                         "do not fit in place of the unpacked 1x1 ones")
+    start, shift = q * ncol, q * (nao * nao - ncol)
+    step = max(1, UNPACK_BLOCK * nao * nao // ncol)  # rows moved at a time (numpy buffers
+    for r0 in reversed(range(q, naux, step)):  # a move onto its own source rows)
+        r1 = min(r0 + step, naux)
+        flat[r0 * ncol + shift: r1 * ncol + shift] = flat[r0 * ncol: r1 * ncol]
+    tail = flat[start + shift: start + shift + (naux - q) * ncol].reshape(naux - q, ncol)
+    head = unpack_in_place(flat[: q * nao * nao], q, nao, pairs=pairs)
+    return head, tail, pairs
 
 
-def _screened_integrals(blocks, pairs: PairColumns, naux: int, square: bool):
+def _fitted_columns(mol, auxmol, la: Dispatcher, rows_unpacked):
+    """``(flat, naux_fit, pairs, q)``: the fitted pair-screened tensor (naux_fit, pairs.ncol)
+    at the start of ``flat``, memory for q = ``rows_unpacked(pairs, naux_fit)`` of its rows
+    unpacked and the others as they are (:func:`_tensor_memory`); see
+    :func:`screened_cderi`."""
+    nao = mol.nao_nr()
+    factor = scf_metric_factor(auxmol, la)
+    naux = factor.naux_fit
+    if factor.lower is None:
+        pairs = PairColumns.every(nao)
+        q = rows_unpacked(pairs, naux)
+        flat = _tensor_memory(naux, pairs, q)
+        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
+        for p0, p1, _, block in _fitted_pair_blocks(mol, auxmol, factor, la,
+                                                    max(1, pairs.npair // 16)):
+            columns[:, p0:p1] = block  # kept = every pair: a pair's column is its index
+    else:
+        blocks = iter_int3c2e(mol, auxmol, JK_AUX_BLOCK)
+        p0, p1, first = next(blocks)
+        pairs = PairColumns.nonzero_in(nao, first, mol.ao_loc_nr())
+        q = rows_unpacked(pairs, naux)
+        flat = _screened_integrals(itertools.chain([(p0, p1, first)], blocks), pairs, naux, q)
+        del first
+        if flat is None:
+            blocks.close()  # its int3c2e array goes before the next pass makes its own
+            log.info("DF-SCF integrals: a later auxiliary block is not zero where the first "
+                     "was; every AO pair kept")
+            pairs = PairColumns.every(nao)
+            q = rows_unpacked(pairs, naux)
+            flat = _screened_integrals(iter_int3c2e(mol, auxmol, JK_AUX_BLOCK), pairs, naux, q)
+        columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
+        # B^T = (P|mu nu)^T L^{-T}: on the (kept pairs, naux) view, in place (the zero column
+        # stays zero)
+        fit_in_place(factor, la, torch.from_numpy(columns).T)
+    log.info("DF-SCF integrals: %s kept", pairs.describe())
+    return flat, naux, pairs, q
+
+
+def _tensor_memory(naux: int, pairs: PairColumns, rows_unpacked: int) -> np.ndarray:
+    """The flat float64 memory of a pair-screened tensor (naux, pairs.ncol), or of the same
+    tensor with its first ``rows_unpacked`` rows unpacked (at least as large), pages touched
+    up front, in order, by threads (the unpacking's scattered writes into untouched pages took
+    2-5 times as long on the benchmark machine: :mod:`dfmp2.buffers`)."""
+    q = rows_unpacked
+    return zeros((max(naux * pairs.ncol, q * pairs.nao**2 + (naux - q) * pairs.ncol),))
+
+
+def _screened_integrals(blocks, pairs: PairColumns, naux: int, rows_unpacked: int):
     """The flat memory of :func:`_tensor_memory` with the int3c2e ``blocks`` (``(p0, p1,
     packed rows)`` of :func:`dfmp2.df.iter_int3c2e`) compressed into its (naux, pairs.ncol)
     start; None as soon as a block is not zero at a pair ``pairs`` does not keep."""
-    flat = _tensor_memory(naux, pairs, square)
+    flat = _tensor_memory(naux, pairs, rows_unpacked)
     columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
     for p0, p1, block in blocks:
         if pairs.misses(block):

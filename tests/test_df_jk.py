@@ -669,18 +669,17 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
         dfmp2.DFMP2(mf).run()
 
 
-@pytest.mark.parametrize("max_memory, layout", [(58, "packed"), (70, "unpacked"),
-                                                (58, "packed, mixed"), (90, "unpacked, mixed")])
+@pytest.mark.parametrize("max_memory, layout", [(58, "split"), (70, "unpacked"),
+                                                (58, "split, mixed"), (90, "unpacked, mixed")])
 def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
-    """(H2O)4 (1e6 bytes): packed 17.3, unpacked 34.2, the metric's factors 5.2, the build's
-    work 14.3, K's 3.5. Under --max-memory 58 (usable 85%: 51.7e6) the unpacked tensor alone
-    does not fit with the factors and the build's work (53.7), nor packed and unpacked
-    together: packed, no copy, and the record says so; at 70 (62.4e6) and 90 the tensor is
-    held unpacked only. A mixed-precision SCF follows the same rule: unpacked only, its
-    float32 cycles casting blocks of it (J and K in float32, recorded); packed, it keeps the
-    copies that fit next to the packed tensor (at 58 a float32 one for its float32 cycles,
-    no float64 one after them) and the record says which (one rule, blocking.jk_square_fits,
-    for the copy and the record)."""
+    """(H2O)4 (1e6 bytes): unpacked 34.2, on its AO pairs (none is zero) 17.3, the metric's
+    factors 5.2, the build's work 14.3. Under --max-memory 58 (usable 85%: 51.7e6) the
+    unpacked tensor alone does not fit with the factors and the build's work (53.7): its first
+    409 of 464 auxiliary functions are held unpacked, the others on their AO pairs
+    (blocking.jk_square_rows), and the record says so; at 70 (62.4e6) and 90 the tensor is
+    held unpacked only. A mixed-precision SCF follows the same rule, its float32 cycles
+    casting blocks of the unpacked rows (J and K in float32 there, recorded) and unpacking the
+    others into float32."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
     mixed = layout.endswith("mixed")
     mf = run_scf(mol, Options(max_memory=max_memory,
@@ -692,10 +691,11 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
         assert "fitted tensor in memory, unpacked, float64" in mf.jk
         assert ("; J and K in float32 for the first" in mf.jk) is mixed
     else:
-        assert "fitted tensor in memory, packed" in mf.jk
-        assert jk.square is None  # no float64 copy fits
-        assert ("square copies for K: float32)" in mf.jk) is mixed
-        assert ("; K in float32 for the first" in mf.jk) is mixed
+        assert jk.head.shape == (409, 96, 96) and jk.columns.shape == (55, 4657)
+        assert ("fitted tensor in memory, its first 409 auxiliary functions unpacked (float64), "
+                "the other 55 packed on all 4656 AO pairs (none is zero), naux 464)") in mf.jk
+        assert jk.square is None  # no copy beside them
+        assert ("; K (and J of the unpacked rows) in float32 for the first" in mf.jk) is mixed
     release_integrals(mf)
 
 

@@ -14,7 +14,13 @@ from dfmp2.df import PairColumns, PairUnpacker, iter_int3c2e
 from dfmp2.integrals import make_auxmol
 from dfmp2.jk import DFJK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
-from dfmp2.scf_integrals import JK_AUX_BLOCK, fitted_cderi, screened_cderi, unpack_in_place
+from dfmp2.scf_integrals import (
+    JK_AUX_BLOCK,
+    fitted_cderi,
+    screened_cderi,
+    split_cderi,
+    unpack_in_place,
+)
 
 from tolerances import TOL_FP32_REL, TOL_MATRIX_ABS, TOL_OUTCORE
 
@@ -107,6 +113,15 @@ def test_the_screened_tensor_is_the_packed_one_on_its_kept_pairs():
     square, square_pairs = screened_cderi(mol, auxmol, _la(), square=True)
     assert np.array_equal(square_pairs.kept, pairs.kept)
     assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
+    naux = columns.shape[0]
+    for rows in (0, 1, HEAD_ROWS, naux - 1, naux):  # split: the first rows unpacked, in place
+        head, tail, split_pairs = split_cderi(mol, auxmol, _la(), lambda p, n: rows)
+        assert np.array_equal(split_pairs.kept, pairs.kept)
+        assert head.shape == (rows, mol.nao_nr(), mol.nao_nr())
+        assert tail.shape == (naux - rows, pairs.ncol)
+        assert np.abs(head - square[:rows]).max(initial=0.0) < TOL_MATRIX_ABS
+        assert np.abs(tail - columns[rows:]).max(initial=0.0) < TOL_MATRIX_ABS
+        assert not np.any(tail[:, -1])
 
 
 def test_pairs_zero_by_symmetry_in_the_first_block_are_kept_with_their_shell_pair():
@@ -171,27 +186,42 @@ def test_one_basis_function_and_mismatched_widths():
         take_columns(rows, np.array([0, 15], dtype=np.int32), np.zeros((3, 2)))
 
 
-def _screened_jk(monkeypatch, mol, copy: bool, **kwargs) -> DFJK:
-    """A DFJK on the screened tensor in memory (the unpacked-only layout refused), with or
-    without K's square copy."""
+#: Auxiliary functions a split tensor holds unpacked in these tests: of the dimer's 232, more
+#: than one of K's blocks of the unpacked rows (64) and not a whole number of them, nor of the
+#: unpacking's blocks (16).
+HEAD_ROWS = 100
+
+
+def _screened_jk(monkeypatch, mol, copy: bool, head_rows: int = 0, **kwargs) -> DFJK:
+    """A DFJK on the screened tensor in memory (the unpacked-only layout refused): with or
+    without K's square copy, or with its first ``head_rows`` rows unpacked."""
     monkeypatch.setattr(jkmod, "jk_square_only_fits", lambda *a, **k: False)
     monkeypatch.setattr(jkmod, "jk_square_fits", lambda *a, **k: copy)
+    monkeypatch.setattr(jkmod, "jk_square_rows", lambda *a, **k: head_rows)
     ours = DFJK(mol, JKFIT, _la(), **kwargs).build()
     assert ours.columns is not None and ours._cderi is None and ours.tensor is ours.columns
     assert (ours.square is not None) is copy and not ours.square_only
+    if head_rows:
+        assert ours.head.shape == (head_rows, mol.nao_nr(), mol.nao_nr())
+        assert ours.columns.shape[0] == ours.get_naoaux() - head_rows
+    else:
+        assert ours.head is None
     return ours
 
 
-@pytest.mark.parametrize("copy", [False, True], ids=["unpacking", "square-copy"])
-def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, copy):
+@pytest.mark.parametrize("copy, head_rows", [(False, 0), (True, 0), (False, HEAD_ROWS)],
+                         ids=["unpacking", "square-copy", "split"])
+def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, copy,
+                                                                  head_rows):
     """Tagged UHF and ROHF densities, untagged indefinite ones, a non-symmetric one (PySCF's
     general code for K, J from the screened tensor: PySCF's would recompute the integrals),
-    PySCF's tools (loop, get_naoaux), float32 K: all against PySCF's DF object."""
+    PySCF's tools (loop, get_naoaux), float32 K: all against PySCF's DF object; also with the
+    first rows unpacked (their J and K from those, the others' from the screened rows)."""
     from pyscf.df import df_jk
 
     mol = gto.M(atom=DIMER, basis="cc-pvdz", charge=1, spin=1, verbose=0)
     ref = scf.UHF(mol).density_fit(auxbasis=JKFIT).run(conv_tol=1e-8)
-    ours = _screened_jk(monkeypatch, mol, copy)
+    ours = _screened_jk(monkeypatch, mol, copy, head_rows)
     assert ours.pairs.screened and "AO pairs (the others are zero)" in ours.describe()
     assert ours.get_naoaux() == ref.with_df.get_naoaux()
     rows = np.concatenate(list(ours.loop(blksize=50)))
@@ -213,9 +243,14 @@ def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, co
         assert np.abs(ours_jk - ref_jk).max() < TOL_MATRIX_ABS
     assert np.abs(ours.get_jk(x, hermi=0, with_k=False)[0] - vj_ref).max() < TOL_MATRIX_ABS
     dm = ref.make_rdm1()
-    vk_ref = ref.with_df.get_jk(dm, hermi=1)[1]
-    vk32 = get_jk(ours.columns, dm, _la(), k_precision="fp32", pairs=ours.pairs)[1]
+    vj_ref, vk_ref = ref.with_df.get_jk(dm, hermi=1)
+    vj32, vk32 = get_jk(ours.columns, dm, _la(), k_precision="fp32", pairs=ours.pairs,
+                        head=ours.head)
     assert 0 < np.abs(vk32 - vk_ref).max() / np.abs(vk_ref).max() < TOL_FP32_REL
+    # J of unpacked rows is float32 in a float32 build (J_FP32 of the fused product), of the
+    # others float64
+    assert np.abs(vj32 - vj_ref).max() / np.abs(vj_ref).max() < TOL_FP32_REL
+    assert bool(np.abs(vj32 - vj_ref).max() < TOL_MATRIX_ABS) is (head_rows == 0)
     with pytest.raises(ValueError, match="pair columns of"):
         get_jk(ours.columns, dm[:, :-1, :-1], _la(), pairs=ours.pairs)
 
@@ -229,32 +264,35 @@ def test_an_scf_on_the_screened_tensor_equals_pyscfs_df_scf(monkeypatch, kind):
     atom = DIMER if kind == "rhf" else WATER_METHYL
     mol = gto.M(atom=atom, basis="cc-pvdz", spin=kind == "uhf", verbose=0)
     runs = {}
-    for layout in ("pyscf", "packed", "screened"):
+    for layout in ("pyscf", "packed", "screened", "split"):
         mf = (scf.RHF if kind == "rhf" else scf.UHF)(mol).density_fit(auxbasis=JKFIT)
         mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
         if layout == "packed":
             mf.with_df = DFJK(mol, JKFIT, _la(), layout="packed")
-        elif layout == "screened":
-            mf.with_df = _screened_jk(monkeypatch, mol, copy=False)
+        elif layout != "pyscf":
+            mf.with_df = _screened_jk(monkeypatch, mol, copy=False,
+                                      head_rows=HEAD_ROWS if layout == "split" else 0)
         mf.kernel()
         assert mf.converged
         runs[layout] = mf
-    for layout in ("packed", "screened"):
+    for layout in ("packed", "screened", "split"):
         assert runs[layout].e_tot == pytest.approx(runs["pyscf"].e_tot, abs=TOL_OUTCORE)
         # the cycle count is reported, not fixed: rounding at the threshold may move it by one
         assert abs(runs[layout].cycles - runs["pyscf"].cycles) <= 1
 
 
-@pytest.mark.parametrize("copy", [False, True], ids=["screened", "square-copy"])
-def test_the_orbital_check_and_copies_of_a_screened_tensor(monkeypatch, copy):
-    """DFMP2(mf)'s orbital check on a DFJK holding the screened tensor: the Fock of PySCF's own
-    DF object, from the float64 square copy with dfmp2's ops, or through the object's own
-    J/K; a copy of the DFJK shares no tensor, and reset releases them all."""
+@pytest.mark.parametrize("copy, head_rows", [(False, 0), (True, 0), (False, HEAD_ROWS)],
+                         ids=["screened", "square-copy", "split"])
+def test_the_orbital_check_and_copies_of_a_screened_tensor(monkeypatch, copy, head_rows):
+    """DFMP2(mf)'s orbital check on a DFJK holding the screened tensor (or its first rows
+    unpacked and the others screened): the Fock of PySCF's own DF object, from the float64
+    square copy with dfmp2's ops, or through the object's own J/K; a copy of the DFJK shares
+    no tensor, and reset releases them all."""
     from dfmp2.api import fock_matrix
 
     mol = gto.M(atom=DIMER, basis="cc-pvdz", verbose=0)
     mf = scf.RHF(mol).density_fit(auxbasis=JKFIT)
-    mf.with_df = _screened_jk(monkeypatch, mol, copy)
+    mf.with_df = _screened_jk(monkeypatch, mol, copy, head_rows)
     mf.run(conv_tol=1e-9)
     la = _la()
     theirs = scf.RHF(mol).density_fit(auxbasis=JKFIT).get_fock(dm=mf.make_rdm1())
@@ -262,6 +300,7 @@ def test_the_orbital_check_and_copies_of_a_screened_tensor(monkeypatch, copy):
     assert ("gemm" in la.records) is copy  # else the object's own get_fock, on its own ops
     other = mf.with_df.copy()
     assert other.columns is None and other.pairs is None and other.square is None
+    assert other.head is None
     mf.with_df.reset()
-    assert mf.with_df.columns is None and mf.with_df.pairs is None
+    assert mf.with_df.columns is None and mf.with_df.pairs is None and mf.with_df.head is None
     assert mf.with_df.square is None and mf.with_df.tensor is None
