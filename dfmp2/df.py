@@ -403,10 +403,13 @@ def host_ops(la, reason: str):
 
 
 def factor_metric(j2c: torch.Tensor, la: Dispatcher,
-                  lindep: float = LINDEP_THRESHOLD) -> MetricFactor:
+                  lindep: float = LINDEP_THRESHOLD,
+                  what: str = "the MP2 auxiliary basis") -> MetricFactor:
     """Cholesky of the metric (n, n) float64; if LAPACK's fp64 ``potrf`` finds it not positive
     definite, ``J^{-1/2}`` from ``eigh`` with eigenvalues below ``lindep`` dropped (logged,
     never clamped; :data:`LINDEP_THRESHOLD` by default, the DF-SCF's tensor PySCF's own).
+    ``what`` names the fitting set in the warning: a run factors two metrics (the DF-SCF's
+    JK fit and the MP2 step's), and the summary's metric line is the MP2 step's.
 
     The decision is LAPACK's on every backend: the pytorch ``cholesky`` op is LAPACK's potrf on
     the CPU, and an NKI run factors the metric on the host in fp64 (``la.on_host``, recorded),
@@ -421,9 +424,9 @@ def factor_metric(j2c: torch.Tensor, la: Dispatcher,
         keep = w > lindep
         ndropped = int((~keep).sum())
         log.warning(
-            "the auxiliary metric is not positive definite (%s); using J^-1/2 from eigh and "
+            "the metric of %s is not positive definite (%s); using J^-1/2 from eigh and "
             "dropping %d of %d eigenvalues below %.0e",
-            exc, ndropped, len(w), lindep,
+            what, exc, ndropped, len(w), lindep,
         )
         kept = w[keep]
         condition = float(kept[-1] / kept[0]) if kept.numel() else float("inf")

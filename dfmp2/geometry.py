@@ -6,7 +6,10 @@ Accepted, in xyz files and atom strings alike:
   the leading letters (``O1``, ``H2a``);
 - ghost atoms (basis functions, no nuclear charge, no electrons) in PySCF's spellings
   (``ghost-O``, ``ghostO``, ``X-O``, ``XO``) and Psi4's (``@O``, ``Gh(O)``), case-insensitive;
-  they become PySCF's ``GHOST-O``. ``X`` alone is a dummy atom and is refused;
+  they become PySCF's ``GHOST-O``. ``X`` alone is a dummy atom: refused among Cartesian
+  atoms (it carries nothing there), a reference point in a Z-matrix (as in Gaussian and Psi4:
+  ``X 1 1.0 2 90.`` for a linear molecule), where the entries become Cartesians and it is
+  dropped;
 - fields separated by blanks or commas (``O, 0, 0, 0``, ``O,0,0,0``);
 - a UTF-8 byte order mark, Unicode minus signs (U+2212) and en dashes (U+2013) used as minus,
   Fortran exponents (``1.0D-01``, ``1.0d-1``).
@@ -171,12 +174,17 @@ def _atom_line(line: str, where: str):
     return label, tuple(values)
 
 
+#: A dummy atom's token (``X``, ``X1``): a Z-matrix's reference point, no atom.
+_DUMMY = re.compile(r"[Xx]\d*")
+
+
 def _zmatrix_entry(fields: list[str], k: int, where: str):
     """Entry ``k`` (1-based) of a Z-matrix: ``label``, then for k >= 2 ``i r``, for k >= 3
     ``j angle``, for k >= 4 ``l dihedral``; references are earlier entries (1-based, distinct),
     distances in the run's unit (Angstrom or Bohr), angles in degrees. PySCF gets the entry
-    rebuilt from the parsed values only (it evaluates what it is given)."""
-    label = atom_label(fields[0], where)
+    rebuilt from the parsed values only (it evaluates what it is given). A dummy atom's label
+    is ``X``."""
+    label = "X" if _DUMMY.fullmatch(fields[0].strip()) else atom_label(fields[0], where)
     nref = min(k - 1, 3)
     names = ("bond partner and distance", "angle partner and angle",
              "dihedral partner and dihedral")
@@ -316,7 +324,23 @@ def parse_atom_string(text: str) -> Geometry:
         else:
             atoms.append(_atom_line(entry, here))
         where.append(here)
+    if zmatrix and any(label == "X" for label, _ in atoms):
+        atoms, where = _without_dummies(atoms, where)
     return Geometry(tuple(atoms), "atom string", "", tuple(where))
+
+
+def _without_dummies(entries, where):
+    """A Z-matrix with dummy atoms (validated entries, :func:`_zmatrix_entry`) as Cartesian
+    atoms in its own unit (PySCF's ``from_zmatrix``, which PySCF runs on any Z-matrix it is
+    given), the dummies dropped: a dummy is a reference point for the entries after it."""
+    from pyscf.gto.mole import from_zmatrix
+
+    cartesian = from_zmatrix("\n".join(text for _, text in entries))
+    kept = [(label, tuple(float(c) for c in xyz), here)
+            for (label, _), (_, xyz), here in zip(entries, cartesian, where) if label != "X"]
+    if not kept:
+        raise InputError("the Z-matrix has dummy atoms (X) only; give at least one atom")
+    return [(label, xyz) for label, xyz, _ in kept], [here for _, _, here in kept]
 
 
 def _looks_like_atom_string(text: str) -> bool:

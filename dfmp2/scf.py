@@ -776,13 +776,16 @@ def scf_fit_record(mf):
             spec = df.make_auxbasis(mf.mol, mp2fit=False)
     if isinstance(spec, str):
         return spec
+    names = {str(label): value if isinstance(value, str) else "even-tempered (PySCF aug_etb)"
+             for label, value in spec.items()}
     record = {}
-    for label, value in spec.items():
-        name = value if isinstance(value, str) else "even-tempered (PySCF aug_etb)"
-        symbol = element_of(str(label))
-        if record.get(symbol, name) == name:
+    for label, name in names.items():
+        symbol = element_of(label)
+        if len({n for k, n in names.items() if element_of(k) == symbol}) == 1:
             key = symbol
-        else:  # another set for atoms of this element: a ghost's, or a labelled atom's (I2)
-            key = f"{symbol} (ghost)" if is_ghost_label(str(label)) else str(label)
+        else:  # sets differ within the element: a ghost's, or labelled atoms' (O1 and O), each
+            # under its own key (keyed by the element, the last label's set overwrote the first)
+            key = f"{symbol} (ghost)" if is_ghost_label(label) else label
+            key = label if key in record else key
         record[key] = name
     return record

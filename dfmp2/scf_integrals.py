@@ -72,7 +72,8 @@ UNPACK_BLOCK = 16
 def scf_metric_factor(auxmol, la: Dispatcher) -> MetricFactor:
     """The JK-fit metric factored for the DF-SCF's tensor (:func:`dfmp2.df.factor_metric`,
     eigenvalues dropped as PySCF drops them, :data:`SCF_LINDEP_THRESHOLD`)."""
-    return factor_metric(torch.from_numpy(metric(auxmol)), la, lindep=SCF_LINDEP_THRESHOLD)
+    return factor_metric(torch.from_numpy(metric(auxmol)), la, lindep=SCF_LINDEP_THRESHOLD,
+                         what="the SCF's fitting basis")
 
 
 def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:

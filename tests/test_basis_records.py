@@ -129,6 +129,25 @@ def test_auxbasis_record_finds_a_labelled_atoms_set_under_its_element():
         mol, df.make_auxbasis(mol, mp2fit=True)).nao_nr()
 
 
+def test_the_scf_fit_record_keeps_each_labelled_atoms_set():
+    """Atoms O1 and O in cc-pVTZ and cc-pVDZ get cc-pVTZ-JKFIT and cc-pVDZ-JKFIT (as PySCF's
+    DF-SCF): the record names both, in either order of the atoms (keyed by the element, the
+    bare label's set overwrote O1's, and the summary named one set for both)."""
+    from pyscf import scf
+
+    from dfmp2.scf import scf_fit_record
+
+    for atoms in ("O1 0 0 0; O 0 0 1.5", "O 0 0 0; O1 0 0 1.5"):
+        mol = gto.M(atom=atoms, basis={"O1": "cc-pvtz", "O": "cc-pvdz"}, verbose=0)
+        assert scf_fit_record(scf.RHF(mol).density_fit()) == {"O1": "cc-pvtz-jkfit",
+                                                               "O": "cc-pvdz-jkfit"}
+    ghost = build_mole(WATER + "; @O 3 0 0", basis="cc-pvdz")
+    fit = scf.RHF(ghost).density_fit(auxbasis={"O": "cc-pvdz-jkfit", "GHOST-O": "weigend",
+                                               "H": "cc-pvdz-jkfit"})
+    assert scf_fit_record(fit) == {"O": "cc-pvdz-jkfit", "O (ghost)": "weigend",
+                                   "H": "cc-pvdz-jkfit"}
+
+
 def test_a_fitting_set_that_stops_at_the_orbital_basiss_angular_momentum_is_warned(caplog):
     """PySCF's table gives 6-31G(2df,p) cc-pVDZ-RI, whose f functions on O cannot fit f x f
     products well (1.3e-3 Eh in water's E(corr)); RI partners that reach one higher are not

@@ -596,7 +596,7 @@ def test_the_eigh_fit_gives_the_cholesky_j_and_k(outcore, atom, monkeypatch):
     mol = gto.M(atom=atom, basis="cc-pvdz", verbose=0)
     cholesky = DFJK(mol, JKFIT, _la()).build()
 
-    def by_eigh(j2c, la, lindep=None):
+    def by_eigh(j2c, la, lindep=None, what=None):
         w, u = torch.linalg.eigh(j2c)
         return MetricFactor(None, u / torch.sqrt(w), 0, float(w[-1] / w[0]), "eigh", "test")
 

@@ -179,7 +179,8 @@ def test_a_pp_basis_without_an_element_it_has_an_ecp_for_names_that_basis():
 
 def test_atoms_of_one_element_with_different_ecps_are_recorded_under_their_labels():
     """A Mole with def2-SVP on I1 and LANL2DZ on I2: 28 and 46 core electrons, each recorded
-    (the record kept the first count for both); I2's JK-fit set is not a ghost's."""
+    (the record kept the first count for both); I2's JK-fit set is not a ghost's, and each
+    label's set is recorded under it, as its ECP is."""
     from dfmp2.scf import scf_fit_record
 
     mol = gto.M(atom="I1 0 0 0; I2 0 0 2.67", basis={"I1": "def2-svp", "I2": "lanl2dz"},
@@ -188,7 +189,7 @@ def test_atoms_of_one_element_with_different_ecps_are_recorded_under_their_label
                                "I2": {"name": "lanl2dz", "core_electrons": 46}}
     mf = scf.RHF(mol).density_fit(auxbasis={"I1": "def2-universal-jkfit",
                                             "I2": "def2-svp-jkfit"})
-    assert set(scf_fit_record(mf)) == {"I", "I2"}
+    assert scf_fit_record(mf) == {"I1": "def2-universal-jkfit", "I2": "def2-svp-jkfit"}
 
 
 def test_a_missing_element_in_an_uncontracted_basis_names_the_basis_given():

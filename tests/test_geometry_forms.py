@@ -110,6 +110,20 @@ def test_dummy_atom_x_alone_is_refused_with_the_ghost_spellings():
         build_mole("O 0 0 0; X 0 0 1; H 0 0.76 0.59; H 0 -0.76 0.59")
 
 
+@pytest.mark.parametrize("unit", ["angstrom", "bohr"])
+def test_a_zmatrix_dummy_atom_is_a_reference_point(unit):
+    """Gaussian's and Psi4's Z-matrices place a linear molecule's atoms through a dummy atom X:
+    the entries become Cartesians and X is dropped (HCN: the molecule of its Cartesians), a
+    ghost atom after it kept; X alone is refused."""
+    zmat = build_mole("C; N 1 1.15; X 1 1.0 2 90.; H 1 1.06 3 90. 2 180.; @He 1 3.0 2 90. 3 0.",
+                      basis="sto-3g", unit=unit)
+    plain = build_mole("C 0 0 0; N 1.15 0 0; H -1.06 0 0; @He 0 0 3.0", basis="sto-3g",
+                       unit=unit)
+    _same(zmat, plain)
+    with pytest.raises(InputError, match="dummy atoms .X. only"):
+        build_mole("X; X 1 1.0", basis="sto-3g")
+
+
 def test_xenon_is_not_a_ghost():
     assert parse_geometry("Xe 0 0 0; xe 0 0 3").atoms[1][0] == "Xe"
 

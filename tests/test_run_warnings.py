@@ -212,3 +212,14 @@ def test_a_tmpdir_python_passes_over_is_warned_about(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert not any("TMPDIR" in t for t in dfmp2.run(WATER, basis="sto-3g").warnings)
+
+
+def test_a_singular_scf_fitting_metric_is_named_as_the_scfs():
+    """A run factors two metrics, the DF-SCF's JK fit and the MP2 step's; the summary's metric
+    line is the MP2 step's. HI in Cartesian def2-SVP: iodine's JK-fit set in Cartesian form is
+    linearly dependent (eigenvalues dropped), the MP2 set is not (Cholesky): the warning must
+    name the SCF's set, not read as the MP2 metric the record calls Cholesky."""
+    result = dfmp2.run("H 0 0 0; I 0 0 1.609", basis="def2-svp", cartesian=True)
+    assert len(result.warnings) == 1, result.warnings
+    assert "metric of the SCF's fitting basis is not positive definite" in result.warnings[0]
+    assert result.method.metric == "cholesky"
