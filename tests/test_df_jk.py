@@ -679,7 +679,7 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
     (blocking.jk_square_rows), and the record says so; at 70 (62.4e6) and 90 the tensor is
     held unpacked only. A mixed-precision SCF follows the same rule, its float32 cycles
     casting blocks of the unpacked rows (J and K in float32 there, recorded) and unpacking the
-    others into float32."""
+    others into float32. Each SCF energy is PySCF's DF-SCF's."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
     mixed = layout.endswith("mixed")
     mf = run_scf(mol, Options(max_memory=max_memory,
@@ -697,6 +697,9 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
         assert jk.square is None  # no copy beside them
         assert ("; K (and J of the unpacked rows) in float32 for the first" in mf.jk) is mixed
     release_integrals(mf)
+    ref = scf.RHF(mol).density_fit(auxbasis=JKFIT)
+    ref.conv_tol, ref.conv_tol_grad = mf.conv_tol, mf.conv_tol_grad
+    assert mf.e_tot == pytest.approx(ref.kernel(), abs=TOL_OUTCORE)
 
 
 def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
@@ -714,6 +717,29 @@ def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
     assert jk_square_only_fits(nao, naux, least, K_SQUARE_BLOCK)
     assert not jk_square_only_fits(nao, naux, least - 1, K_SQUARE_BLOCK)
     assert not jk_square_fits(nao, naux, 8, least, 16)  # packed + unpacked need more
+
+
+def test_the_split_layout_holds_as_many_rows_unpacked_as_fit():
+    """jk_square_rows: the metric's factors, q rows unpacked and the others on the kept AO
+    pairs, and the larger of the build's and K's work arrays within the usable budget, for
+    the largest q. C20H42 cc-pVDZ (nao 490, JK-fit naux 2366, 65444 pairs kept and the zero
+    column) under the default 4000 MB holds more than half of its rows unpacked; all of them
+    where the budget is large, none where even its screened rows do not fit that way."""
+    from dfmp2.blocking import jk_square_rows, usable_bytes
+    from dfmp2.scf_integrals import UNPACK_BLOCK
+
+    nao, naux, ncol = 490, 2366, 65445
+
+    def need(q):
+        work = max(8 * nao * (nao + 1) // 2 * (128 + 256),
+                   8 * 2 * nao * K_SQUARE_BLOCK * nao + 3 * 8 * UNPACK_BLOCK * nao * nao)
+        return 3 * 8 * naux**2 + work + 8 * (q * nao * nao + (naux - q) * ncol)
+
+    q = jk_square_rows(nao, naux, ncol, 4000, K_SQUARE_BLOCK, UNPACK_BLOCK)
+    assert naux // 2 < q < naux
+    assert need(q) <= usable_bytes(4000) < need(q + 1)
+    assert jk_square_rows(nao, naux, ncol, 10**5, K_SQUARE_BLOCK, UNPACK_BLOCK) == naux
+    assert jk_square_rows(nao, naux, ncol, 1000, K_SQUARE_BLOCK, UNPACK_BLOCK) == 0
 
 
 def test_the_switch_gradient_is_the_one_readme_and_help_state():
