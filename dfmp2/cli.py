@@ -389,9 +389,29 @@ def run(geometry, json_path, verbose, quiet, **options):
         restore_logging()
 
 
+def _usable_tempdir(scratch_dir: str | None, hint: str = " or give --scratch-dir") -> None:
+    """Before PySCF loads: its import asks Python for the temporary directory, which raises
+    where none of TMPDIR, /tmp, /var/tmp, /usr/tmp and the current directory takes a file (all
+    read-only or full). A given ``scratch_dir`` then serves as the temporary directory (it is
+    where the run's temporary files go; :func:`dfmp2.api.check_scratch` tries it); else the
+    run ends in one line."""
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError as exc:
+        if scratch_dir is not None:
+            tempfile.tempdir = scratch_dir
+            return
+        found = str(exc.strerror or exc)  # "No usable temporary directory found in [...]"
+        raise _fail(f"{found[:1].lower()}{found[1:]}: none takes a new file (read-only or full); "
+                    f"set TMPDIR to a writable directory{hint}") from None
+
+
 def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
+    _usable_tempdir(options["scratch_dir"])
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
     threads = options.pop("threads")
     options["_plot"] = options.pop("plot_path", None)
@@ -1049,6 +1069,7 @@ def _fail(message, who: str = "") -> click.exceptions.Exit:
               help="Report the simulator mode as requested.")
 def info(nki_emulator, nki_simulator):
     """Versions, and each backend and execution mode with why it is or is not available."""
+    _usable_tempdir(None, hint="")
     from .linalg.numpy_ops import PAIR_REDUCTION
     from .linalg.report import backend_report
     from .results import versions
