@@ -382,6 +382,8 @@ def run(geometry, json_path, verbose, quiet, **options):
     context = click.get_current_context()
     options["_explicit"] = {name for name in options if context.get_parameter_source(name) in
                             (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    if quiet and verbose:  # one would be dropped without a word
+        raise _fail(f"give -q (only the energy) or {'-' + 'v' * verbose} (more detail), not both")
     restore_logging = _configure_logging(verbose, quiet)
     try:
         _run_command(geometry, json_path, verbose, quiet, options)
