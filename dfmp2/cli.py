@@ -483,7 +483,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
 
 def _batch_entries(arguments) -> list[tuple[str, object]]:
     """``(name, geometry)`` of every job: each argument, an xyz file of several frames as one
-    job per frame (named ``stem#k``)."""
+    job per frame (named ``stem#k``; a frame whose atom lines are wrong is its error, which its
+    job raises)."""
     from pathlib import Path
 
     from .geometry import read_xyz_frames
@@ -493,7 +494,7 @@ def _batch_entries(arguments) -> list[tuple[str, object]]:
         path = Path(argument)
         if path.suffix.lower() != ".json" and os.path.isfile(argument):  # xyz, whatever its name
             try:
-                frames = read_xyz_frames(path)
+                frames = read_xyz_frames(path, keep_errors=True)
             except DFMP2Error:  # its own run names the problem; the other entries still run
                 frames = []
             if len(frames) > 1:
@@ -728,6 +729,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         from . import qcschema
         from .api import run as run_dfmp2
 
+        if isinstance(geometry, DFMP2Error):  # a batch's frame that could not be read
+            raise geometry
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
                 k: v for k, v in options.items() if k in explicit})  # echoed in its result
