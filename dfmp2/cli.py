@@ -382,6 +382,8 @@ def run(geometry, json_path, verbose, quiet, **options):
     context = click.get_current_context()
     options["_explicit"] = {name for name in options if context.get_parameter_source(name) in
                             (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    if quiet and verbose:  # one would be dropped without a word
+        raise _fail(f"give -q (only the energy) or {'-' + 'v' * verbose} (more detail), not both")
     restore_logging = _configure_logging(verbose, quiet)
     try:
         _run_command(geometry, json_path, verbose, quiet, options)
@@ -389,9 +391,29 @@ def run(geometry, json_path, verbose, quiet, **options):
         restore_logging()
 
 
+def _usable_tempdir(scratch_dir: str | None, hint: str = " or give --scratch-dir") -> None:
+    """Before PySCF loads: its import asks Python for the temporary directory, which raises
+    where none of TMPDIR, /tmp, /var/tmp, /usr/tmp and the current directory takes a file (all
+    read-only or full). A given ``scratch_dir`` then serves as the temporary directory (it is
+    where the run's temporary files go; :func:`dfmp2.api.check_scratch` tries it); else the
+    run ends in one line."""
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError as exc:
+        if scratch_dir is not None:
+            tempfile.tempdir = scratch_dir
+            return
+        found = str(exc.strerror or exc)  # "No usable temporary directory found in [...]"
+        raise _fail(f"{found[:1].lower()}{found[1:]}: none takes a new file (read-only or full); "
+                    f"set TMPDIR to a writable directory{hint}") from None
+
+
 def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
+    _usable_tempdir(options["scratch_dir"])
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
     threads = options.pop("threads")
     options["_plot"] = options.pop("plot_path", None)
@@ -461,7 +483,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
 
 def _batch_entries(arguments) -> list[tuple[str, object]]:
     """``(name, geometry)`` of every job: each argument, an xyz file of several frames as one
-    job per frame (named ``stem#k``)."""
+    job per frame (named ``stem#k``; a frame whose atom lines are wrong is its error, which its
+    job raises)."""
     from pathlib import Path
 
     from .geometry import read_xyz_frames
@@ -471,7 +494,7 @@ def _batch_entries(arguments) -> list[tuple[str, object]]:
         path = Path(argument)
         if path.suffix.lower() != ".json" and os.path.isfile(argument):  # xyz, whatever its name
             try:
-                frames = read_xyz_frames(path)
+                frames = read_xyz_frames(path, keep_errors=True)
             except DFMP2Error:  # its own run names the problem; the other entries still run
                 frames = []
             if len(frames) > 1:
@@ -706,6 +729,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         from . import qcschema
         from .api import run as run_dfmp2
 
+        if isinstance(geometry, DFMP2Error):  # a batch's frame that could not be read
+            raise geometry
         if qcschema.is_schema_input(geometry):
             job = qcschema.with_overrides(qcschema.read_input(geometry), {
                 k: v for k, v in options.items() if k in explicit})  # echoed in its result
@@ -1049,6 +1074,7 @@ def _fail(message, who: str = "") -> click.exceptions.Exit:
               help="Report the simulator mode as requested.")
 def info(nki_emulator, nki_simulator):
     """Versions, and each backend and execution mode with why it is or is not available."""
+    _usable_tempdir(None, hint="")
     from .linalg.numpy_ops import PAIR_REDUCTION
     from .linalg.report import backend_report
     from .results import versions

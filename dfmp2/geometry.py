@@ -247,23 +247,33 @@ def read_xyz(path: str | os.PathLike) -> Geometry:
     return frames[0]
 
 
-def read_xyz_frames(path: str | os.PathLike) -> list[Geometry]:
+def read_xyz_frames(path: str | os.PathLike,
+                    keep_errors: bool = False) -> list[Geometry | InputError]:
     """Every frame of an xyz file (one or more blocks of count line, comment line, atom lines,
-    back to back; blank lines between blocks allowed); errors name the file and line."""
+    back to back; blank lines between blocks allowed); errors name the file and line.
+    ``keep_errors``: a frame whose atom lines are wrong (an unknown element, a NaN coordinate)
+    is its :class:`InputError` in the list, and the frames after it are read (a batch runs
+    them); a file whose frames cannot be told apart (a wrong count line) still raises."""
     path = Path(path)
     lines = _read_lines(path)
     frames, start = [], 0
     while True:
         count_line = start + 1
-        geometry, start = _read_frame(path, lines, start)
+        try:
+            geometry, start = _read_frame(path, lines, start)
+        except _AtomLinesError as exc:
+            if not keep_errors:
+                raise InputError(str(exc)) from None
+            geometry, start = InputError(str(exc)), exc.end
         frames.append(geometry)
+        natm = start - count_line - 1  # (the count line is line count_line, 1-based)
         while start < len(lines) and not lines[start].strip():
             start += 1
         if start >= len(lines):
             return frames
         if not _is_count_line(lines[start]):  # no count line: no next frame
             raise InputError(
-                f"{path} line {start + 1}: line {count_line} says {len(geometry.atoms)} atoms "
+                f"{path} line {start + 1}: line {count_line} says {natm} atoms "
                 f"but more lines follow: {lines[start].strip()!r}")
 
 
@@ -274,6 +284,14 @@ def _is_count_line(line: str) -> bool:
     if not fields[0].isdigit():
         return False
     return not (len(fields) >= 4 and all(_number(f) is not None for f in fields[1:4]))
+
+
+class _AtomLinesError(InputError):
+    """A frame's atom lines are wrong; ``end`` is the index after them (the next frame's)."""
+
+    def __init__(self, message: str, end: int):
+        super().__init__(message)
+        self.end = end
 
 
 def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int]:
@@ -302,7 +320,10 @@ def _read_frame(path: Path, lines: list[str], start: int) -> tuple[Geometry, int
             f"line, found {bad}"
         )
     where = tuple(f"{path} line {k}" for k in range(first + 2, first + 2 + natm))
-    atoms = tuple(_atom_line(line, w) for line, w in zip(body, where))
+    try:
+        atoms = tuple(_atom_line(line, w) for line, w in zip(body, where))
+    except InputError as exc:
+        raise _AtomLinesError(str(exc), start + 2 + natm) from None
     comment = lines[start + 1].strip() if len(lines) > start + 1 else ""
     return (Geometry(atoms, str(path), comment, where, f"{path} line {first + 1}"),
             start + 2 + natm)

@@ -77,6 +77,29 @@ def test_a_malformed_file_fails_its_own_entry_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2.json", "bad.xyz"]
 
 
+def test_a_frame_with_a_wrong_atom_line_fails_its_own_job_only(tmp_path):
+    """A trajectory with one broken frame (a NaN coordinate) ran none of its frames, and with
+    --json DIR its one error line blamed the directory ("is a directory; give a file path")."""
+    frames = tmp_path / "w.xyz"
+    frames.write_text(FRAMES.replace("water 2\nO 0 0 0", "water 2\nO 0 0 nan")
+                      + "\n" + FRAMES.split("\n\n")[0] + "\n")
+    with pytest.raises(InputError, match="line 9: coordinate 'nan'") as raised:
+        read_xyz_frames(frames)
+    assert type(raised.value) is InputError
+    read = read_xyz_frames(frames, keep_errors=True)
+    assert [type(f).__name__ for f in read] == ["Geometry", "InputError", "Geometry"]
+    out = tmp_path / "out"
+    out.mkdir()
+    result = CliRunner().invoke(main, ["run", str(frames), "--json", str(out), "--basis",
+                                       "sto-3g", "-q"])
+    assert result.exit_code == 1
+    assert f"error (w#2): {frames} line 9: coordinate 'nan'" in result.stderr
+    assert "directory" not in result.stderr
+    rows = [line.split()[:2] for line in result.stdout.splitlines() if line.startswith("w#")]
+    assert rows[1] == ["w#2", "failed"] and rows[0][1] == rows[2][1] == "H2O"
+    assert sorted(p.name for p in out.iterdir()) == ["w-1.json", "w-3.json"]
+
+
 def test_several_results_need_several_json_files(tmp_path):
     result = CliRunner().invoke(main, ["run", str(INPUTS / "water.xyz"),
                                        str(INPUTS / "methane.xyz"), "--json",

@@ -151,6 +151,8 @@ ERROR_CASES = {
     "json and chkfile one file": (
         lambda p: ["run", WATER, "--json", str(p / "c.out"), "--chkfile", str(p / "c.out")],
         "--chkfile '{p}/c.out' is the same file as --json's file"),
+    "quiet and verbose": (lambda p: ["run", WATER, "-q", "-vv"],
+                          "give -q (only the energy) or -vv (more detail), not both"),
 }
 
 

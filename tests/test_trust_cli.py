@@ -178,6 +178,27 @@ def test_unwritable_scratch_dir_fails_before_the_scf():
     _one_error_line(_dfmp2("run", WATER, "--scratch-dir", "/proc"), "not writable")
 
 
+def test_no_usable_temporary_directory_is_one_line_or_the_scratch_dir(tmp_path):
+    """Every directory Python would take for temporary files refuses one (a full or read-only
+    /tmp on a node): PySCF's import asked for one and ended the run in a traceback. Now one
+    line, or, with --scratch-dir, that directory serves."""
+    def command(*args):  # Python's candidates (TMPDIR, /tmp, ..., the cwd) are all unusable
+        code = ("import sys, tempfile\n"
+                f"tempfile._candidate_tempdir_list = lambda: [{str(tmp_path / 'none')!r}]\n"
+                f"sys.argv = ['dfmp2', *{list(args)!r}]\n"
+                "from dfmp2._command import main\nmain()\n")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+
+    _one_error_line(command("run", WATER, "--basis", "sto-3g", "-q"),
+                    "no usable temporary directory", "set TMPDIR")
+    _one_error_line(command("info"), "no usable temporary directory")
+    proc = command("run", WATER, "--basis", "sto-3g", "-q", "--force-outcore", "--scratch-dir",
+                   str(tmp_path))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert float(proc.stdout) < -74 and os.listdir(tmp_path) == []
+
+
 # -- 10. signals ------------------------------------------------------------------------------
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1,
                                  signal.SIGUSR2, signal.SIGQUIT],
