@@ -34,6 +34,15 @@ class MoleculeInfo:
     qcschema: dict
 
 
+def _fixed(value: float, decimals: int, width: int = 0, plus: bool = False) -> str:
+    """``value`` to ``decimals`` places, right-aligned in ``width`` (and signed with ``plus``),
+    without a negative zero: a value that rounds to zero (a closed shell's ROHF singles,
+    -1e-17 Eh; its UHF <S^2>) prints as 0."""
+    if round(value, decimals) == 0:
+        value = 0.0
+    return f"{value:{'+' if plus else ''}{width}.{decimals}f}"
+
+
 def _rate(gflops: float) -> str:
     """A GFLOP/s figure: whole numbers from 10 up, two significant digits below (a tiny
     molecule's 0.3 is not 0)."""
@@ -543,8 +552,8 @@ class Result:
             lines.append(f"  Hamiltonian  {scf.hamiltonian}")
         if scf.s2 is not None:
             spin = (mo.multiplicity - 1) / 2
-            lines.append(f"  <S^2> {scf.s2:.6f}  (S(S+1) = {spin * (spin + 1):.6f}, deviation "
-                         f"{scf.s2_deviation:+.6f})")
+            lines.append(f"  <S^2> {_fixed(scf.s2, 6)}  (S(S+1) = {spin * (spin + 1):.6f}, "
+                         f"deviation {_fixed(scf.s2_deviation, 6, plus=True)})")
         if scf.grid is not None:
             lines.append(f"  DFT grid   {_grid_text(scf.grid)}")
         if (dh := self.double_hybrid) is not None:
@@ -560,27 +569,27 @@ class Result:
         scf_label = "E(HF)" if self.e_hf is not None else f"E({scf.kind.upper()})"
         lines += [
             "",
-            f"  {scf_label:<22s}{self.e_scf:22.12f} Eh",
-            f"  {'E(OS) opposite-spin':<22s}{self.e_corr_os:22.{d}f} Eh",
-            f"  {'E(SS) same-spin':<22s}{self.e_corr_ss:22.{d}f} Eh",
-            *([f"  {'E(singles)':<22s}{self.e_singles:22.{d}f} Eh"]
+            f"  {scf_label:<22s}{_fixed(self.e_scf, 12, 22)} Eh",
+            f"  {'E(OS) opposite-spin':<22s}{_fixed(self.e_corr_os, d, 22)} Eh",
+            f"  {'E(SS) same-spin':<22s}{_fixed(self.e_corr_ss, d, 22)} Eh",
+            *([f"  {'E(singles)':<22s}{_fixed(self.e_singles, d, 22)} Eh"]
               if self.scf.kind == "rohf" else []),
         ]
         if dh is not None:
             name = self.dh_name
             lines += [
-                f"  {'E(PT2) scaled':<22s}{self.e_scs:22.{d}f} Eh",
-                f"  {f'E({name}) total':<22s}{self.e_scs_tot:22.{d}f} Eh",
+                f"  {'E(PT2) scaled':<22s}{_fixed(self.e_scs, d, 22)} Eh",
+                f"  {f'E({name}) total':<22s}{_fixed(self.e_scs_tot, d, 22)} Eh",
             ]
         else:
             label = self.scaled_label
             lines += [
-                f"  {'E(corr) MP2':<22s}{self.e_corr:22.{d}f} Eh",
-                f"  {'E(MP2) total':<22s}{self.e_tot:22.{d}f} Eh",
-                f"  {f'E(corr) {label}':<22s}{self.e_scs:22.{d}f} Eh"
+                f"  {'E(corr) MP2':<22s}{_fixed(self.e_corr, d, 22)} Eh",
+                f"  {'E(MP2) total':<22s}{_fixed(self.e_tot, d, 22)} Eh",
+                f"  {f'E(corr) {label}':<22s}{_fixed(self.e_scs, d, 22)} Eh"
                 + (f"  (os {m.os_scale:g}, ss {m.ss_scale:g})" if label == "scaled MP2"
                    else ""),
-                f"  {f'E({label}) total':<22s}{self.e_scs_tot:22.{d}f} Eh",
+                f"  {f'E({label}) total':<22s}{_fixed(self.e_scs_tot, d, 22)} Eh",
             ]
         if self.interaction:
             lines += ["", *_interaction_lines(self.interaction, self.precision_error)]

@@ -161,3 +161,19 @@ def test_counterpoise_levels_with_correlation_print_their_digits(runs):
     dk = decimals_for(2.0 * run.precision_error * 627.5094740631, most=4)
     assert d < FULL_DECIMALS and dk < 4
     assert f"{-0.002345678901234:.{d}f} Eh" in text and f"{-1.471949:.{dk}f} kcal/mol" in text
+
+
+def test_a_value_that_rounds_to_zero_prints_no_minus_sign():
+    """A closed shell's ROHF singles (about -1e-17 Eh) and UHF <S^2> round to zero: printed as
+    0, not -0; a real negative value keeps its sign."""
+    from dfmp2.results import _fixed
+
+    rohf = dfmp2.run(WATER, basis="sto-3g", reference="rohf")
+    uhf = dfmp2.run(WATER, basis="sto-3g", reference="uhf")
+    assert abs(rohf.e_singles) < 10.0**-FULL_DECIMALS
+    assert _printed(rohf.summary(), "E(singles)") == "0.000000000000"
+    s2_line = next(line for line in uhf.summary().splitlines() if "<S^2>" in line)
+    assert "-0.000000" not in s2_line and "<S^2> 0.000000" in s2_line
+    assert _fixed(-1e-17, 12, 22) == f"{0.0:22.12f}"
+    assert _fixed(-4e-13, 12) == "0.000000000000"
+    assert _fixed(-6e-13, 12) == "-0.000000000001" and _fixed(-1e-17, 6, plus=True) == "+0.000000"
