@@ -34,6 +34,13 @@ share the cores with the spinning workers: on (H2O)20 cc-pVDZ (13 int3c2e blocks
 took 1.8-2.1 s after GEMMs against 1.45-1.6 s alone, and 1.5-1.7 s with a timeout of 2^20
 cycles (:data:`OPENBLAS_THREAD_TIMEOUT`). Sleeping workers cost a wake-up (microseconds) at the
 next call, nothing next to the GEMMs of this program. The variable is read when OpenBLAS loads.
+
+**Thread counts that are not numbers.** ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
+``MKL_NUM_THREADS`` set to something other than a positive whole number (a cluster script's
+unset ``$SLURM_CPUS_PER_TASK`` leaves ``OMP_NUM_THREADS`` empty) are ignored by the libraries,
+which then run one thread per CPU, libgomp after two lines of its own on stderr. The command
+says so in one warning and unsets the variable before any library loads
+(:func:`drop_unreadable_thread_counts`); OpenMP's list form (``4,2``) is a number.
 """
 
 from __future__ import annotations
@@ -53,8 +60,8 @@ from .threads import openblas_libraries
 
 __all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
            "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core",
-           "shorten_openblas_spin", "OPENBLAS_THREAD_TIMEOUT", "PRE_AVX2_CORES",
-           "CORRECTED_CORETYPE"]
+           "shorten_openblas_spin", "drop_unreadable_thread_counts", "OPENBLAS_THREAD_TIMEOUT",
+           "PRE_AVX2_CORES", "CORRECTED_CORETYPE", "THREAD_COUNT_VARIABLES"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +298,30 @@ def shorten_openblas_spin() -> str:
     return f"OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} (idle OpenBLAS workers sleep sooner)"
 
 
+#: The variables that size the thread pools of libgomp, OpenBLAS and MKL.
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def drop_unreadable_thread_counts() -> dict:
+    """Unset each of :data:`THREAD_COUNT_VARIABLES` that is set but not a positive whole number
+    (for ``OMP_NUM_THREADS``, a comma-separated list of them), with one warning each; return
+    ``{name: what was done}`` for the record. Before any numerical library loads."""
+    done = {}
+    for name in THREAD_COUNT_VARIABLES:
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        parts = value.split(",") if name == "OMP_NUM_THREADS" else [value]
+        if all(part.strip().isdigit() and int(part) > 0 for part in parts):
+            continue
+        del os.environ[name]
+        logger.warning("%s=%r is not a positive whole number: unset for this run, so its "
+                       "libraries run one thread per CPU; set it to a number, or use "
+                       "--threads N", name, value)
+        done[name] = f"{value!r} unset (not a positive whole number)"
+    return done
+
+
 def prepare_process(cpu_blas: str) -> dict:
     """Set what must be set before numpy, torch and PySCF load, in the one order that works, and
     return the record of it (stored in the result's ``environment``).
@@ -301,8 +332,10 @@ def prepare_process(cpu_blas: str) -> dict:
     3. PySCF's bundled OpenBLAS asked which core it picks, and loaded with Haswell kernels where
        that core predates AVX2/FMA on an AVX2/FMA CPU: ``pyscf_openblas`` says what was done in
        one line, ``pyscf_openblas_core`` holds the library, the default and the loaded core.
-    A value the user set is kept and recorded as such."""
-    record = {"OPENBLAS_THREAD_TIMEOUT": shorten_openblas_spin()}
+    A value the user set is kept and recorded as such, unless it is a thread count that is not
+    a number (:func:`drop_unreadable_thread_counts`, first)."""
+    record = drop_unreadable_thread_counts()
+    record["OPENBLAS_THREAD_TIMEOUT"] = shorten_openblas_spin()
     if choose_cpu_blas(cpu_blas)[0] == "numpy":
         if os.environ.get("OMP_WAIT_POLICY"):
             record["OMP_WAIT_POLICY"] = f"{os.environ['OMP_WAIT_POLICY']} (set by the user)"

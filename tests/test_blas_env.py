@@ -318,6 +318,46 @@ def test_the_cli_sets_a_passive_wait_policy_in_a_fresh_process():
         assert "OMP_WAIT_POLICY" not in record
 
 
+@pytest.mark.parametrize("name", blas_env.THREAD_COUNT_VARIABLES)
+def test_a_thread_count_that_is_not_a_number_is_unset_with_a_warning(monkeypatch, caplog,
+                                                                      name):
+    """Empty, words, zero and negative counts are unset with one warning each and recorded;
+    whole numbers (and OpenMP's lists) are left as they are, without a word."""
+    for value in ("", "four", "0", "-2", "2.5"):
+        monkeypatch.setenv(name, value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="dfmp2.blas_env"):
+            done = blas_env.drop_unreadable_thread_counts()
+        assert name not in os.environ
+        assert done == {name: f"{value!r} unset (not a positive whole number)"}
+        assert len(caplog.records) == 1 and f"{name}={value!r} is not a positive whole " \
+            "number" in caplog.text
+    for value in ("1", " 3", "16") + (("4,2",) if name == "OMP_NUM_THREADS" else ()):
+        monkeypatch.setenv(name, value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="dfmp2.blas_env"):
+            assert blas_env.drop_unreadable_thread_counts() == {}
+        assert os.environ[name] == value and not caplog.records
+
+
+def test_the_cli_unsets_an_empty_omp_num_threads_before_libgomp_reads_it(tmp_path):
+    """A run with OMP_NUM_THREADS empty (a cluster script's unset variable): dfmp2's warning,
+    in the record too, and not libgomp's two lines."""
+    from conftest import INPUTS
+
+    out = tmp_path / "water.json"
+    env = {**os.environ, "OMP_NUM_THREADS": ""}
+    done = subprocess.run([sys.executable, "-m", "dfmp2", "run", str(INPUTS / "water.xyz"),
+                           "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "libgomp" not in done.stderr
+    assert "OMP_NUM_THREADS='' is not a positive whole number" in done.stderr
+    record = json.loads(out.read_text())["extras"]
+    assert record["environment"]["OMP_NUM_THREADS"] == "'' unset (not a positive whole number)"
+    assert any("OMP_NUM_THREADS=''" in text for text in record["warnings"])
+
+
 def test_linalg_imports_no_environment_module():
     """The library never touches the environment: linalg depends on the pure CPU rule only."""
     import ast
