@@ -19,7 +19,8 @@ only, (naux_fit, nao, nao), built over its own screened rows: K reads it without
 J takes its fitted density from K's products. Otherwise B is kept on the pairs that are not
 zero, (naux_fit, pairs.ncol), with as many of its first rows unpacked instead as memory holds
 (``head``, read as the unpacked tensor is), and K unpacks the others block by block every
-build, with an unpacked copy of the whole where that fits too (no rows unpacked); ``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2) instead.
+build, with an unpacked copy of the whole where that fits too (no rows unpacked);
+``layout='packed'`` keeps PySCF's ``_cderi`` (naux_fit, nao(nao+1)/2) instead.
 PySCF's own tools that read a DF object (``loop``, ``get_naoaux``) keep working: ``loop`` gives
 PySCF's packed blocks of any layout, in memory or on disk.
 Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied orbitals.
