@@ -179,7 +179,7 @@ def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block:
 
 
 def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
-                   square_block: int, unpack_block: int) -> int:
+                   square_block: int, unpack_block: int, metric_naux: int | None = None) -> int:
     """How many of a DF-SCF's in-memory tensor's rows (auxiliary functions) may be held
     unpacked, (q, n, n) float64, with the others on the ``ncol`` columns of the AO pairs that
     are not zero, (naux - q, ncol), in the memory of the build
@@ -188,9 +188,12 @@ def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
     :func:`jk_square_only_fits`, and the other rows' unpacking, as in :func:`jk_square_fits`)
     within the usable budget. 0 when not even the pair-screened tensor fits that way, at most
     ``naux``. ``square_block``, ``unpack_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK` and
-    :data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass."""
+    :data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass. ``metric_naux``: the
+    fitting set's functions, whose metric is factored, where eigenvalues dropped leave the
+    tensor ``naux`` rows only (None: ``naux``)."""
     square, columns = _F64 * nao * nao, _F64 * ncol
-    metric = 3 * naux * naux * _F64
+    metric_naux = naux if metric_naux is None else metric_naux
+    metric = 3 * metric_naux * metric_naux * _F64
     products = _F64 * 2 * nao * square_block * nao + _jk_work_bytes(nao, unpack_block)
     free = usable_bytes(max_memory_mb) - metric - max(_jk_build_bytes(nao, naux), products) \
         - columns * naux

@@ -204,6 +204,9 @@ def _zmatrix_entry(fields: list[str], k: int, where: str):
         _finite(value_field, value, where)
         if m == 0 and value <= 0:
             raise InputError(f"{where}: Z-matrix distance {value_field!r} must be positive")
+        if m == 1 and (value < 0 or (k >= 4 and value > 180)):  # PySCF asserts on these
+            raise InputError(f"{where}: Z-matrix angle {value_field!r} must be from 0 to 180 "
+                             "degrees")
         refs.append(int(ref_field))
         rest += [ref_field, repr(value)]
     return label, " ".join([label, *rest])
@@ -354,9 +357,15 @@ def _without_dummies(entries, where):
     """A Z-matrix with dummy atoms (validated entries, :func:`_zmatrix_entry`) as Cartesian
     atoms in its own unit (PySCF's ``from_zmatrix``, which PySCF runs on any Z-matrix it is
     given), the dummies dropped: a dummy is a reference point for the entries after it."""
+    import numpy as np
     from pyscf.gto.mole import from_zmatrix
 
-    cartesian = from_zmatrix("\n".join(text for _, text in entries))
+    with np.errstate(divide="ignore", invalid="ignore"):  # an entry it cannot place: NaN
+        cartesian = from_zmatrix("\n".join(text for _, text in entries))
+    for (_, xyz), here in zip(cartesian, where):
+        if not np.isfinite(xyz).all():  # the first one (those placed from it follow)
+            raise InputError(f"{here}: the Z-matrix does not place this entry (its bond and "
+                             "angle partners are at the same point); choose other partners")
     kept = [(label, tuple(float(c) for c in xyz), here)
             for (label, _), (_, xyz), here in zip(entries, cartesian, where) if label != "X"]
     if not kept:

@@ -522,11 +522,11 @@ class DFJK(pyscf_df.DF):
             self.square, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops(),
                                                      square=True)
         else:
-            def rows(pairs, naux):  # as many rows unpacked as fit beside the others
+            def rows(pairs, naux_fit):  # as many rows unpacked as fit beside the others
                 if pairs.ncol > nao * nao:
                     return 0
-                return jk_square_rows(nao, naux, pairs.ncol, self.max_memory, K_SQUARE_BLOCK,
-                                      UNPACK_BLOCK)
+                return jk_square_rows(nao, naux_fit, pairs.ncol, self.max_memory,
+                                      K_SQUARE_BLOCK, UNPACK_BLOCK, metric_naux=naux)
 
             head, self.columns, self.pairs = split_cderi(self.mol, self.auxmol, self._ops(),
                                                          rows)

@@ -17,7 +17,7 @@ from .errors import ConvergenceError, InputError
 from .functionals import grid_settings
 from .integrals import default_auxbasis, make_auxmol
 from .jk import DFJK, plan_tensor
-from .molecule import element_of, first_line, is_ghost_label, quiet_pyscf
+from .molecule import element_of, first_line, is_ghost_label, quiet_pyscf, unghosted
 from .options import Options
 from .scf_integrals import UNPACK_BLOCK
 
@@ -764,9 +764,10 @@ def _functional_of(mf) -> str:
 
 
 def scf_fit_record(mf):
-    """The JK-fit basis of a density-fitted SCF per element (ghost atoms under their element;
-    a ghost's entry names itself when it differs from the real atom's), or None for exact
-    integrals. An even-tempered set that PySCF generated says so."""
+    """The JK-fit basis of a density-fitted SCF per element, or None for exact integrals;
+    where the sets of an element's atoms differ, per label ('O1', 'O'), a ghost of the bare
+    element as 'O (ghost)' and a labelled atom's ghost under its label ('GHOST-O1'). An
+    even-tempered set that PySCF generated says so."""
     with_df = getattr(mf, "with_df", None)
     if with_df is None:
         return None
@@ -785,7 +786,9 @@ def scf_fit_record(mf):
             key = symbol
         else:  # sets differ within the element: a ghost's, or labelled atoms' (O1 and O), each
             # under its own key (keyed by the element, the last label's set overwrote the first)
-            key = f"{symbol} (ghost)" if is_ghost_label(label) else label
+            # (a labelled atom's ghost, GHOST-O1, under its own label: 'O (ghost)' is GHOST-O's)
+            bare_ghost = is_ghost_label(label) and unghosted(label) == symbol
+            key = f"{symbol} (ghost)" if bare_ghost else label
             key = label if key in record else key
         record[key] = name
     return record

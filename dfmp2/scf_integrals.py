@@ -143,7 +143,9 @@ def split_cderi(mol, auxmol, la: Dispatcher,
     nao = mol.nao_nr()
     flat, naux, pairs, q = _fitted_columns(mol, auxmol, la, rows_unpacked)
     ncol = pairs.ncol
-    if q and ncol > nao * nao:  # one basis function: its pair and the zero column
+    if not q:  # nothing to unpack (nor to move): one basis function's rows too
+        return np.empty((0, nao, nao)), flat[: naux * ncol].reshape(naux, ncol), pairs
+    if ncol > nao * nao:  # one basis function: its pair and the zero column
         raise ValueError("split_cderi: rows of one basis function's pair and the zero column "
                          "do not fit in place of the unpacked 1x1 ones")
     start, shift = q * ncol, q * (nao * nao - ncol)

@@ -146,6 +146,13 @@ def test_the_scf_fit_record_keeps_each_labelled_atoms_set():
                                                "H": "cc-pvdz-jkfit"})
     assert scf_fit_record(fit) == {"O": "cc-pvdz-jkfit", "O (ghost)": "weigend",
                                    "H": "cc-pvdz-jkfit"}
+    # a labelled atom's ghost is recorded under its label, whichever comes first: 'O (ghost)'
+    # named GHOST-O1's set where GHOST-O had another
+    labelled = gto.M(atom="O1 0 0 0; O 0 0 1.5; GHOST-O1 3 0 0; GHOST-O 0 3 0",
+                     basis="sto-3g", verbose=0)
+    fit = scf.RHF(labelled).density_fit(auxbasis={"O1": "a", "O": "a", "GHOST-O1": "b",
+                                                  "GHOST-O": "c"})
+    assert scf_fit_record(fit) == {"O1": "a", "O": "a", "GHOST-O1": "b", "O (ghost)": "c"}
 
 
 def test_a_fitting_set_that_stops_at_the_orbital_basiss_angular_momentum_is_warned(caplog):

@@ -740,6 +740,32 @@ def test_the_split_layout_holds_as_many_rows_unpacked_as_fit():
     assert need(q) <= usable_bytes(4000) < need(q + 1)
     assert jk_square_rows(nao, naux, ncol, 10**5, K_SQUARE_BLOCK, UNPACK_BLOCK) == naux
     assert jk_square_rows(nao, naux, ncol, 1000, K_SQUARE_BLOCK, UNPACK_BLOCK) == 0
+    # the metric factored is the whole fitting set's where eigenvalues were dropped (the
+    # tensor's rows): fewer rows fit beside it
+    assert jk_square_rows(nao, naux - 200, ncol, 4000, K_SQUARE_BLOCK, UNPACK_BLOCK,
+                          metric_naux=naux) < jk_square_rows(nao, naux - 200, ncol, 4000,
+                                                             K_SQUARE_BLOCK, UNPACK_BLOCK)
+
+
+def test_the_split_layout_counts_the_whole_fitting_sets_metric(monkeypatch):
+    """HI in Cartesian def2-SVP: its JK-fit metric drops iodine's dependent functions, so the
+    tensor has fewer rows than the metric factored beside it (3 of its squares while the
+    tensor is built); the rows that fit unpacked were counted against the smaller metric."""
+    import dfmp2.jk as jkmod
+    from dfmp2.blocking import jk_square_rows
+
+    asked = []
+
+    def spy(*args, **kwargs):
+        asked.append((args[1], kwargs.get("metric_naux")))
+        return jk_square_rows(*args, **kwargs)
+
+    monkeypatch.setattr(jkmod, "jk_square_only_fits", lambda *a, **k: False)
+    monkeypatch.setattr(jkmod, "jk_square_rows", spy)
+    mol = gto.M(atom="H 0 0 0; I 0 0 1.609", basis="def2-svp", cart=True, verbose=0)
+    jk = DFJK(mol, "def2-universal-jkfit", _la()).build()
+    (rows, metric_naux), = asked
+    assert rows == jk.get_naoaux() < metric_naux == jk.auxmol.nao_nr()
 
 
 def test_the_switch_gradient_is_the_one_readme_and_help_state():

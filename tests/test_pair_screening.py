@@ -209,6 +209,24 @@ def _screened_jk(monkeypatch, mol, copy: bool, head_rows: int = 0, **kwargs) -> 
     return ours
 
 
+def test_one_basis_function_where_the_unpacked_only_layout_is_refused(monkeypatch):
+    """An H atom in STO-3G on the split build, no row unpacked (a screened row, its pair and
+    the zero column, is wider than a 1x1 square one, so none may be): the rows stay as they
+    are (the in-place unpacking of no rows refused their width: a ValueError), and J and K
+    are PySCF's."""
+    mol = gto.M(atom="H", basis="sto-3g", spin=1, verbose=0)
+    auxmol = make_auxmol(mol, JKFIT)
+    columns, pairs = screened_cderi(mol, auxmol, _la())
+    head, tail, split_pairs = split_cderi(mol, auxmol, _la(), lambda p, n: 0)
+    assert head.shape == (0, 1, 1) and np.array_equal(split_pairs.kept, pairs.kept)
+    assert np.array_equal(tail, columns)
+    ours = _screened_jk(monkeypatch, mol, copy=False)
+    ref = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
+    dm = ref.make_rdm1()
+    for got, want in zip(ours.get_jk(dm), ref.with_df.get_jk(dm)):
+        assert np.abs(got - want).max() < TOL_MATRIX_ABS
+
+
 @pytest.mark.parametrize("copy, head_rows", [(False, 0), (True, 0), (False, HEAD_ROWS)],
                          ids=["unpacking", "square-copy", "split"])
 def test_screened_j_and_k_equal_pyscfs_for_every_kind_of_density(monkeypatch, copy,
