@@ -154,13 +154,14 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     _kernel(mf, options, progress, dm0)
     _require_converged(mf, options)
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
-    if options.stability != "none":
+    builds = sum(jk.k_calls.values()) if isinstance(jk, DFJK) else 0  # the SCF's, not the
+    if options.stability != "none":                      # analysis's (its record counts those)
         _stability(mf, options, progress)
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
         products = ("J and K" if jk.square_only else
                     "K (and J of the unpacked rows)" if jk.head is not None else "K")
-        mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of "
-                  f"{sum(jk.k_calls.values())} builds, then float64")
+        mf.jk += (f"; {products} in float32 for the first {jk.k_calls['fp32']} of the SCF's "
+                  f"{builds} builds, then float64")
     elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
         mf.jk += ("; float64 throughout: --scf-precision mixed starts in float32, and this SCF "
                   "started from a chkfile's orbitals")

@@ -152,6 +152,20 @@ def test_a_stable_scf_has_its_record_and_no_warning_and_none_runs_no_analysis():
     assert plain.e_tot == checked.e_tot
 
 
+def test_the_mixed_scfs_note_counts_the_scfs_builds_not_the_analysiss():
+    """A mixed-precision SCF checked for stability: its J/K note counts the SCF's own builds
+    (float32, then float64), not the analysis's Hessian products, which its record counts."""
+    import re
+
+    result = dfmp2.run(WATER, basis="cc-pvdz", scf_precision="mixed", stability="check")
+    found = re.search(r"in float32 for the first (\d+) of the SCF's (\d+) builds", result.scf.jk)
+    assert found, result.scf.jk
+    fp32, builds = map(int, found.groups())
+    analysis = result.scf.stability["jk_builds"]
+    assert 0 < fp32 < builds and analysis > 0
+    assert result.scf.jk_stats["calls"] == builds + analysis
+
+
 def test_a_follow_that_does_not_lower_the_energy_keeps_the_solution_it_left(monkeypatch,
                                                                              tmp_path):
     """An SCF that does not end below the solution it left (here: a rotation to a higher
