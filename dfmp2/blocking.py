@@ -183,7 +183,7 @@ def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
     """How many of a DF-SCF's in-memory tensor's rows (auxiliary functions) may be held
     unpacked, (q, n, n) float64, with the others on the ``ncol`` columns of the AO pairs that
     are not zero, (naux - q, ncol), in the memory of the build
-    (:func:`dfmp2.scf_integrals.screened_cderi`): the metric's factors, those rows and the
+    (:func:`dfmp2.scf_integrals.split_cderi`): the metric's factors, those rows and the
     larger of the build's work arrays and K's (the unpacked rows' product, as in
     :func:`jk_square_only_fits`, and the other rows' unpacking, as in :func:`jk_square_fits`)
     within the usable budget. 0 when not even the pair-screened tensor fits that way, at most
