@@ -37,8 +37,7 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_only_fits", "jk_square_rows",
-           "plan_blocks",
+__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "plan_blocks",
            "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
            "RESERVE"]
 
@@ -163,44 +162,34 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
             <= usable_bytes(max_memory_mb))
 
 
-def jk_square_only_fits(nao: int, naux: int, max_memory_mb: float, square_block: int) -> bool:
-    """Whether a DF-SCF's in-memory tensor may be held unpacked only, (naux, n, n) float64,
-    built in place (:func:`dfmp2.scf_integrals.screened_cderi`): the metric's factors, that
-    tensor and the larger of the build's work arrays (as in :func:`plan_jk`) and K's (one
-    block's product ``Y = C^T B^Q`` of up to 2n columns, ``8 * 2n * square_block * n``; a
-    float32 cycle's Y and its float32 copy of the block take ``12 * square_block * n^2`` of
-    that) within the usable budget. ``square_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK`, which
-    its callers pass."""
-    square = _F64 * naux * nao * nao
-    metric = 3 * naux * naux * _F64
-    products = _F64 * 2 * nao * square_block * nao
-    return metric + square + max(_jk_build_bytes(nao, naux), products) \
-        <= usable_bytes(max_memory_mb)
-
-
 def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
                    square_block: int, unpack_block: int, metric_naux: int | None = None) -> int:
     """How many of a DF-SCF's in-memory tensor's rows (auxiliary functions) may be held
     unpacked, (q, n, n) float64, with the others on the ``ncol`` columns of the AO pairs that
     are not zero, (naux - q, ncol), in the memory of the build
     (:func:`dfmp2.scf_integrals.split_cderi`): the metric's factors, those rows and the
-    larger of the build's work arrays and K's (the unpacked rows' product, as in
-    :func:`jk_square_only_fits`, and the other rows' unpacking, as in :func:`jk_square_fits`)
-    within the usable budget. 0 when not even the pair-screened tensor fits that way, at most
-    ``naux``. ``square_block``, ``unpack_block``: :data:`dfmp2.jk.K_SQUARE_BLOCK` and
-    :data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass. ``metric_naux``: the
-    fitting set's functions, whose metric is factored, where eigenvalues dropped leave the
-    tensor ``naux`` rows only (None: ``naux``)."""
+    larger of the build's work arrays and K's within the usable budget, for the largest q.
+    K's work arrays: one block's product ``Y = C^T B^Q`` of up to 2n columns, ``8 * 2n *
+    square_block * n`` (a float32 cycle's Y and its float32 copy of the block take ``12 *
+    square_block * n^2`` of that), and where some rows stay on their pairs their unpacking, as
+    in :func:`jk_square_fits`. ``naux`` (the tensor unpacked only) when it fits so, 0 when
+    not even the pair-screened tensor fits that way. ``square_block``, ``unpack_block``:
+    :data:`dfmp2.jk.K_SQUARE_BLOCK` and :data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its
+    callers pass. ``metric_naux``: the fitting set's functions, whose metric is factored, where
+    eigenvalues dropped leave the tensor ``naux`` rows only (None: ``naux``)."""
     square, columns = _F64 * nao * nao, _F64 * ncol
     metric_naux = naux if metric_naux is None else metric_naux
+    usable = usable_bytes(max_memory_mb)
     metric = 3 * metric_naux * metric_naux * _F64
-    products = _F64 * 2 * nao * square_block * nao + _jk_work_bytes(nao, unpack_block)
-    free = usable_bytes(max_memory_mb) - metric - max(_jk_build_bytes(nao, naux), products) \
+    build, k_square = _jk_build_bytes(nao, naux), _F64 * 2 * nao * square_block * nao
+    if metric + max(build, k_square) + square * naux <= usable:
+        return naux
+    # Some rows on their pairs: where square <= columns (one basis function) the whole tensor
+    # unpacked needs no more than this, so free < 0 below and no division by zero is reached.
+    free = usable - metric - max(build, k_square + _jk_work_bytes(nao, unpack_block)) \
         - columns * naux
     if free < 0:
         return 0
-    if square <= columns:
-        return naux
     return min(naux, int(free // (square - columns)))
 
 

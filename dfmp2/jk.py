@@ -36,7 +36,7 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, jk_square_only_fits, jk_square_rows, plan_jk
+from .blocking import JKPlan, jk_square_fits, jk_square_rows, plan_jk
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -47,7 +47,6 @@ from .scf_integrals import (
     UNPACK_BLOCK,
     fitted_cderi,
     fitted_cderi_file,
-    screened_cderi,
     split_cderi,
 )
 
@@ -443,11 +442,13 @@ class DFJK(pyscf_df.DF):
     ``plan`` (:func:`dfmp2.blocking.plan_jk`, made by :meth:`build` under ``max_memory``) puts
     the tensor in memory or in a temporary file in ``scratch_dir`` (``file``, a
     :class:`MatrixFile` read block by block each iteration and closed by :meth:`reset`). In
-    memory, with ``layout`` 'auto', the tensor is kept unpacked only (``square``, (naux, n, n)
-    float64, built in place: :func:`dfmp2.scf_integrals.screened_cderi`) when that fits
-    (:func:`dfmp2.blocking.jk_square_only_fits`), else on the AO pairs that are not zero
-    (``columns``, (naux, pairs.ncol), with ``pairs`` the :class:`dfmp2.df.PairColumns`); with
-    ``layout`` 'packed' it is PySCF's packed ``_cderi``. ``_cderi`` is None in the other
+    memory, with ``layout`` 'auto', the tensor is built in place by
+    :func:`dfmp2.scf_integrals.split_cderi` with as many rows unpacked as fit
+    (:func:`dfmp2.blocking.jk_square_rows`): all of them, the tensor held unpacked only
+    (``square``, (naux, n, n) float64); some, ``head`` (q, n, n) and the others on the AO pairs
+    that are not zero (``columns``, (naux - q, pairs.ncol), with ``pairs`` the
+    :class:`dfmp2.df.PairColumns`); or none (``columns``, every row). With ``layout``
+    'packed' it is PySCF's packed ``_cderi``. ``_cderi`` is None in the other
     layouts (:meth:`loop` gives PySCF's code packed blocks of any). Next to ``columns`` or
     ``_cderi``, ``square`` is the tensor unpacked in K's precision, kept while it fits in
     ``max_memory`` (:func:`dfmp2.blocking.jk_square_fits`; K otherwise unpacks it every
@@ -518,21 +519,18 @@ class DFJK(pyscf_df.DF):
         elif self.layout == "packed":
             self._cderi = fitted_cderi(self.mol, self.auxmol, self._ops())
             self._keep_square()
-        elif jk_square_only_fits(nao, naux, self.max_memory, K_SQUARE_BLOCK):
-            self.square, self.pairs = screened_cderi(self.mol, self.auxmol, self._ops(),
-                                                     square=True)
         else:
             def rows(pairs, naux_fit):  # as many rows unpacked as fit beside the others
-                if pairs.ncol > nao * nao:
-                    return 0
                 return jk_square_rows(nao, naux_fit, pairs.ncol, self.max_memory,
                                       K_SQUARE_BLOCK, UNPACK_BLOCK, metric_naux=naux)
 
-            head, self.columns, self.pairs = split_cderi(self.mol, self.auxmol, self._ops(),
-                                                         rows)
-            if head.shape[0]:
-                self.head = head
+            head, tail, self.pairs = split_cderi(self.mol, self.auxmol, self._ops(), rows)
+            if not tail.shape[0]:  # every row unpacked: the tensor is held unpacked only
+                self.square = head
+            elif head.shape[0]:
+                self.head, self.columns = head, tail
             else:
+                self.columns = tail
                 self._keep_square()
         log.info("DF-SCF integrals: naux %d (fit %d), %d AO pairs, %s", naux,
                  self.get_naoaux(), nao * (nao + 1) // 2, self.describe())

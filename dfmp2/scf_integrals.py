@@ -1,7 +1,7 @@
 """The DF-SCF's fitted three-index tensor, built once per SCF from :mod:`dfmp2.df`'s pieces:
 int3c2e streamed, the metric factored as in the MP2 step, the fit through the registry's
-``trmm``/``gemm``. In memory on the AO pairs that are not zero (:func:`screened_cderi`, unpacked
-in place where that fits), or PySCF's packed layout (:func:`fitted_cderi`); on disk when it does
+``trmm``/``gemm``. In memory on the AO pairs that are not zero (:func:`screened_cderi`, some or
+all rows unpacked in place where they fit: :func:`split_cderi`), or PySCF's packed layout (:func:`fitted_cderi`); on disk when it does
 not fit (:func:`fitted_cderi_file`). :mod:`dfmp2.jk` builds J and K from it.
 
     B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
@@ -102,33 +102,20 @@ def fitted_cderi(mol, auxmol, la: Dispatcher) -> np.ndarray:
     return packed
 
 
-def screened_cderi(mol, auxmol, la: Dispatcher,
-                   square: bool = False) -> tuple[np.ndarray, PairColumns]:
+def screened_cderi(mol, auxmol, la: Dispatcher) -> tuple[np.ndarray, PairColumns]:
     """``(B, pairs)``: the fitted tensor of :func:`fitted_cderi` on the AO pairs that are not
-    zero (:class:`dfmp2.df.PairColumns`), (naux_fit, pairs.ncol) float64 in memory; with
-    ``square``, B unpacked instead, (naux_fit, nao, nao), built in the same memory
-    (:func:`unpack_in_place`), so that no other copy outlives the build.
+    zero (:class:`dfmp2.df.PairColumns`), (naux_fit, pairs.ncol) float64 in memory.
 
     The kept pairs are those of the AO shell pairs not zero in the first block of auxiliary
     shells; every later block is checked to be zero at the others before it is stored
     compressed, and the integrals are computed again with every pair kept when one is not (a
     whole shell pair that vanishes by symmetry for the first auxiliary functions only). The fit
     of the kept pairs is that of :func:`fitted_cderi` (:func:`dfmp2.df.fit_in_place`) on fewer
-    columns. With
-    ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair blocks and
-    every pair is kept. :func:`split_cderi` unpacks some of the rows."""
-    nao = mol.nao_nr()
-    flat, naux, pairs, _ = _fitted_columns(mol, auxmol, la,
-                                           lambda pairs, naux: naux if square else 0)
-    columns = flat[: naux * pairs.ncol].reshape(naux, pairs.ncol)
-    if not square:
-        return columns, pairs
-    if pairs.ncol > nao * nao:  # one basis function: its pair and the zero column
-        unpacked = zeros((naux, nao, nao))
-        with PairUnpacker() as unpack:
-            unpack(columns, unpacked, pairs)
-        return unpacked, pairs
-    return unpack_in_place(flat, naux, nao, pairs=pairs), pairs
+    columns. With ``J^{-1/2}`` (the metric refused by Cholesky) the tensor is fitted by AO pair
+    blocks and every pair is kept. :func:`split_cderi` unpacks some or all of the rows in the
+    same memory."""
+    _, columns, pairs = split_cderi(mol, auxmol, la, lambda pairs, naux: 0)
+    return columns, pairs
 
 
 def split_cderi(mol, auxmol, la: Dispatcher,
@@ -137,17 +124,21 @@ def split_cderi(mol, auxmol, la: Dispatcher,
     unpacked, ``head`` (q, nao, nao), and the others on the AO pairs that are not zero,
     ``tail`` (naux_fit - q, pairs.ncol), both float64 in the memory of the build, q =
     ``rows_unpacked(pairs, naux_fit)`` (decided once the kept pairs are known; 0 <= q <=
-    naux_fit): as much of the tensor unpacked as memory holds where the whole does not fit.
-    In place after the fit: the tail's rows are moved to their place behind the head's, last
-    row first, then the head's are unpacked (:func:`unpack_in_place`)."""
+    naux_fit): as much of the tensor unpacked as memory holds, all of it where it fits (the
+    tensor unpacked only: ``tail`` empty). In place after the fit: the tail's rows are moved
+    to their place behind the head's, last row first, then the head's are unpacked
+    (:func:`unpack_in_place`). One basis function (its pair and the zero column are wider than
+    its 1x1 square) is unpacked whole into new memory when any q > 0 is asked."""
     nao = mol.nao_nr()
     flat, naux, pairs, q = _fitted_columns(mol, auxmol, la, rows_unpacked)
     ncol = pairs.ncol
-    if not q:  # nothing to unpack (nor to move): one basis function's rows too
+    if not q:  # nothing to unpack (nor to move)
         return np.empty((0, nao, nao)), flat[: naux * ncol].reshape(naux, ncol), pairs
     if ncol > nao * nao:  # one basis function: its pair and the zero column
-        raise ValueError("split_cderi: rows of one basis function's pair and the zero column "
-                         "do not fit in place of the unpacked 1x1 ones")
+        unpacked = zeros((naux, nao, nao))
+        with PairUnpacker() as unpack:
+            unpack(flat[: naux * ncol].reshape(naux, ncol), unpacked, pairs)
+        return unpacked, np.empty((0, ncol)), pairs
     start, shift = q * ncol, q * (nao * nao - ncol)
     step = max(1, UNPACK_BLOCK * nao * nao // ncol)  # rows moved at a time (numpy buffers
     for r0 in reversed(range(q, naux, step)):  # a move onto its own source rows)

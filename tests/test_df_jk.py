@@ -516,7 +516,7 @@ def test_rohf_builds_the_fitted_tensor_once_and_releases_it(monkeypatch):
     from dfmp2 import jk as dfmp2_df
 
     calls = []
-    for name in ("fitted_cderi", "screened_cderi"):
+    for name in ("fitted_cderi", "split_cderi"):
         monkeypatch.setattr(dfmp2_df, name, lambda *a, real=getattr(dfmp2_df, name), **k:
                             calls.append(1) or real(*a, **k))
     seen = {}
@@ -703,19 +703,26 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
 
 
 def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
-    """jk_square_only_fits: the metric's factors, the unpacked tensor and the larger of the
-    build's and K's work arrays within the usable budget; (H2O)16 cc-pVDZ (JK-fit naux 1856)
-    fits under the default 4000 MB, C20H42 (nao 490, naux 2366: 4.5 GB unpacked) does not."""
-    from dfmp2.blocking import jk_square_fits, jk_square_only_fits, usable_bytes
+    """jk_square_rows gives every row (the tensor unpacked only) where the metric's factors,
+    the unpacked tensor and the larger of the build's and K's work arrays fit the usable
+    budget: no unpacking work then. (H2O)16 cc-pVDZ (JK-fit naux 1856) fits under the default
+    4000 MB, C20H42 (nao 490, naux 2366: 4.5 GB unpacked) does not; at the least budget that
+    holds (H2O)16 unpacked, neither packed with an unpacked copy does."""
+    from dfmp2.blocking import jk_square_fits, jk_square_rows, usable_bytes
+    from dfmp2.scf_integrals import UNPACK_BLOCK
 
-    assert jk_square_only_fits(384, 1856, 4000, K_SQUARE_BLOCK)
-    assert not jk_square_only_fits(490, 2366, 4000, K_SQUARE_BLOCK)
+    def rows(nao, naux, max_memory):  # every pair kept and the zero column: the most columns
+        return jk_square_rows(nao, naux, nao * (nao + 1) // 2 + 1, max_memory, K_SQUARE_BLOCK,
+                              UNPACK_BLOCK)
+
+    assert rows(384, 1856, 4000) == 1856
+    assert rows(490, 2366, 4000) < 2366
     nao, naux = 384, 1856
     need = (8 * naux * nao * nao + 3 * 8 * naux**2
             + max(8 * nao * (nao + 1) // 2 * (128 + 256), 8 * 2 * nao * K_SQUARE_BLOCK * nao))
     least = next(mb for mb in range(1, 10**5) if usable_bytes(mb) >= need)
-    assert jk_square_only_fits(nao, naux, least, K_SQUARE_BLOCK)
-    assert not jk_square_only_fits(nao, naux, least - 1, K_SQUARE_BLOCK)
+    assert rows(nao, naux, least) == naux
+    assert rows(nao, naux, least - 1) < naux
     assert not jk_square_fits(nao, naux, 8, least, 16)  # packed + unpacked need more
 
 
@@ -760,7 +767,6 @@ def test_the_split_layout_counts_the_whole_fitting_sets_metric(monkeypatch):
         asked.append((args[1], kwargs.get("metric_naux")))
         return jk_square_rows(*args, **kwargs)
 
-    monkeypatch.setattr(jkmod, "jk_square_only_fits", lambda *a, **k: False)
     monkeypatch.setattr(jkmod, "jk_square_rows", spy)
     mol = gto.M(atom="H 0 0 0; I 0 0 1.609", basis="def2-svp", cart=True, verbose=0)
     jk = DFJK(mol, "def2-universal-jkfit", _la()).build()

@@ -38,6 +38,14 @@ def _la():
     return Dispatcher(DispatchPolicy("pytorch"))
 
 
+def _unpacked(mol, auxmol) -> tuple[np.ndarray, PairColumns]:
+    """The fitted tensor unpacked only, (naux, nao, nao), and its pairs: :func:`split_cderi`
+    with every row unpacked (what :class:`DFJK` holds where that fits)."""
+    head, tail, pairs = split_cderi(mol, auxmol, _la(), lambda pairs, naux: naux)
+    assert tail.shape == (0, pairs.ncol)
+    return head, pairs
+
+
 def _random_pairs(nao: int, keep: float, seed: int) -> PairColumns:
     npair = nao * (nao + 1) // 2
     rng = np.random.default_rng(seed)
@@ -110,7 +118,7 @@ def test_the_screened_tensor_is_the_packed_one_on_its_kept_pairs():
     assert np.array_equal(pairs.kept, np.flatnonzero(np.any(packed != 0, axis=0)))
     assert np.abs(columns[:, :-1] - packed[:, pairs.kept]).max() < TOL_MATRIX_ABS
     assert not np.any(columns[:, -1])
-    square, square_pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    square, square_pairs = _unpacked(mol, auxmol)
     assert np.array_equal(square_pairs.kept, pairs.kept)
     assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
     naux = columns.shape[0]
@@ -135,7 +143,7 @@ def test_pairs_zero_by_symmetry_in_the_first_block_are_kept_with_their_shell_pai
     by_shell = PairColumns.nonzero_in(mol.nao_nr(), blocks[0], mol.ao_loc_nr())
     assert any(by_pair.misses(rows) for rows in blocks[1:])  # the case under test
     assert not any(by_shell.misses(rows) for rows in blocks[1:])
-    square, pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    square, pairs = _unpacked(mol, auxmol)
     packed = fitted_cderi(mol, auxmol, _la())
     assert np.array_equal(pairs.kept, by_shell.kept)
     assert np.abs(square - lib.unpack_tril(packed)).max() < TOL_MATRIX_ABS
@@ -157,7 +165,8 @@ def test_a_later_block_nonzero_where_the_first_was_zero_keeps_every_pair(monkeyp
 
     monkeypatch.setattr(PairColumns, "nonzero_in", staticmethod(one_short))
     with caplog.at_level("INFO", logger="dfmp2.scf_integrals"):
-        tensor, pairs = screened_cderi(mol, auxmol, _la(), square=square)
+        tensor, pairs = _unpacked(mol, auxmol) if square else screened_cderi(mol, auxmol,
+                                                                               _la())
     assert "every AO pair kept" in caplog.text and pairs.screened == 0
     packed = fitted_cderi(mol, auxmol, _la())
     expected = lib.unpack_tril(packed) if square else packed
@@ -172,7 +181,7 @@ def test_one_basis_function_and_mismatched_widths():
     PySCF's gather, which checks no index."""
     mol = gto.M(atom="H", basis="sto-3g", spin=1, verbose=0)
     auxmol = make_auxmol(mol, "def2-universal-jkfit")
-    square, pairs = screened_cderi(mol, auxmol, _la(), square=True)
+    square, pairs = _unpacked(mol, auxmol)
     assert np.abs(square - lib.unpack_tril(fitted_cderi(mol, auxmol, _la()))).max() \
         < TOL_MATRIX_ABS
     wide = _random_pairs(5, 0.5, 0)
@@ -193,9 +202,8 @@ HEAD_ROWS = 100
 
 
 def _screened_jk(monkeypatch, mol, copy: bool, head_rows: int = 0, **kwargs) -> DFJK:
-    """A DFJK on the screened tensor in memory (the unpacked-only layout refused): with or
-    without K's square copy, or with its first ``head_rows`` rows unpacked."""
-    monkeypatch.setattr(jkmod, "jk_square_only_fits", lambda *a, **k: False)
+    """A DFJK on the pair-screened tensor in memory, its build told to unpack its first
+    ``head_rows`` rows (none: with or without K's square copy)."""
     monkeypatch.setattr(jkmod, "jk_square_fits", lambda *a, **k: copy)
     monkeypatch.setattr(jkmod, "jk_square_rows", lambda *a, **k: head_rows)
     ours = DFJK(mol, JKFIT, _la(), **kwargs).build()

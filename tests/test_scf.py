@@ -266,7 +266,7 @@ def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(
         dfmp2.run(WATER, chkfile=str(chk), max_cycle=2)
     assert not chk.exists()
     dfmp2.run(WATER, chkfile=str(chk))
-    for name in ("fitted_cderi", "screened_cderi", "fitted_cderi_file"):
+    for name in ("fitted_cderi", "split_cderi", "fitted_cderi_file"):
         monkeypatch.setattr(dfmp2_df, name, lambda *a, **k: pytest.fail("integrals built"))
     with pytest.raises(InputError, match="another basis"):
         dfmp2.run(WATER, chkfile=str(chk), basis="cc-pvtz")
