@@ -348,15 +348,16 @@ def parse_atom_string(text: str) -> Geometry:
         else:
             atoms.append(_atom_line(entry, here))
         where.append(here)
-    if zmatrix and any(label == "X" for label, _ in atoms):
-        atoms, where = _without_dummies(atoms, where)
+    if zmatrix:
+        atoms, where = _zmatrix_cartesian(atoms, where)
     return Geometry(tuple(atoms), "atom string", "", tuple(where))
 
 
-def _without_dummies(entries, where):
-    """A Z-matrix with dummy atoms (validated entries, :func:`_zmatrix_entry`) as Cartesian
-    atoms in its own unit (PySCF's ``from_zmatrix``, which PySCF runs on any Z-matrix it is
-    given), the dummies dropped: a dummy is a reference point for the entries after it."""
+def _zmatrix_cartesian(entries, where):
+    """A Z-matrix (validated entries, :func:`_zmatrix_entry`) as Cartesian atoms in its own
+    unit, by PySCF's ``from_zmatrix`` (what PySCF runs on any Z-matrix it is given), the dummy
+    atoms dropped: a dummy is a reference point for the entries after it. An entry it cannot
+    place is refused here, in one line, not left to numpy's warnings and NaN coordinates."""
     import numpy as np
     from pyscf.gto.mole import from_zmatrix
 

@@ -130,13 +130,15 @@ def test_a_zmatrix_dummy_atom_is_a_reference_point(unit):
     ("C; N 1 1.15; X 1 1.0 2 90.; H 1 1.06 3 190. 2 180.", "entry 4 .*angle '190.' must be"),
     ("C; N 1 1.15; H 1 1.06 2 100.; H 1 1.06 2 190. 3 180.", "entry 4 .*angle '190.' must be"),
     ("C; X 1 1.0; X 2 1.0 1 0.; H 3 1.0 1 90. 2 0.", "entry 4 .*partners are at the same"),
+    ("O; H 1 1.0; H 2 1.0 1 0.; H 3 1.0 1 90. 2 0.", "entry 4 .*partners are at the same"),
 ])
 def test_a_zmatrix_pyscf_cannot_place_is_one_line(zmat, message):
     """Angles PySCF's from_zmatrix asserts on (below 0, or above 180 with a dihedral) were an
     AssertionError traceback where dummies made dfmp2 convert the Z-matrix itself (and an
     unhelpful 'AssertionError' line without them); an entry whose bond and angle partners
     coincide was placed at NaN, with numpy's warning, and the error named the atom's number
-    among the atoms left, not the entry."""
+    among the atoms left, not the entry, with dummies or without (every Z-matrix is now
+    converted by dfmp2, PySCF's own conversion)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(InputError, match=message):
