@@ -20,6 +20,7 @@ from .jk import DFJK, plan_tensor
 from .molecule import element_of, first_line, is_ghost_label, quiet_pyscf, unghosted
 from .options import Options
 from .scf_integrals import UNPACK_BLOCK
+from .scf_newton import newton_raphson
 
 log = logging.getLogger(__name__)
 
@@ -464,6 +465,10 @@ STALL_CYCLES = 8
 STALL_GAIN = 0.9
 #: Macro iterations of PySCF's second-order solver after a stall before DIIS takes over again.
 NEWTON_CYCLES = 10
+#: Newton-Raphson steps (:mod:`dfmp2.scf_newton`) after DIIS stalled again: near a stationary
+#: point each gains orders of magnitude (the stretched water UHF of tests/test_scf.py: |g|
+#: 3e-7, 6e-10, 2e-13), so a few are plenty, and more do not help a noise floor.
+NEWTON_RAPHSON_CYCLES = 5
 #: The largest orbital gradient at which a Kohn-Sham SCF stalled on its grid's noise is
 #: accepted as converged under the default KS threshold (:func:`_ks_noise_bound`; smaller when
 #: sqrt(conv_tol) is): sqrt(1e-11) = 3.16e-6 rounded, PySCF's own default threshold for that
@@ -554,8 +559,9 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
     """Continue a stalled DIIS from its last orbitals with PySCF's second-order (Newton) solver
     for up to :data:`NEWTON_CYCLES` macro iterations, to the same tolerances; when that has not
     converged (its steps can shrink to nothing just above a tight gradient threshold), DIIS
-    again with a fresh subspace from the second-order orbitals. The result (converged,
-    canonical orbitals and energy) is put on ``mf``; ``mf.solver`` says what ran."""
+    again with a fresh subspace from the second-order orbitals, and when that stalls too,
+    Newton-Raphson steps (:func:`_newton_raphson`). The result (converged, canonical orbitals
+    and energy) is put on ``mf``; ``mf.solver`` says what ran."""
     log.info("SCF: DIIS stalled at cycle %d (|g| = %.2e over %.0e while the energy no longer "
              "changes); continuing with PySCF's second-order (Newton) solver", stall.cycle,
              stall.gradient, mf.conv_tol_grad)
@@ -602,15 +608,47 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
     try:
         mf.kernel(dm0=mf.make_rdm1(mf.mo_coeff, mf.mo_occ))
     except _Stalled as again:
-        record = _settle_stall(mf, options, again,
-                               "again after DIIS and PySCF's second-order solver")
-        mf.solver += f"; then DIIS (PySCF) again for {_cycles(again.cycle - done)}, {record}"
-        mf.cycles = again.cycle
+        mf.max_cycle = options.max_cycle
+        _newton_raphson(mf, again, options, progress, done)
         return
     finally:
         mf.max_cycle = options.max_cycle
     mf.solver += f"; then DIIS (PySCF) again for {_cycles(mf.cycles)}"
     mf.cycles = done + mf.cycles
+
+
+def _newton_raphson(mf, again: _Stalled, options: Options, progress, done: int) -> None:
+    """The last resort after DIIS stalled ``again`` (from cycle ``done``): up to
+    :data:`NEWTON_RAPHSON_CYCLES` Newton-Raphson steps from its orbitals
+    (:func:`dfmp2.scf_newton.newton_raphson`), within ``--max-cycle``. Converged, their
+    canonical orbitals and energy are put on ``mf``; otherwise :func:`_settle_stall` of the
+    stalled DIIS cycle (a :class:`ConvergenceError`, or a KS stall accepted)."""
+    diis = f"; then DIIS (PySCF) again for {_cycles(again.cycle - done)}"
+    allowed = min(NEWTON_RAPHSON_CYCLES, options.max_cycle - again.cycle)
+    steps = None
+    if allowed > 0:
+        log.info("SCF: DIIS stalled again at cycle %d (|g| = %.2e); continuing with "
+                 "Newton-Raphson steps", again.cycle, again.gradient)
+        reporter = _cycle_reporter(progress, options.max_cycle, offset=again.cycle)
+
+        def report(step: int, energy: float, last: float, gradient: float) -> None:
+            reporter({"cycle": step - 1, "e_tot": energy, "last_hf_e": last,
+                      "norm_gorb": gradient})
+
+        steps = newton_raphson(mf, again.mo_coeff, again.mo_occ, allowed, report)
+    if steps is not None and steps.converged:
+        mf.mo_energy, mf.mo_coeff = mf.canonicalize(steps.mo_coeff, steps.mo_occ, steps.fock)
+        mf.converged, mf.e_tot, mf.mo_occ = True, steps.e_tot, steps.mo_occ
+        mf.cycles = again.cycle + steps.steps
+        mf.solver += (f"{diis}, stalled at |g| = {again.gradient:.1e}; then Newton-Raphson "
+                      f"(MINRES on PySCF's orbital Hessian) for {_cycles(steps.steps)}")
+        return
+    tried = "" if steps is None else (f" and Newton-Raphson for {_cycles(steps.steps)} "
+                                      f"(last |g| = {steps.gradient:.1e})")
+    record = _settle_stall(mf, options, again,
+                           f"again after DIIS and PySCF's second-order solver{tried}")
+    mf.solver += f"{diis}{tried}, {record}"
+    mf.cycles = again.cycle + (0 if steps is None else steps.steps)
 
 
 def _same_system(mol, saved) -> str | None:

@@ -387,12 +387,13 @@ def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_thres
         monkeypatch, newton):
     """A KS SCF whose DIIS stalls over its default gradient threshold (1e-6) but under
     sqrt(conv_tol), PySCF's own default, is accepted as converged when the second-order solver
-    cannot finish (it fails, or stops and DIIS stalls again): the stalled cycle's orbitals and
-    energy, said in the solver record and the summary. A threshold the user gave, or an HF
-    reference, ends in a ConvergenceError instead."""
+    cannot finish (it fails, or stops, DIIS stalls again and the Newton-Raphson steps gain
+    nothing): the stalled cycle's orbitals and energy, said in the solver record and the
+    summary. A threshold the user gave, or an HF reference, ends in a ConvergenceError
+    instead."""
     from pyscf.soscf import newton_ah
 
-    from dfmp2 import scf
+    from dfmp2 import scf, scf_newton
     from dfmp2.errors import ConvergenceError
 
     kwargs = {"xc": "b2plyp", "conv_tol": 1e-7}
@@ -403,13 +404,19 @@ def test_a_ks_scf_stalled_on_the_grids_noise_is_accepted_under_the_default_thres
             raise NotImplementedError("functional has no second derivatives")
         return False, 0.0, None, mo_coeff, mo_occ  # no step taken: DIIS again
 
+    def no_gain(mf, mo_coeff, mo_occ, max_steps, report=None):
+        return scf_newton.Steps(False, 0.0, mo_coeff, mo_occ, None, 1.0, 1)  # a noise floor
+
     monkeypatch.setattr(scf, "_stall_watch", _stall_in_the_window)
+    monkeypatch.setattr(scf, "newton_raphson", no_gain)
     monkeypatch.setattr(scf, "KS_STALL_LIMIT", 1.0)  # the window up to sqrt(conv_tol) = 3.2e-4
     monkeypatch.setattr(newton_ah, "kernel", second_order)
     accepted = dfmp2.run(WATER, **kwargs)
     assert accepted.scf.converged and "and accepted (default KS threshold 1e-06" in \
         accepted.scf.solver
     assert ("could not continue" in accepted.scf.solver) == (newton == "raises")
+    assert ("and Newton-Raphson for 1 cycle (last |g| = 1.0e+00), stalled at |g| = " in
+            accepted.scf.solver) == (newton == "stops")
     assert "and accepted" in accepted.summary()
     assert accepted.scf.energy == pytest.approx(plain.scf.energy, abs=TOL_SCF_ACCEPTED)
     for refused in ({**kwargs, "conv_tol_grad": 1e-6}, {"conv_tol": 1e-7}):
@@ -573,3 +580,36 @@ def test_a_chkfile_another_run_wrote_meanwhile_is_kept(tmp_path):
         in result.scf.restart
     assert any("could not write the chkfile" in text for text in result.warnings)
     assert path.read_bytes() == (tmp_path / "m.chk").read_bytes()
+
+
+#: Water with both O-H bonds stretched (1.6 and 1.58 Angstrom): its singlet UHF has a DIIS
+#: stall that only Newton-Raphson steps finish.
+STRETCHED_WATER = "O 0 0 0; H 0 0 1.6; H 1.55 0 -0.3"
+
+
+def test_a_singlet_uhf_stalled_at_a_saddle_is_finished_by_newton_raphson_steps(tmp_path):
+    """Stretched water's singlet UHF (cc-pVDZ, default tolerances): DIIS, cycle for cycle
+    PySCF's own, approaches the spin-restricted solution, a saddle of the UHF energy (Hessian
+    eigenvalues -0.16 and -0.13, spin-flip rotations), and stalls at |g| ~ 2e-7 over 1e-7;
+    PySCF's augmented-Hessian solver takes no step there (its subspace turns linearly
+    dependent), DIIS stalls again, and Newton-Raphson steps converge it (|g| 1.8e-7 -> 2e-11
+    in one step). The energy is PySCF's DF-UHF's (its DIIS, at the same stationary point,
+    reached the threshold by chance at cycle 70), and PySCF's own gradient of the written
+    orbitals is under the threshold."""
+    import numpy as np
+    from pyscf import gto, lib
+    from pyscf import scf as pyscf_scf
+
+    chkfile = str(tmp_path / "stretched.chk")
+    result = dfmp2.run(STRETCHED_WATER, reference="uhf", spin=0, chkfile=chkfile)
+    assert result.scf.converged
+    assert result.scf.solver.endswith("; then Newton-Raphson (MINRES on PySCF's orbital "
+                                      "Hessian) for 1 cycle")
+    mol = gto.M(atom=STRETCHED_WATER, basis="cc-pvdz", verbose=0)
+    ref = pyscf_scf.UHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    ref.conv_tol, ref.conv_tol_grad = result.scf.conv_tol, result.scf.conv_tol_grad
+    ref.kernel()
+    assert result.scf.energy == pytest.approx(ref.e_tot, abs=TOL_SCF_TIGHT)
+    mo_coeff, mo_occ = (np.asarray(lib.chkfile.load(chkfile, f"scf/{key}"))
+                        for key in ("mo_coeff", "mo_occ"))
+    assert np.linalg.norm(ref.get_grad(mo_coeff, mo_occ)) < result.scf.conv_tol_grad
