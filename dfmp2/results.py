@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ._names import STABILITY_MODES, cartesian_elsewhere
 
@@ -268,6 +268,10 @@ class Result:
     :mod:`dfmp2.counterpoise`); ``warnings``
     the WARNING lines the run logged (``extras.warnings``; a counterpoise run's include its
     fragments').
+
+    Two results are equal when they mean the same: every energy and record alike, wall times
+    aside (``timings`` and the seconds of the SCF's J/K, stability and distributed records),
+    which differ between two runs of one calculation.
     """
 
     e_scf: float
@@ -288,6 +292,11 @@ class Result:
     double_hybrid: dict | None = None
     pair_energies: dict | None = None
     warnings: tuple[str, ...] = ()
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Result):
+            return NotImplemented
+        return _timeless(self) == _timeless(other)
 
     @property
     def e_hf(self) -> float | None:
@@ -802,6 +811,20 @@ def _interaction(extras: dict) -> dict | None:
         raise InputError(f"{where} lacks a number at {', '.join(bad)}: the file was changed "
                          "after dfmp2 wrote it")
     return inter
+
+
+def _timeless(result: Result) -> tuple:
+    """``result``'s fields without its wall times: ``timings``, and the seconds of the SCF's
+    J/K (``scf.jk_stats``), of its stability analysis and of each rank of a distributed run
+    (:meth:`Result.__eq__`)."""
+    def without(record: dict | None, key: str) -> dict | None:
+        return None if record is None else {k: v for k, v in record.items() if k != key}
+
+    scf = replace(result.scf, jk_stats=without(result.scf.jk_stats, "seconds"),
+                  stability=without(result.scf.stability, "seconds"))
+    kept = replace(result, timings={}, scf=scf,
+                   distributed=without(result.distributed, "stage_seconds"))
+    return tuple(getattr(kept, f.name) for f in fields(kept))
 
 
 def _warnings(extras: dict) -> tuple[str, ...]:

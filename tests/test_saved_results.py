@@ -5,6 +5,7 @@ prints that summary; anything else is refused in one line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -73,6 +74,20 @@ def test_a_qcschema_result_reads_back_in_either_version():
     as_v2 = json.loads(models_v1.AtomicInput(**data).convert_v(2).serialize("json"))
     v2 = qcschema.run_qcschema(as_v2)
     assert Result.from_dict(v2).e_tot == pytest.approx(direct.e_tot, abs=TOL_IDENTITY)
+
+
+def test_results_are_equal_when_they_mean_the_same():
+    """Two runs of one calculation are equal whatever their wall times (timings, the SCF's
+    J/K seconds), and equal to their record read back; another basis, or another energy, is
+    another result."""
+    first, second = (dfmp2.run(WATER, basis="sto-3g") for _ in range(2))
+    slower = replace(second, timings={k: v + 1.0 for k, v in second.timings.items()},
+                     scf=replace(second.scf, jk_stats={**second.scf.jk_stats, "seconds": 9.0}))
+    assert first == second and first == slower and not first != slower
+    assert Result.from_json(first.to_json()) == first
+    assert first != dfmp2.run(WATER, basis="6-31g")
+    assert first != replace(first, e_corr_os=first.e_corr_os * (1 + 1e-12))
+    assert first != first.to_dict()
 
 
 def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):
