@@ -444,6 +444,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     options["_counterpoise"] = cp if cp["counterpoise"] else None
     for name in {"charge", "spin"} - explicit:  # not given: an xyz comment line may say more
         options.pop(name, None)                 # (molecule._check_stated)
+    if "unit" not in explicit:  # Angstrom, as not given: the record says it was the default
+        options.pop("unit", None)
     from ._logged import kept_warnings
 
     with kept_warnings() as early:  # the command's own, before any run: each record keeps them

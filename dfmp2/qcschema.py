@@ -443,6 +443,7 @@ def result_dict(result, job: SchemaJob) -> dict:
     })
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method
+    data["extras"]["molecule"]["input_unit_source"] = "qcschema"  # Bohr, by its definition
     if job.method == "custom-scs-mp2":  # Psi4 sets its CUSTOM SCS-MP2 variables whatever the
         data["extras"]["custom_scs_mp2_correlation_energy"] = result.e_scs  # scales are
         data["extras"]["custom_scs_mp2_total_energy"] = result.e_scs_tot

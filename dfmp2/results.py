@@ -22,7 +22,12 @@ __all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo"
 @dataclass(frozen=True)
 class MoleculeInfo:
     """The molecule as computed. ``formula`` in Hill order over real atoms; ``nghost`` counts
-    ghost atoms (basis functions, no nucleus); ``qcschema`` is the QCSchema molecule."""
+    ghost atoms (basis functions, no nucleus); ``qcschema`` is the QCSchema molecule (Bohr,
+    whatever the input's unit); ``input_unit`` the unit the input's coordinates were read in
+    ('angstrom' or 'bohr'; None for a ``Mole`` whose ``unit`` is another Bohr radius) and
+    ``input_unit_source`` why: 'given' (``unit=``, ``--unit``), 'default' (Angstrom, none
+    given), 'mole' (a ``Mole``'s own ``unit``) or 'qcschema' (Bohr, by QCSchema's definition);
+    both None in a record from before they were kept."""
 
     formula: str
     natom: int
@@ -32,6 +37,8 @@ class MoleculeInfo:
     nelectron: int
     nuclear_repulsion: float
     qcschema: dict
+    input_unit: str | None = None
+    input_unit_source: str | None = None
 
 
 def _fixed(value: float, decimals: int, width: int = 0, plus: bool = False) -> str:
