@@ -24,8 +24,8 @@ from ._quiet import quiet
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
-           "input_fragments", "is_schema_input", "method_energy", "method_options",
-           "read_input", "result_dict", "run_qcschema", "schema_version"]
+           "input_fragments", "is_schema_input", "keywords_of", "method_energy",
+           "method_options", "read_input", "result_dict", "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2", "custom-scs-mp2")
@@ -276,6 +276,35 @@ INPUT_ONLY = {"charge": "molecule.molecular_charge", "spin": "molecule.molecular
 #: Options of the machine a run uses (QCEngine's task memory and scratch directory): applied
 #: but not echoed as keywords, since they change no number (the record has them in extras).
 _RESOURCES = frozenset({"max_memory", "scratch_dir"})
+
+
+#: Options a record states elsewhere than in its keywords: the orbital basis (``model.basis``),
+#: those of the molecule and the method (:data:`INPUT_ONLY`: ``molecule``, ``model.method``,
+#: ``extras.method.scaling``), the input's unit (``extras.molecule.input_unit``) and the rule
+#: of a frozen core (``extras.method.core_rule``).
+_STATED_ELSEWHERE = frozenset({"basis", "unit", "core_rule", *INPUT_ONLY})
+
+
+def keywords_of(options: dict) -> dict:
+    """The keywords the record of a run given ``options`` (dfmp2 option names and values: those
+    given to :func:`dfmp2.run` or on the command line) echoes, as a QCSchema input's run echoes
+    the command line's (:func:`with_overrides`): each under the keyword that sets it
+    (:func:`_keyword_of`), tuples as lists; not the machine's resources (:data:`_RESOURCES`),
+    options given as None (their default), nor those stated elsewhere
+    (:data:`_STATED_ELSEWHERE`)."""
+    from .options import chosen
+
+    return {_keyword_of(option): _json_value(chosen(option, value))
+            for option, value in options.items()
+            if value is not None and option not in _RESOURCES | _STATED_ELSEWHERE}
+
+
+def _json_value(value):
+    """An option's value as JSON holds it: a tuple (``frozen``, ``grid``) as a list, a path as
+    its text."""
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 def _option_of(keyword: str) -> str | None:

@@ -274,7 +274,8 @@ class Result:
     ``--counterpoise`` run, with the uncorrected ones and the BSSE (``extras.interaction``,
     :mod:`dfmp2.counterpoise`); ``warnings``
     the WARNING lines the run logged (``extras.warnings``; a counterpoise run's include its
-    fragments').
+    fragments'); ``keywords`` the options the run was given, under their QCSchema keyword names
+    (the record's ``keywords``: :func:`dfmp2.qcschema.keywords_of`; a QCSchema input's own).
 
     Two results are equal when they mean the same: every energy and record alike, wall times
     aside (``timings`` and the seconds of the SCF's J/K, stability and distributed records),
@@ -299,6 +300,7 @@ class Result:
     double_hybrid: dict | None = None
     pair_energies: dict | None = None
     warnings: tuple[str, ...] = ()
+    keywords: dict = field(default_factory=dict)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Result):
@@ -389,7 +391,7 @@ class Result:
             "schema_version": 1,
             "driver": "energy",
             "model": {"method": method, "basis": basis},
-            "keywords": {},
+            "keywords": dict(self.keywords),
             "molecule": self.molecule.qcschema,
             "success": True,
             "return_result": self.e_return,
@@ -491,7 +493,8 @@ class Result:
             versions=_object(extras["versions"], "extras.versions"),
             environment=extras.get("environment"), distributed=extras.get("distributed"),
             interaction=_interaction(extras), double_hybrid=dh,
-            pair_energies=extras.get("pair_energies"), warnings=_warnings(extras))
+            pair_energies=extras.get("pair_energies"), warnings=_warnings(extras),
+            keywords=_keywords(data))
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -832,6 +835,18 @@ def _timeless(result: Result) -> tuple:
     kept = replace(result, timings={}, scf=scf,
                    distributed=without(result.distributed, "stage_seconds"))
     return tuple(getattr(kept, f.name) for f in fields(kept))
+
+
+def _keywords(data: dict) -> dict:
+    """A record's keywords: ``keywords`` of a v1 AtomicResult (dfmp2's own record), those of
+    ``input_data.specification`` of a v2 one; none in a record that has none."""
+    if data.get("schema_version") == 2:
+        spec = _object(data.get("input_data") or {}, "the record's input_data")
+        keywords = _object(spec.get("specification") or {},
+                           "the record's input_data.specification").get("keywords")
+    else:
+        keywords = data.get("keywords")
+    return dict(_object(keywords or {}, "the record's keywords"))
 
 
 def _warnings(extras: dict) -> tuple[str, ...]:
