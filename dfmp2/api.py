@@ -43,6 +43,7 @@ from .molecule import (
     check_every_atom_has_functions,
     ecp_record,
     molecule_record,
+    unit_name,
 )
 from .options import Options
 from .pipeline import PRECISION_DTYPES, StageTimer, dfmp2_pair_energies
@@ -123,7 +124,26 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
         result = _run(geometry, progress, environment, options)
     if result is None:  # a distributed run's other ranks: rank 0 has the result
         return None
-    return replace(result, warnings=tuple(warned))
+    return replace(result, warnings=tuple(warned), keywords=_given_keywords(options),
+                   molecule=replace(result.molecule,
+                                    input_unit_source=_unit_source(geometry, options)))
+
+
+def _given_keywords(options: dict) -> dict:
+    """The record's keywords of a run given ``options``: those options, as checked
+    (:class:`Options`), under their QCSchema keyword names (:func:`dfmp2.qcschema.keywords_of`)."""
+    from .qcschema import keywords_of
+
+    opts = Options.from_kwargs(**options)
+    return keywords_of({name: getattr(opts, name) for name in options})
+
+
+def _unit_source(geometry, options: dict) -> str:
+    """Why the input's coordinates were read in their unit (``MoleculeInfo.input_unit_source``):
+    a ``Mole``'s own unit ('mole'), the ``unit`` given ('given'), else Angstrom ('default')."""
+    if isinstance(geometry, gto.Mole):
+        return "mole"
+    return "given" if "unit" in options else "default"
 
 
 def _check_callbacks(progress, environment) -> None:
@@ -937,7 +957,8 @@ def _scf_nelec(mf) -> tuple[int, int]:
 
 def _molecule_info(mol, nelec: tuple[int, int] | None = None) -> MoleculeInfo:
     """The record of the molecule; ``nelec`` (alpha, beta), when given, is the electron count
-    and spin the SCF ran with (:func:`_scf_nelec`), and sets the multiplicity."""
+    and spin the SCF ran with (:func:`_scf_nelec`), and sets the multiplicity. Its input unit is
+    the Mole's own (:func:`run` says where a geometry's came from)."""
     nalpha, nbeta = mol.nelec if nelec is None else nelec
     real = [mol.atom_charge(k) > 0 or _has_ecp_core(mol, k) for k in range(mol.natm)]
     counts: dict[str, int] = {}
@@ -951,7 +972,8 @@ def _molecule_info(mol, nelec: tuple[int, int] | None = None) -> MoleculeInfo:
                         charge=int(mol.charge), multiplicity=int(nalpha - nbeta) + 1,
                         nelectron=int(nalpha + nbeta),
                         nuclear_repulsion=float(mol.energy_nuc()),
-                        qcschema=molecule_record(mol, multiplicity=int(nalpha - nbeta) + 1))
+                        qcschema=molecule_record(mol, multiplicity=int(nalpha - nbeta) + 1),
+                        input_unit=unit_name(mol.unit), input_unit_source="mole")
 
 
 def _has_ecp_core(mol, k: int) -> bool:

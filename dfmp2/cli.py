@@ -444,6 +444,8 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     options["_counterpoise"] = cp if cp["counterpoise"] else None
     for name in {"charge", "spin"} - explicit:  # not given: an xyz comment line may say more
         options.pop(name, None)                 # (molecule._check_stated)
+    if "unit" not in explicit:  # Angstrom, as not given: the record says it was the default
+        options.pop("unit", None)
     from ._logged import kept_warnings
 
     with kept_warnings() as early:  # the command's own, before any run: each record keeps them
@@ -791,10 +793,15 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     finally:
         if not computed:
             restore()
-    if early and result is not None:  # the command's own warnings, logged before the run
-        from dataclasses import replace
+    if result is not None:  # the keywords the record echoes: those given (a QCSchema input's
+        from dataclasses import replace  # with the command line's), not every default
 
-        result = replace(result, warnings=(*early, *result.warnings))
+        from .qcschema import keywords_of
+
+        keywords = (dict(job.input.get("keywords") or {}) if job is not None else
+                    keywords_of({k: v for k, v in options.items()
+                                 if k in explicit and k in Options.field_names()}))
+        result = replace(result, keywords=keywords, warnings=(*early, *result.warnings))
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
     except click.exceptions.Exit:  # an output that could not be written (its line is out)

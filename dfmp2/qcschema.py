@@ -24,8 +24,8 @@ from ._quiet import quiet
 from .errors import InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
-           "input_fragments", "is_schema_input", "method_energy", "method_options",
-           "read_input", "result_dict", "run_qcschema", "schema_version"]
+           "input_fragments", "is_schema_input", "keywords_of", "method_energy",
+           "method_options", "read_input", "result_dict", "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2", "custom-scs-mp2")
@@ -278,6 +278,35 @@ INPUT_ONLY = {"charge": "molecule.molecular_charge", "spin": "molecule.molecular
 _RESOURCES = frozenset({"max_memory", "scratch_dir"})
 
 
+#: Options a record states elsewhere than in its keywords: the orbital basis (``model.basis``),
+#: those of the molecule and the method (:data:`INPUT_ONLY`: ``molecule``, ``model.method``,
+#: ``extras.method.scaling``), the input's unit (``extras.molecule.input_unit``) and the rule
+#: of a frozen core (``extras.method.core_rule``).
+_STATED_ELSEWHERE = frozenset({"basis", "unit", "core_rule", *INPUT_ONLY})
+
+
+def keywords_of(options: dict) -> dict:
+    """The keywords the record of a run given ``options`` (dfmp2 option names and values: those
+    given to :func:`dfmp2.run` or on the command line) echoes, as a QCSchema input's run echoes
+    the command line's (:func:`with_overrides`): each under the keyword that sets it
+    (:func:`_keyword_of`), tuples as lists; not the machine's resources (:data:`_RESOURCES`),
+    options given as None (their default), nor those stated elsewhere
+    (:data:`_STATED_ELSEWHERE`)."""
+    from .options import chosen
+
+    return {_keyword_of(option): _json_value(chosen(option, value))
+            for option, value in options.items()
+            if value is not None and option not in _RESOURCES | _STATED_ELSEWHERE}
+
+
+def _json_value(value):
+    """An option's value as JSON holds it: a tuple (``frozen``, ``grid``) as a list, a path as
+    its text."""
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def _option_of(keyword: str) -> str | None:
     """The dfmp2 option a keyword sets (None: none, e.g. mp2_type, or an unknown name; Psi4's
     grid point counts set ``grid``)."""
@@ -443,6 +472,7 @@ def result_dict(result, job: SchemaJob) -> dict:
     })
     data["properties"]["return_energy"] = data["return_result"]
     data["extras"]["method"]["qcschema_method"] = job.method
+    data["extras"]["molecule"]["input_unit_source"] = "qcschema"  # Bohr, by its definition
     if job.method == "custom-scs-mp2":  # Psi4 sets its CUSTOM SCS-MP2 variables whatever the
         data["extras"]["custom_scs_mp2_correlation_energy"] = result.e_scs  # scales are
         data["extras"]["custom_scs_mp2_total_energy"] = result.e_scs_tot

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ._names import STABILITY_MODES, cartesian_elsewhere
 
@@ -22,7 +22,12 @@ __all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo"
 @dataclass(frozen=True)
 class MoleculeInfo:
     """The molecule as computed. ``formula`` in Hill order over real atoms; ``nghost`` counts
-    ghost atoms (basis functions, no nucleus); ``qcschema`` is the QCSchema molecule."""
+    ghost atoms (basis functions, no nucleus); ``qcschema`` is the QCSchema molecule (Bohr,
+    whatever the input's unit); ``input_unit`` the unit the input's coordinates were read in
+    ('angstrom' or 'bohr'; None for a ``Mole`` whose ``unit`` is another Bohr radius) and
+    ``input_unit_source`` why: 'given' (``unit=``, ``--unit``), 'default' (Angstrom, none
+    given), 'mole' (a ``Mole``'s own ``unit``) or 'qcschema' (Bohr, by QCSchema's definition);
+    both None in a record from before they were kept."""
 
     formula: str
     natom: int
@@ -32,6 +37,8 @@ class MoleculeInfo:
     nelectron: int
     nuclear_repulsion: float
     qcschema: dict
+    input_unit: str | None = None
+    input_unit_source: str | None = None
 
 
 def _fixed(value: float, decimals: int, width: int = 0, plus: bool = False) -> str:
@@ -267,7 +274,12 @@ class Result:
     ``--counterpoise`` run, with the uncorrected ones and the BSSE (``extras.interaction``,
     :mod:`dfmp2.counterpoise`); ``warnings``
     the WARNING lines the run logged (``extras.warnings``; a counterpoise run's include its
-    fragments').
+    fragments'); ``keywords`` the options the run was given, under their QCSchema keyword names
+    (the record's ``keywords``: :func:`dfmp2.qcschema.keywords_of`; a QCSchema input's own).
+
+    Two results are equal when they mean the same: every energy and record alike, wall times
+    aside (``timings`` and the seconds of the SCF's J/K, stability and distributed records),
+    which differ between two runs of one calculation.
     """
 
     e_scf: float
@@ -288,6 +300,12 @@ class Result:
     double_hybrid: dict | None = None
     pair_energies: dict | None = None
     warnings: tuple[str, ...] = ()
+    keywords: dict = field(default_factory=dict)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Result):
+            return NotImplemented
+        return _timeless(self) == _timeless(other)
 
     @property
     def e_hf(self) -> float | None:
@@ -373,7 +391,7 @@ class Result:
             "schema_version": 1,
             "driver": "energy",
             "model": {"method": method, "basis": basis},
-            "keywords": {},
+            "keywords": dict(self.keywords),
             "molecule": self.molecule.qcschema,
             "success": True,
             "return_result": self.e_return,
@@ -475,7 +493,8 @@ class Result:
             versions=_object(extras["versions"], "extras.versions"),
             environment=extras.get("environment"), distributed=extras.get("distributed"),
             interaction=_interaction(extras), double_hybrid=dh,
-            pair_energies=extras.get("pair_energies"), warnings=_warnings(extras))
+            pair_energies=extras.get("pair_energies"), warnings=_warnings(extras),
+            keywords=_keywords(data))
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -802,6 +821,32 @@ def _interaction(extras: dict) -> dict | None:
         raise InputError(f"{where} lacks a number at {', '.join(bad)}: the file was changed "
                          "after dfmp2 wrote it")
     return inter
+
+
+def _timeless(result: Result) -> tuple:
+    """``result``'s fields without its wall times: ``timings``, and the seconds of the SCF's
+    J/K (``scf.jk_stats``), of its stability analysis and of each rank of a distributed run
+    (:meth:`Result.__eq__`)."""
+    def without(record: dict | None, key: str) -> dict | None:
+        return None if record is None else {k: v for k, v in record.items() if k != key}
+
+    scf = replace(result.scf, jk_stats=without(result.scf.jk_stats, "seconds"),
+                  stability=without(result.scf.stability, "seconds"))
+    kept = replace(result, timings={}, scf=scf,
+                   distributed=without(result.distributed, "stage_seconds"))
+    return tuple(getattr(kept, f.name) for f in fields(kept))
+
+
+def _keywords(data: dict) -> dict:
+    """A record's keywords: ``keywords`` of a v1 AtomicResult (dfmp2's own record), those of
+    ``input_data.specification`` of a v2 one; none in a record that has none."""
+    if data.get("schema_version") == 2:
+        spec = _object(data.get("input_data") or {}, "the record's input_data")
+        keywords = _object(spec.get("specification") or {},
+                           "the record's input_data.specification").get("keywords")
+    else:
+        keywords = data.get("keywords")
+    return dict(_object(keywords or {}, "the record's keywords"))
 
 
 def _warnings(extras: dict) -> tuple[str, ...]:

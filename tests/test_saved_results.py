@@ -5,6 +5,7 @@ prints that summary; anything else is refused in one line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -16,7 +17,7 @@ from dfmp2.errors import InputError
 from dfmp2.results import Result
 
 from conftest import INPUTS
-from tolerances import TOL_IDENTITY
+from tolerances import TOL_FP64, TOL_IDENTITY
 
 WATER = str(INPUTS / "water.xyz")
 OH = "O 0 0 0; H 0 0 0.97"
@@ -73,6 +74,51 @@ def test_a_qcschema_result_reads_back_in_either_version():
     as_v2 = json.loads(models_v1.AtomicInput(**data).convert_v(2).serialize("json"))
     v2 = qcschema.run_qcschema(as_v2)
     assert Result.from_dict(v2).e_tot == pytest.approx(direct.e_tot, abs=TOL_IDENTITY)
+
+
+def test_the_record_keeps_the_options_given_as_its_keywords(tmp_path):
+    """A command line's record and a dfmp2.run's have the options given (not every default),
+    under the keyword names and with the values a QCSchema input's record echoes; not the
+    machine's resources, nor what the model and molecule state. They read back, and an
+    AtomicInput of the record's molecule, model and keywords runs the same calculation."""
+    out = tmp_path / "water.json"
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--frozen-core",
+                                    "--scf-type", "CONV", "--charge", "0", "--max-memory",
+                                    "2000", "--json", str(out), "-q"])
+    assert ran.exit_code == 0, ran.output
+    data = json.loads(out.read_text())
+    echoed = {"freeze_core": True, "scf_type": "conv"}
+    assert data["keywords"] == echoed and Result.read(out).keywords == echoed
+    given = dfmp2.run(WATER, basis="sto-3g", frozen_core=True, scf_type="conv", max_memory=2000)
+    assert given.to_dict()["keywords"] == echoed  # the same names from Python
+    assert dfmp2.run(WATER, basis="sto-3g", frozen=(0,), reference="RHF",
+                     scratch_dir=str(tmp_path)).to_dict()["keywords"] == {"frozen": [0],
+                                                                          "reference": "rhf"}
+    again = qcschema.run_qcschema({"schema_name": "qcschema_input", "schema_version": 1,
+                                   "driver": "energy", "molecule": data["molecule"],
+                                   "model": data["model"], "keywords": data["keywords"]})
+    assert again["keywords"] == echoed
+    # (qcelemental keeps the geometry to 1e-8 Bohr: the same molecule to 3e-10 Eh)
+    assert again["return_result"] == pytest.approx(data["return_result"], abs=TOL_FP64)
+    from qcelemental.models import v1 as models_v1
+
+    as_v2 = models_v1.AtomicResult(**again).convert_v(2).serialize("json")
+    assert Result.from_json(as_v2).keywords == echoed  # v2 keeps them in input_data
+
+
+def test_results_are_equal_when_they_mean_the_same():
+    """Two runs of one calculation are equal whatever their wall times (timings, the SCF's
+    J/K seconds), and equal to their record read back; another basis, or another energy, is
+    another result."""
+    first, second = (dfmp2.run(WATER, basis="sto-3g") for _ in range(2))
+    slower = replace(second, timings={k: v + 1.0 for k, v in second.timings.items()},
+                     scf=replace(second.scf, jk_stats={**second.scf.jk_stats, "seconds": 9.0}))
+    assert first == second and first == slower and not first != slower
+    assert Result.from_json(first.to_json()) == first
+    assert first != dfmp2.run(WATER, basis="6-31g")
+    assert first != replace(first, e_corr_os=first.e_corr_os * (1 + 1e-12))
+    assert first != replace(first, keywords={"freeze_core": True})
+    assert first != first.to_dict()
 
 
 def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):

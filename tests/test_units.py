@@ -213,6 +213,28 @@ def test_a_qcschema_input_is_bohr_and_refuses_angstrom(tmp_path):
     assert json.loads(ran.stdout)["keywords"] == {}
 
 
+def test_the_record_says_which_unit_the_input_was_read_in_and_why(angstrom, tmp_path):
+    """extras.molecule.input_unit and input_unit_source: Angstrom by default, either unit given
+    (Python, the command line), a Mole's own, a QCSchema input's Bohr; read back from JSON."""
+    mole = gto.M(atom=in_bohr(WATER), unit="Bohr", basis="sto-3g", verbose=0)
+    cases = [(angstrom, ("angstrom", "default")),
+             (dfmp2.run(WATER, basis="sto-3g", unit="Angstrom"), ("angstrom", "given")),
+             (dfmp2.run(in_bohr(WATER), basis="sto-3g", unit="bohr"), ("bohr", "given")),
+             (dfmp2.run(mole), ("bohr", "mole"))]
+    for result, expected in cases:
+        again = dfmp2.Result.from_json(result.to_json()).molecule
+        assert (again.input_unit, again.input_unit_source) == expected
+    path = tmp_path / "water.json"
+    path.write_text(json.dumps(_schema_input()))
+    for arguments, expected in (([WATER], ["angstrom", "default"]),
+                                ([in_bohr(WATER), "--unit", "bohr"], ["bohr", "given"]),
+                                ([str(path)], ["bohr", "qcschema"])):
+        ran = CliRunner().invoke(main, ["run", *arguments, "--basis", "sto-3g", "--json", "-"])
+        assert ran.exit_code == 0, ran.output
+        molecule = json.loads(ran.stdout)["extras"]["molecule"]
+        assert [molecule["input_unit"], molecule["input_unit_source"]] == expected
+
+
 @pytest.mark.parametrize("atoms, unit, expected", [
     (WATER, "bohr", "less than 0.7 of their covalent bond length"),  # Angstrom as Bohr
     ("H 0 0 0; H 0 0 0.74", "bohr", "less than 0.7 of their covalent bond length"),
