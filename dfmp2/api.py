@@ -124,18 +124,20 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
         result = _run(geometry, progress, environment, options)
     if result is None:  # a distributed run's other ranks: rank 0 has the result
         return None
-    return replace(result, warnings=tuple(warned), keywords=_given_keywords(options),
+    return replace(result, warnings=tuple(warned),
+                   keywords=_given_keywords(options, result.method),
                    molecule=replace(result.molecule,
                                     input_unit_source=_unit_source(geometry, options)))
 
 
-def _given_keywords(options: dict) -> dict:
+def _given_keywords(options: dict, method: Method) -> dict:
     """The record's keywords of a run given ``options``: those options, as checked
-    (:class:`Options`), under their QCSchema keyword names (:func:`dfmp2.qcschema.keywords_of`)."""
+    (:class:`Options`), under their QCSchema keyword names, with what the run's ``method``
+    adds to run it again (:func:`dfmp2.qcschema.keywords_of`)."""
     from .qcschema import keywords_of
 
     opts = Options.from_kwargs(**options)
-    return keywords_of({name: getattr(opts, name) for name in options})
+    return keywords_of({name: getattr(opts, name) for name in options}, method)
 
 
 def _unit_source(geometry, options: dict) -> str:

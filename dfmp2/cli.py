@@ -800,7 +800,8 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
 
         keywords = (dict(job.input.get("keywords") or {}) if job is not None else
                     keywords_of({k: v for k, v in options.items()
-                                 if k in explicit and k in Options.field_names()}))
+                                 if k in explicit and k in Options.field_names()},
+                                result.method))
         result = replace(result, keywords=keywords, warnings=(*early, *result.warnings))
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)

@@ -154,10 +154,10 @@ PSI4_GRID = (75, 302)
 
 #: dfmp2's own option names a keyword may use (``dfmp2 run --help`` says what each does).
 OWN_KEYWORDS = ("backend", "precision", "max_memory", "cpu_blas", "fused_energy",
-                "force_outcore", "scratch_dir", "scf_precision", "frozen", "ecp", "chkfile",
-                "nki_emulator", "nki_simulator", "require_nki", "nki_matmul", "nki_target",
-                "grid", "pair_energies", "os_scale", "ss_scale", "device", "device_memory",
-                "cartesian")
+                "force_outcore", "scratch_dir", "scf_precision", "frozen", "core_rule", "ecp",
+                "chkfile", "nki_emulator", "nki_simulator", "require_nki", "nki_matmul",
+                "nki_target", "grid", "pair_energies", "os_scale", "ss_scale", "device",
+                "device_memory", "cartesian")
 
 
 @dataclass(frozen=True)
@@ -280,23 +280,33 @@ _RESOURCES = frozenset({"max_memory", "scratch_dir"})
 
 #: Options a record states elsewhere than in its keywords: the orbital basis (``model.basis``),
 #: those of the molecule and the method (:data:`INPUT_ONLY`: ``molecule``, ``model.method``,
-#: ``extras.method.scaling``), the input's unit (``extras.molecule.input_unit``) and the rule
-#: of a frozen core (``extras.method.core_rule``).
-_STATED_ELSEWHERE = frozenset({"basis", "unit", "core_rule", *INPUT_ONLY})
+#: ``extras.method.scaling``) and the input's unit (``extras.molecule.input_unit``).
+_STATED_ELSEWHERE = frozenset({"basis", "unit", *INPUT_ONLY})
 
 
-def keywords_of(options: dict) -> dict:
+def keywords_of(options: dict, method=None) -> dict:
     """The keywords the record of a run given ``options`` (dfmp2 option names and values: those
     given to :func:`dfmp2.run` or on the command line) echoes, as a QCSchema input's run echoes
     the command line's (:func:`with_overrides`): each under the keyword that sets it
     (:func:`_keyword_of`), tuples as lists; not the machine's resources (:data:`_RESOURCES`),
     options given as None (their default), nor those stated elsewhere
-    (:data:`_STATED_ELSEWHERE`)."""
+    (:data:`_STATED_ELSEWHERE`). With the run's ``method`` (:class:`dfmp2.results.Method`),
+    also what a QCSchema input would otherwise read Psi4's way (:func:`_psi4_conventions`), so
+    that the keywords run the same calculation again: the rule of a frozen core
+    (``core_rule``, where ``freeze_core`` alone means Psi4's core) and, for a basis Psi4 runs
+    Cartesian, whether it ran so (``cartesian``)."""
     from .options import chosen
 
-    return {_keyword_of(option): _json_value(chosen(option, value))
-            for option, value in options.items()
-            if value is not None and option not in _RESOURCES | _STATED_ELSEWHERE}
+    keywords = {_keyword_of(option): _json_value(chosen(option, value))
+                for option, value in options.items()
+                if value is not None and option not in _RESOURCES | _STATED_ELSEWHERE}
+    if method is not None:
+        if method.core_rule is not None and keywords.get("freeze_core"):
+            keywords.setdefault("core_rule", method.core_rule)
+        if cartesian_elsewhere(method.basis_name) and not any(
+                _option_of(k) == "cartesian" for k in keywords):
+            keywords["cartesian"] = bool(method.cartesian)
+    return keywords
 
 
 def _json_value(value):
@@ -373,11 +383,12 @@ def with_overrides(job: SchemaJob, overrides: dict) -> SchemaJob:
 
 def _psi4_conventions(options: dict, keywords: dict) -> dict:
     """``options`` as Psi4 reads the input they come from, where dfmp2's own defaults differ:
-    ``freeze_core`` freezes Psi4's core (:func:`dfmp2.reference.psi4_core_orbitals`), and a
+    ``freeze_core`` freezes Psi4's core (:func:`dfmp2.reference.psi4_core_orbitals`) unless
+    a ``core_rule`` keyword names the rule, and a
     3-21G or 6-31G-family basis runs Cartesian unless a keyword (``puream``, ``cartesian``)
     says how. ``keywords``: the input's, or those its result echoes (the command line's
     included)."""
-    if options.get("frozen_core"):
+    if options.get("frozen_core") and not any(_option_of(k) == "core_rule" for k in keywords):
         options["core_rule"] = "psi4"
     if not any(_option_of(k) == "cartesian" for k in keywords):
         options.pop("cartesian", None)

@@ -87,7 +87,7 @@ def test_the_record_keeps_the_options_given_as_its_keywords(tmp_path):
                                     "2000", "--json", str(out), "-q"])
     assert ran.exit_code == 0, ran.output
     data = json.loads(out.read_text())
-    echoed = {"freeze_core": True, "scf_type": "conv"}
+    echoed = {"freeze_core": True, "core_rule": "pyscf", "scf_type": "conv"}
     assert data["keywords"] == echoed and Result.read(out).keywords == echoed
     given = dfmp2.run(WATER, basis="sto-3g", frozen_core=True, scf_type="conv", max_memory=2000)
     assert given.to_dict()["keywords"] == echoed  # the same names from Python
@@ -104,6 +104,26 @@ def test_the_record_keeps_the_options_given_as_its_keywords(tmp_path):
 
     as_v2 = models_v1.AtomicResult(**again).convert_v(2).serialize("json")
     assert Result.from_json(as_v2).keywords == echoed  # v2 keeps them in input_data
+
+
+def test_the_record_keywords_say_what_a_qcschema_input_would_read_psi4s_way(tmp_path):
+    """A QCSchema input's ``freeze_core`` freezes Psi4's core and its 6-31G runs Cartesian;
+    a command line's record of NaH in 6-31G with --frozen-core (PySCF's core: Na's 1s only,
+    spherical functions) therefore echoes ``core_rule`` and ``cartesian`` too, so that its
+    molecule, model and keywords run the same energy again (without them, 1.4e-3 Eh away)."""
+    out = tmp_path / "nah.json"
+    ran = CliRunner().invoke(main, ["run", "Na 0 0 0; H 0 0 1.89", "--basis", "6-31g",
+                                    "--frozen-core", "--json", str(out), "-q"])
+    assert ran.exit_code == 0, ran.output
+    data = json.loads(out.read_text())
+    assert data["keywords"] == {"freeze_core": True, "core_rule": "pyscf", "cartesian": False}
+    again = qcschema.run_qcschema({"schema_name": "qcschema_input", "schema_version": 1,
+                                   "driver": "energy", "molecule": data["molecule"],
+                                   "model": data["model"], "keywords": data["keywords"]})
+    assert again["keywords"] == data["keywords"]
+    # (qcelemental keeps the geometry to 1e-8 Bohr)
+    assert again["return_result"] == pytest.approx(data["return_result"], abs=TOL_FP64)
+    assert again["extras"]["method"]["core_rule"] == "pyscf"
 
 
 def test_results_are_equal_when_they_mean_the_same():
