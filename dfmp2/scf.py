@@ -198,6 +198,13 @@ def _require_converged(mf, options: Options) -> None:
     """The :class:`ConvergenceError` of an SCF that did not converge."""
     if mf.converged:
         return
+    stalled = getattr(mf, "stalled_at", None)
+    if stalled is not None:  # DIIS stalled, and what ran after it ended at --max-cycle
+        raise ConvergenceError(
+            f"the {_label(mf, options)} did not converge in {_cycles(options.max_cycle)} "
+            f"(last energy {mf.e_tot:.10f} Eh): DIIS stalled at |g| = {stalled:.2e} "
+            f"(threshold {mf.conv_tol_grad:.0e}) and the solvers after it did not finish; "
+            "loosen --conv-tol-grad, or raise --max-cycle")
     raise ConvergenceError(
         f"the {_label(mf, options)} did not converge in "
         f"{_cycles(options.max_cycle)} (last energy {mf.e_tot:.10f} Eh); raise "
@@ -565,6 +572,7 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
     log.info("SCF: DIIS stalled at cycle %d (|g| = %.2e over %.0e while the energy no longer "
              "changes); continuing with PySCF's second-order (Newton) solver", stall.cycle,
              stall.gradient, mf.conv_tol_grad)
+    mf.stalled_at = stall.gradient  # for the error of an SCF that ends unconverged
     newton = mf.newton()
     newton.verbose = 0
     newton.max_cycle = max(1, min(NEWTON_CYCLES, options.max_cycle - stall.cycle))

@@ -351,6 +351,27 @@ def test_the_second_order_solver_after_a_stall_for_other_references(monkeypatch,
     assert newton.e_tot == pytest.approx(plain.e_tot, abs=TOL_RESTART)
 
 
+def test_an_scf_that_stalled_and_then_ran_out_of_cycles_says_it_stalled(monkeypatch):
+    """DIIS stalled, PySCF's second-order solver took no step and DIIS again ran into
+    --max-cycle: the error names the stall and the threshold to loosen, not only --max-cycle
+    (a --conv-tol-grad of 1e-30 ended so on water after 100 cycles, advising --max-cycle)."""
+    from pyscf.soscf import newton_ah
+
+    from dfmp2 import scf
+    from dfmp2.errors import ConvergenceError
+
+    def no_step(mf, mo_coeff, mo_occ, *_args, **_kwargs):
+        return False, 0.0, None, mo_coeff, mo_occ
+
+    monkeypatch.setattr(scf, "_stall_watch", _stall_at_cycle_3)
+    monkeypatch.setattr(newton_ah, "kernel", no_step)
+    with pytest.raises(ConvergenceError, match=r"^the DF-RHF did not converge in 5 cycles "
+                       r"\(last energy .* Eh\): DIIS stalled at \|g\| = .* \(threshold 1e-07\) "
+                       r"and the solvers after it did not finish; loosen --conv-tol-grad, or "
+                       r"raise --max-cycle$"):
+        dfmp2.run(WATER, max_cycle=5)
+
+
 def test_a_failing_second_order_solver_is_a_convergence_error(monkeypatch):
     """When PySCF's second-order solver cannot continue a stalled DIIS, the run ends with one
     ConvergenceError naming the stall, not a traceback."""
