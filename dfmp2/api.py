@@ -1082,7 +1082,11 @@ class DFMP2:
 
     @property
     def e_tot(self) -> float:
-        return self._computed().e_tot
+        """PySCF's MP2 ``e_tot``: ``e_hf + e_corr``, the correlation unscaled on any reference
+        (on a double hybrid's KS orbitals with its PT2 scales, its total is ``e_hf + e_scs``;
+        :attr:`dfmp2.Result.e_tot` of ``dfmp2.run(..., xc=...)`` is that total)."""
+        computed = self._computed()
+        return computed.e_scf + computed.e_corr
 
     @property
     def e_scs(self) -> float:

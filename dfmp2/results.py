@@ -261,7 +261,7 @@ class Result:
     e_scf : the reference's total energy (``e_hf`` is it for an HF reference only);
     e_corr_os / e_corr_ss : opposite- and same-spin correlation (unscaled); e_singles : singles
     (ROHF-MBPT(2); zero otherwise); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot :
-    e_scf + e_corr; e_scs : the scaled correlation energy os * E_OS + ss * E_SS (singles
+    e_scf + e_corr (a double hybrid's: e_scf + e_scs, its total); e_scs : the scaled correlation energy os * E_OS + ss * E_SS (singles
     unscaled): SCS-MP2 unless ``method.scaling`` says otherwise (SOS-MP2, given scales, or a
     double hybrid's PT2 term); e_scs_tot : e_scf + e_scs; ``double_hybrid`` the record of a
     double-hybrid run (functional, KS part, scales, citation, energies; None otherwise), whose
@@ -322,7 +322,11 @@ class Result:
 
     @property
     def e_tot(self) -> float:
-        return self.e_scf + self.e_corr
+        """The total energy of the method that ran: the MP2 total ``e_scf + e_corr``, or a
+        double hybrid's total ``e_scf + e_scs`` (its PT2 term scaled; the unscaled MP2 sum on
+        KS orbitals means nothing there, and the record leaves it out). :class:`dfmp2.DFMP2`'s
+        ``e_tot`` is PySCF's MP2 one, ``e_hf + e_corr``, on any reference."""
+        return self.e_scs_tot if self.double_hybrid else self.e_scf + self.e_corr
 
     @property
     def e_scs_tot(self) -> float:
@@ -330,9 +334,9 @@ class Result:
 
     @property
     def e_return(self) -> float:
-        """The run's answer: the double hybrid's total for a double-hybrid run, else the MP2
-        total."""
-        return self.e_scs_tot if self.double_hybrid else self.e_tot
+        """The run's answer (``return_result``): the double hybrid's total for a double-hybrid
+        run, else the MP2 total; :attr:`e_tot`."""
+        return self.e_tot
 
     @property
     def dh_name(self) -> str | None:

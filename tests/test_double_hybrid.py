@@ -90,6 +90,9 @@ def test_each_double_hybrid_equals_pyscf_by_hand(name):
     dh = result.double_hybrid
     assert (dh["functional"], dh["c_os"], dh["c_ss"], dh["xc"]) == (name, c_os, c_ss, xc)
     assert dh["e_total"] == result.e_return == result.e_scs_tot
+    # e_tot is the method's total, not the unscaled MP2 sum on KS orbitals (the README's
+    # first example prints result.e_tot); DFMP2's is PySCF's, e_hf + e_corr
+    assert result.e_tot == result.e_return != result.e_scf + result.e_corr
     assert abs(dh["e_pt2"] - (c_os * result.e_corr_os + c_ss * result.e_corr_ss)) \
         <= TOL_IDENTITY
     assert result.e_singles == 0.0 and result.scf.kind == "rks"
