@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from tempfile import NamedTemporaryFile
 
 from .errors import InputError
@@ -26,7 +27,16 @@ def write_text_file(path, text: str) -> None:
     would: a device or a pipe, anything under /dev or /proc (``/dev/stdout``, which may stand
     for the file a shell redirects to), and a file whose directory takes no new file (read-only,
     or sticky and another user's) while the file itself is writable. The new file takes the old
-    one's permissions, or the umask's. Raises ``OSError``."""
+    one's permissions, or the umask's. The file this process's standard output or error
+    writes to (``--json /dev/stdout`` with the output redirected to a file, or that file's own
+    name) is written through that stream, after what it holds and before what follows: opened
+    again, it would be written from its start, under the stream's own later writes. Raises
+    ``OSError``."""
+    stream = _standard_stream_of(path)
+    if stream is not None:
+        stream.write(text)
+        stream.flush()
+        return
     try:
         mode = os.stat(path).st_mode  # follows links: what a write would reach
     except FileNotFoundError:
@@ -58,6 +68,24 @@ def write_text_file(path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.remove(part)
         raise
+
+
+def _standard_stream_of(path):
+    """``sys.stdout`` or ``sys.stderr`` when ``path`` is the file (or pipe, or terminal) its
+    descriptor, 1 or 2, writes to; else None."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return None
+    for descriptor, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            written = os.fstat(descriptor)
+        except OSError:  # closed
+            continue
+        if stream is not None and (target.st_dev, target.st_ino) == (written.st_dev,
+                                                                     written.st_ino):
+            return stream
+    return None
 
 
 def _write_in_place(path, text: str) -> None:

@@ -483,6 +483,24 @@ def test_a_json_path_written_in_place_where_a_rename_cannot_go(tmp_path, monkeyp
     assert shown.returncode == 0 and "E(MP2) total" in shown.stdout, shown.stderr
 
 
+def test_json_to_the_file_standard_output_is_redirected_to_keeps_both(tmp_path):
+    """--json /dev/stdout with the output redirected to a file (and --json /dev/stderr with
+    the errors): the record is written through that stream, followed by the summary. It was
+    opened again and written from the file's start, and the summary, flushed at exit, landed
+    over the record's first bytes: a file no JSON reader takes, exit status 0."""
+    command = f"{sys.executable} -m dfmp2 run 'H 0 0 0; H 0 0 0.74' --basis sto-3g"
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    ran = subprocess.run(f"{command} --json /dev/stdout > {out}", shell=True,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    text = out.read_text()
+    record, summary = text.split("\n}\n", 1)
+    assert json.loads(record + "\n}\n")["success"] and "E(MP2) total" in summary
+    ran = subprocess.run(f"{command} --json /dev/stderr -q 2> {err}", shell=True,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and json.loads(err.read_text())["success"]
+
+
 def test_choices_take_any_case_and_a_json_directory_path_must_exist(tmp_path):
     """'--reference UHF' is uhf, as basis names are any case; '--json out/' is a directory, so
     where there is none it is refused (it was written as a file named 'out')."""
