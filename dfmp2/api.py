@@ -241,7 +241,8 @@ def _setup(geometry, options: dict, comm):
     if comm is None or comm.rank == 0:
         check_chkfile(opts.chkfile)
     la = _dispatcher(opts)
-    resolve_device(opts.device, la.backend, comm is not None, opts.device_memory)  # refused now
+    resolve_device(opts.device, la.backend, comm is not None, opts.device_memory,  # refused
+                   warn=True)                                                  # or said now
     return opts, mol, auxmol, plan, la
 
 
@@ -490,7 +491,8 @@ def compute(mf, opts: Options, progress=None, scf_seconds: float | None = None,
         timer.seconds["scf"] = scf_seconds
     la = la if la is not None else _dispatcher(opts)
     prep = _prepare(mf, opts, timer, auxmol, plan, own_scf)
-    device = resolve_device(opts.device, la.backend, False, opts.device_memory)
+    device = resolve_device(opts.device, la.backend, False, opts.device_memory,
+                            warn=not own_scf)  # dfmp2.run's said so before its SCF
     if device.device is not None:  # its host staging buffers count under --max-memory
         device = replace(device, host_bytes=int(usable_bytes(opts.max_memory)))
     energies = None

@@ -9,12 +9,15 @@ step or B stays in host memory and the pair blocks stream to the device
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from ._names import DEVICES
 from .errors import BackendUnavailableError, InputError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEVICES", "ComputeDevice", "DevicePlan", "plan_device", "resolve_device"]
 
@@ -51,12 +54,24 @@ AUTO_MIN_BYTES = 256 * 2**20
 
 
 def resolve_device(requested: str, backend: str, distributed: bool = False,
-                   memory_mb: int | None = None) -> ComputeDevice:
+                   memory_mb: int | None = None, warn: bool = False) -> ComputeDevice:
     """The device of a run. ``auto``: the current CUDA device when torch sees one (pytorch
     backend, one process), else the host; ``cpu``: the host; ``cuda``: the current CUDA device,
     or a :class:`BackendUnavailableError` saying why not. ``memory_mb``: the budget on the
     device (default: its free memory now); ``auto`` stays on the host when that budget is under
-    :data:`AUTO_MIN_BYTES`."""
+    :data:`AUTO_MIN_BYTES`. With ``warn``, a ``memory_mb`` that ``auto`` could not apply (no
+    CUDA device runs the MP2 step) is a warning: given by name, it is not ignored silently."""
+    device = _resolved(requested, backend, distributed, memory_mb)
+    if warn and memory_mb is not None and device.device is None and requested == "auto" \
+            and "--device-memory" not in device.reason:
+        log.warning("--device-memory %d: no CUDA device runs the MP2 step (%s), so it has no "
+                    "effect (--device cuda makes this an error)", memory_mb, device.reason)
+    return device
+
+
+def _resolved(requested: str, backend: str, distributed: bool,
+              memory_mb: int | None) -> ComputeDevice:
+    """:func:`resolve_device` without its warning."""
     if requested not in DEVICES:
         raise InputError(f"device {requested!r}: choose one of {', '.join(DEVICES)}")
     if requested == "cpu":

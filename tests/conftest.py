@@ -76,9 +76,9 @@ def _auto_device_as_on_a_gpu(monkeypatch):
     from dfmp2 import api
     from dfmp2.device import ComputeDevice, resolve_device
 
-    def resolve(requested, backend, distributed=False, memory_mb=None):
+    def resolve(requested, backend, distributed=False, memory_mb=None, warn=False):
         if requested != "auto" or distributed or backend == "nki":
-            return resolve_device(requested, backend, distributed, memory_mb)
+            return resolve_device(requested, backend, distributed, memory_mb, warn)
         budget = (memory_mb or 4000) * 2**20
         return ComputeDevice(requested, torch.device("cpu"),
                              "auto: the CPU as a device (DFMP2_TEST_AUTO_DEVICE)", "cpu", budget)

@@ -34,7 +34,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
 def cpu_as_device(monkeypatch):
     """Runs take the device path with torch.device('cpu') as the device and a budget in MB."""
     def use(budget: int):
-        def resolve(requested, backend, distributed=False, memory_mb=None):
+        def resolve(requested, backend, distributed=False, memory_mb=None, warn=False):
             return ComputeDevice(requested, torch.device("cpu"),
                                  "test: the device path on the CPU", "cpu", budget)
         monkeypatch.setattr(api, "resolve_device", resolve)
@@ -190,6 +190,26 @@ def test_auto_stays_on_the_host_when_the_gpu_is_full(monkeypatch, free_mb, memor
         assert device_module.AUTO_MIN_BYTES == 256 * 2**20
     forced = resolve_device("cuda", "pytorch", memory_mb=memory_mb)
     assert forced.device == torch.device("cuda", 0) and forced.name == "Fake GPU"
+
+
+def test_device_memory_auto_cannot_apply_is_said_once(monkeypatch):
+    """--device-memory with --device auto where no CUDA device runs the MP2 step (none here:
+    torch's query patched): one warning, kept in the result, from dfmp2.run (before its SCF)
+    and from DFMP2(mf); it was ignored without a word."""
+    from pyscf import scf
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(api, "resolve_device", resolve_device)  # not DFMP2_TEST_AUTO_DEVICE's
+    said = "--device-memory 100: no CUDA device runs the MP2 step"
+    ran = dfmp2.run(WATER, basis="sto-3g", device_memory=100)
+    assert [w for w in ran.warnings if said in w] == [ran.warnings[0]]
+    assert len(ran.warnings) == 1 and "has no effect" in ran.warnings[0]
+    from dfmp2.molecule import build_mole
+
+    mf = scf.RHF(build_mole(WATER, basis="sto-3g")).run(conv_tol=1e-10)
+    pt = dfmp2.DFMP2(mf, device_memory=100).run()
+    assert sum(said in w for w in pt.result.warnings) == 1
+    assert not any(said in w for w in dfmp2.run(WATER, basis="sto-3g").warnings)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
