@@ -23,6 +23,7 @@ import numpy as np
 from pyscf import df as pyscf_df
 from pyscf import gto
 from pyscf import scf as pyscf_scf
+from pyscf.soscf import newton_ah
 
 from . import distributed
 from ._files import check_writable_file
@@ -863,7 +864,11 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
         occ = np.concatenate([np.asarray(mf.mo_occ[0]), np.asarray(mf.mo_occ[1])]) > 0
     else:
         eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
-    cycles = getattr(mf, "cycles", None)
+    # PySCF's second-order driver (mf.newton()) leaves the DIIS count, 0, as its cycles
+    newton = isinstance(mf, newton_ah._CIAH_SOSCF)
+    cycles = None if newton else getattr(mf, "cycles", None)
+    solver = getattr(mf, "solver", None) or (
+        "second-order (Newton, PySCF's mf.newton()), its cycles not counted" if newton else None)
     s2 = spin_contamination(mf)
     homo_spin = lumo_spin = None
     if isinstance(mf, pyscf_scf.uhf.UHF):  # which spin holds the frontier orbitals
@@ -879,7 +884,7 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    orbital_check=orbital_check,
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None,
                    grid=grid_record(mf) if xc is not None else None,
-                   solver=getattr(mf, "solver", None),
+                   solver=solver,
                    conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
                                        or float(mf.conv_tol) ** 0.5),
                    hamiltonian=hamiltonian_record(mf), homo_spin=homo_spin,

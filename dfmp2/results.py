@@ -554,10 +554,10 @@ class Result:
                 for el, rec in sorted(m.ecp.items())))
         scf_fit = f"density-fitted ({_per_element(m.scf_auxbasis)})" if m.scf_type == "df" \
             else "exact integrals"
-        cycles = _count(scf.cycles, "cycle") if scf.cycles is not None else "cycles unknown"
+        cycles = f" in {_count(scf.cycles, 'cycle')}" if scf.cycles is not None else ""
         lines += [
             f"  nuclear repulsion {mo.nuclear_repulsion:.10f} Eh",
-            f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'} in "
+            f"  {ref} {scf_fit}: {'converged' if scf.converged else 'NOT converged'}"
             f"{cycles} (conv_tol {scf.conv_tol:.0e}"
             + (f", orbital gradient {scf.conv_tol_grad:.0e})" if scf.conv_tol_grad else ")")
             + (f"; {scf.restart}" if scf.restart else "")

@@ -319,7 +319,14 @@ def test_the_record_names_what_the_scf_object_added_to_the_hamiltonian(water_rhf
     plain = dfmp2.DFMP2(water_rhf, backend="pytorch").run().result
     assert plain.scf.hamiltonian is None and "Hamiltonian" not in plain.summary()
     newton = scf.RHF(mol).newton().run(conv_tol=1e-10)
-    assert dfmp2.DFMP2(newton, backend="pytorch").run().result.scf.hamiltonian is None
+    second_order = dfmp2.DFMP2(newton, backend="pytorch").run().result
+    assert second_order.scf.hamiltonian is None
+    # PySCF's second-order driver keeps no cycle count (its 0 was recorded): none is, and the
+    # solver is named
+    assert second_order.scf.cycles is None and "mf.newton()" in second_order.scf.solver
+    line = next(t for t in second_order.summary().splitlines() if "converged" in t)
+    assert ": converged (conv_tol 1e-10" in line and "mf.newton()" in line
+    assert json.loads(second_order.to_json())["properties"]["scf_iterations"] is None
 
 
 def test_near_whole_occupations_are_refused_with_the_hint(water_rhf):
