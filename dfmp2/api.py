@@ -571,6 +571,11 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         note = (f"no {'active occupied' if sp.nocc == 0 else 'virtual'} orbitals "
                 f"({sp.nocc} occupied x {sp.nvir} virtual active): E(corr) = 0")
         log.warning("%s", note)
+    if note is None and len(ref.spaces) == 2 and sum(s.nocc for s in ref.spaces) < 2:
+        note = (f"one active electron ({ref.spaces[0].nocc} alpha, {ref.spaces[1].nocc} beta "
+                "occupied): no pair to correlate, E(OS) = E(SS) = 0"
+                + ("; the singles remain" if ref.kind == "rohf" else ""))
+        log.warning("%s", note)
     first = ref.spaces[0]
     beta = ref.spaces[1] if len(ref.spaces) == 2 else None
     sizes = Sizes(
