@@ -742,13 +742,17 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None,
                                "handle; pass the SCF's own canonical orbitals, or use UHF")
     conv_tol = float(getattr(mf, "conv_tol", 1e-9))
     grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
-    if conv_tol > LOOSE_CONV_TOL:
+    # PySCF converges on both thresholds: a tight gradient bounds the orbitals' error whatever
+    # conv_tol (a conv_tol of 1e-4 beside a gradient of 1e-7 gives the default's energies)
+    loose_grad = grad_tol > LOOSE_CONV_TOL ** 0.5  # the gradient that goes with conv_tol 1e-8
+    if conv_tol > LOOSE_CONV_TOL and loose_grad:
         # E(corr) is linear in the orbitals' error. Measured on (H2O)4 cc-pVDZ against
-        # conv_tol 1e-11: 2.3e-8 Eh at 1e-8, 7.6e-7 at 1e-7 and 1e-6, 2.5e-6 at 1e-5.
+        # conv_tol 1e-11 (gradients sqrt(conv_tol), PySCF's default): 2.3e-8 Eh at 1e-8,
+        # 7.6e-7 at 1e-7 and 1e-6, 2.5e-6 at 1e-5.
         log.warning("the SCF was converged to conv_tol = %.0e Eh only: expect an error of up "
                     "to about %.0e Eh (10 x conv_tol) in E(corr); converge to 1e-9 or tighter",
                     conv_tol, 10 * conv_tol)
-    elif grad_tol > LOOSE_CONV_TOL ** 0.5:  # the gradient that goes with conv_tol 1e-8
+    elif loose_grad:
         log.warning("the SCF's orbital-gradient threshold is conv_tol_grad = %.0e only: "
                     "orbitals that loose can move E(corr) by more than 1e-8 Eh; converge to "
                     "1e-4 or tighter", grad_tol)

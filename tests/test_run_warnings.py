@@ -23,6 +23,7 @@ from dfmp2.molecule import build_mole
 from dfmp2.results import Result
 
 from conftest import INPUTS
+from tolerances import TOL_SCF_TIGHT
 
 WATER = str(INPUTS / "water.xyz")
 #: PySCF's table would give this basis cc-pVDZ-RI, whose f functions on O cannot fit its f x f
@@ -81,6 +82,18 @@ def test_dfmp2_of_an_scf_object_keeps_its_warnings():
     pt = dfmp2.DFMP2(mf).run()
     assert any("converged to conv_tol = 1e-06" in text for text in pt.result.warnings)
     assert isinstance(mf.with_df, df.DF)
+
+
+def test_a_loose_conv_tol_beside_a_tight_gradient_is_not_a_warning():
+    """PySCF converges on both thresholds: conv_tol 1e-4 with dfmp2's gradient 1e-7 gives the
+    default run's energies, so no warning of an error of 1e-3 Eh; a loose gradient beside it
+    still is one."""
+    loose = dfmp2.run(WATER, basis="sto-3g", conv_tol=1e-4)
+    default = dfmp2.run(WATER, basis="sto-3g")
+    assert not loose.warnings
+    assert loose.e_tot == pytest.approx(default.e_tot, abs=TOL_SCF_TIGHT)
+    warned = dfmp2.run(WATER, basis="sto-3g", conv_tol=1e-4, conv_tol_grad=1e-2).warnings
+    assert any("converged to conv_tol = 1e-04" in text for text in warned)
 
 
 def test_a_counterpoise_run_names_its_fragments_warnings():
