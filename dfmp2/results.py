@@ -504,8 +504,13 @@ class Result:
     def from_json(cls, text: str) -> Result:
         """The Result of JSON text (str or UTF-8 bytes) :meth:`to_json` wrote
         (:meth:`from_dict`)."""
+        from .errors import InputError
         from .qcschema import load_json
 
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise InputError(f"Result.from_json takes JSON text (str or bytes), got "
+                             f"{type(text).__name__}" + ("; a dict goes to Result.from_dict"
+                                                         if isinstance(text, dict) else ""))
         return cls.from_dict(load_json(text, "the record"))
 
     @classmethod

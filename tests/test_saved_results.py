@@ -158,6 +158,9 @@ def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):
             Result.from_dict(data)
     with pytest.raises(InputError, match="not JSON: line 1, column 2"):
         Result.from_json("{oops")
+    with pytest.raises(InputError, match="takes JSON text .*got dict; a dict goes to "
+                                         "Result.from_dict"):
+        Result.from_json({"success": True})
     with pytest.raises(InputError, match="cannot read .*missing.json.*No such file"):
         Result.read(tmp_path / "missing.json")
 
