@@ -575,7 +575,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         note = (f"one active electron ({ref.spaces[0].nocc} alpha, {ref.spaces[1].nocc} beta "
                 "occupied): no pair to correlate, E(OS) = E(SS) = 0"
                 + ("; the singles remain" if ref.kind == "rohf" else ""))
-        log.warning("%s", note)
+        log.info("%s", note)  # an exact zero (an H atom's), said in the summary, no warning
     first = ref.spaces[0]
     beta = ref.spaces[1] if len(ref.spaces) == 2 else None
     sizes = Sizes(

@@ -798,10 +798,13 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
 
         from .qcschema import keywords_of
 
-        keywords = (dict(job.input.get("keywords") or {}) if job is not None else
-                    keywords_of({k: v for k, v in options.items()
-                                 if k in explicit and k in Options.field_names()},
-                                result.method))
+        if job is not None:
+            keywords = dict(job.input.get("keywords") or {})
+        else:  # the values as checked, as dfmp2.run's record has them ('--grid 2': 2)
+            fields = Options.field_names()
+            checked = Options.from_kwargs(**{k: v for k, v in options.items() if k in fields})
+            keywords = keywords_of({k: getattr(checked, k) for k in options
+                                    if k in explicit and k in fields}, result.method)
         result = replace(result, keywords=keywords, warnings=(*early, *result.warnings))
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)

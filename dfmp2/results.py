@@ -261,14 +261,15 @@ class Result:
     e_scf : the reference's total energy (``e_hf`` is it for an HF reference only);
     e_corr_os / e_corr_ss : opposite- and same-spin correlation (unscaled); e_singles : singles
     (ROHF-MBPT(2); zero otherwise); e_corr : e_singles + e_corr_os + e_corr_ss; e_tot :
-    e_scf + e_corr (a double hybrid's: e_scf + e_scs, its total); e_scs : the scaled correlation energy os * E_OS + ss * E_SS (singles
-    unscaled): SCS-MP2 unless ``method.scaling`` says otherwise (SOS-MP2, given scales, or a
-    double hybrid's PT2 term); e_scs_tot : e_scf + e_scs; ``double_hybrid`` the record of a
-    double-hybrid run (functional, KS part, scales, citation, energies; None otherwise), whose
-    total ``e_return`` is then; otherwise ``e_return`` is the MP2 total; ``pair_energies`` the
-    energy of every occupied pair when asked for (``extras.pair_energies``). ``environment`` is
-    the record
-    of what the ``dfmp2`` command set in the process environment (None from Python);
+    e_scf + e_corr (a double hybrid's: e_scf + e_scs, its total); e_scs : the scaled
+    correlation energy os * E_OS + ss * E_SS (singles unscaled): SCS-MP2 unless
+    ``method.scaling`` says otherwise (SOS-MP2, given scales, or a double hybrid's PT2 term);
+    e_scs_tot : e_scf + e_scs; ``double_hybrid`` the record of a double-hybrid run
+    (functional, KS part, scales, citation, energies; None otherwise), whose total
+    ``e_return`` (and ``e_tot``) is then; otherwise ``e_return`` is the MP2 total;
+    ``pair_energies`` the energy of every occupied pair when asked for
+    (``extras.pair_energies``). ``environment`` is the record of what the ``dfmp2`` command
+    set in the process environment (None from Python);
     ``distributed`` the record of a run over several ranks (``extras.distributed``; None on
     one process); ``interaction`` the counterpoise-corrected interaction energies of a
     ``--counterpoise`` run, with the uncorrected ones and the BSSE (``extras.interaction``,

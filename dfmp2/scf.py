@@ -474,7 +474,7 @@ STALL_GAIN = 0.9
 NEWTON_CYCLES = 10
 #: Newton-Raphson steps (:mod:`dfmp2.scf_newton`) after DIIS stalled again: near a stationary
 #: point each gains orders of magnitude (the stretched water UHF of tests/test_scf.py: |g|
-#: 3e-7, 6e-10, 2e-13), so a few are plenty, and more do not help a noise floor.
+#: 1.8e-7, then 2.4e-11 after one), so a few are plenty, and more do not help a noise floor.
 NEWTON_RAPHSON_CYCLES = 5
 #: The largest orbital gradient at which a Kohn-Sham SCF stalled on its grid's noise is
 #: accepted as converged under the default KS threshold (:func:`_ks_noise_bound`; smaller when
@@ -650,6 +650,10 @@ def _newton_raphson(mf, again: _Stalled, options: Options, progress, done: int) 
         mf.cycles = again.cycle + steps.steps
         mf.solver += (f"{diis}, stalled at |g| = {again.gradient:.1e}; then Newton-Raphson "
                       f"(MINRES on PySCF's orbital Hessian) for {_cycles(steps.steps)}")
+        if options.stability == "none":  # a saddle is where DIIS stalls most (the test's UHF)
+            log.warning("the %s was finished by Newton-Raphson steps, which converge to saddle "
+                        "points of the energy as well as to minima: --stability check says "
+                        "which this is", _label(mf, options))
         return
     tried = "" if steps is None else (f" and Newton-Raphson for {_cycles(steps.steps)} "
                                       f"(last |g| = {steps.gradient:.1e})")

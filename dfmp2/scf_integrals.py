@@ -1,8 +1,9 @@
 """The DF-SCF's fitted three-index tensor, built once per SCF from :mod:`dfmp2.df`'s pieces:
 int3c2e streamed, the metric factored as in the MP2 step, the fit through the registry's
 ``trmm``/``gemm``. In memory on the AO pairs that are not zero (:func:`screened_cderi`, some or
-all rows unpacked in place where they fit: :func:`split_cderi`), or PySCF's packed layout (:func:`fitted_cderi`); on disk when it does
-not fit (:func:`fitted_cderi_file`). :mod:`dfmp2.jk` builds J and K from it.
+all rows unpacked in place where they fit: :func:`split_cderi`), or PySCF's packed layout
+(:func:`fitted_cderi`); on disk when it does not fit (:func:`fitted_cderi_file`).
+:mod:`dfmp2.jk` builds J and K from it.
 
     B^Q_{mu nu} = sum_P [L^{-1}]_QP (P|mu nu)          J = L L^T the Coulomb metric
 

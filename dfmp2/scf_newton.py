@@ -11,12 +11,12 @@ from scipy.sparse.linalg import LinearOperator, minres
 __all__ = ["MINRES_CYCLES", "MIN_GAIN", "Steps", "newton_raphson"]
 
 #: Hessian products (one J/K build each) of the MINRES solve of one step. The stretched water
-#: UHF of tests/test_scf.py needs 9 and 13 for its two steps (SciPy's default tolerance, 1e-5
-#: of the preconditioned residual).
+#: UHF of tests/test_scf.py needs 12 for its one step (SciPy's default tolerance, 1e-5 of the
+#: preconditioned residual); from its first stall's orbitals, 9 and 13 for two.
 MINRES_CYCLES = 50
 #: A step that leaves the orbital gradient above this fraction of its value before it ends the
 #: steps unconverged (a noise floor, or a start outside the quadratic region): a Newton-Raphson
-#: step near a stationary point gains orders of magnitude (3e-7 -> 6e-10 -> 2e-13 there).
+#: step near a stationary point gains orders of magnitude (1.8e-7 -> 2.4e-11 there).
 MIN_GAIN = 0.5
 
 

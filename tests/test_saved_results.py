@@ -56,10 +56,17 @@ def test_a_result_reads_back_as_it_was(options):
     assert again.sizes == result.sizes and again.scf.kind == result.scf.kind
 
 
-def test_a_double_hybrids_result_reads_back():
+def test_a_double_hybrids_result_reads_back(tmp_path):
     result = dfmp2.run(WATER, basis="6-31g", xc="b2plyp", grid=1)
     again = _round_trip(result)
     assert again.double_hybrid == result.double_hybrid and again.e_hf is None
+    # the command line's keywords carry the values as checked, as Python's do ('1': 1)
+    out = tmp_path / "dh.json"
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "6-31g", "--xc", "b2plyp",
+                                    "--grid", "1", "--json", str(out), "-q"])
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(out.read_text())["keywords"] == result.keywords == {
+        "grid": 1, "cartesian": False}
 
 
 def test_a_qcschema_result_reads_back_in_either_version():
