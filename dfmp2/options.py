@@ -417,8 +417,12 @@ def _index(value):
 
 
 def _check_indices(frozen) -> None:
-    if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in frozen):
-        raise InputError(f"frozen orbital indices must be integers >= 0, got {frozen}")
+    """Orbital indices are integers; a negative one counts from the last orbital, as PySCF's
+    MP2 reads it (``frozen=[-1]``: the highest virtual; the range is checked against the
+    orbitals, :func:`dfmp2.reference.frozen_mask`)."""
+    if any(not isinstance(k, int) or isinstance(k, bool) for k in frozen):
+        raise InputError(f"frozen orbital indices must be integers (a negative one counts from "
+                         f"the last orbital), got {frozen}")
 
 
 def chosen(name: str, value):

@@ -277,7 +277,8 @@ def core_orbitals(mol, rule) -> int:
 def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool | str = False,
                 strict: bool = True) -> np.ndarray:
     """Boolean mask over the MOs of one spin, True = active. ``frozen``: None, an int n (the
-    lowest n orbitals), or a list of MO indices (PySCF semantics); ``frozen_core``: False, or
+    lowest n orbitals), or a list of MO indices (PySCF semantics: a negative one counts from the
+    last MO); ``frozen_core``: False, or
     the rule of the frozen core (True or 'pyscf': the chemical core per element, ECP-covered
     cores excluded; 'psi4': :func:`psi4_core_orbitals`). ``strict``: an int that freezes every
     occupied orbital is an error (an open shell checks both spins together instead)."""
@@ -297,10 +298,13 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool | str = 
     if any(isinstance(k, (list, tuple, np.ndarray)) for k in frozen):
         raise InputError(f"frozen={list(frozen)} is a per-spin pair (alpha, beta): that needs an "
                          "open-shell (UHF or ROHF) reference; give one list for a closed shell")
-    indices = np.asarray(sorted({int(k) for k in frozen}), dtype=int)
-    if indices.size and (indices.max() >= nmo):
-        raise InputError(f"frozen orbital index {indices.max()} out of range (nmo = {nmo})")
-    mask[indices] = False
+    given = [int(k) for k in frozen]  # a negative index counts from the last MO (PySCF's)
+    outside = [k for k in given if not -nmo <= k < nmo]
+    if outside:
+        worst = max(outside, key=abs)
+        raise InputError(f"frozen orbital index {worst} out of range (nmo = {nmo}: indices "
+                         f"0 to {nmo - 1}, or -1 to -{nmo} from the last)")
+    mask[np.asarray(sorted({k % nmo for k in given}), dtype=int)] = False
     nocc = int(np.count_nonzero(mo_occ > 0))
     if strict and nocc and not mask[mo_occ > 0].any():
         raise InputError(f"frozen={list(frozen)} freezes all {nocc} occupied orbitals")

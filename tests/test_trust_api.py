@@ -523,6 +523,23 @@ def test_one_active_electron_gives_zero_doubles_with_a_note(reference):
     assert said in atom.method.note and not atom.warnings  # exact: a note, no warning
 
 
+def test_negative_frozen_indices_count_from_the_last_orbital_like_pyscf(water_rhf):
+    """PySCF's MP2 reads frozen=[-1, -2] as numpy does: the two highest virtuals (a way to
+    drop them); dfmp2 refused it. Now the same energy as PySCF's and as the same orbitals
+    by their positive indices; beyond -nmo, one line."""
+    nmo = len(water_rhf.mo_occ)
+    ref = pyscf_dfmp2(water_rhf, "cc-pvdz-ri", frozen=[-1, -2])
+    pt = dfmp2.DFMP2(water_rhf, frozen=[-1, -2], backend="pytorch").run()
+    assert pt.e_corr == pytest.approx(ref.e_corr, abs=TOL_FP64)
+    assert pt.result.sizes.nfrozen_vir == 2 and pt.nmo == nmo - 2
+    assert pt.e_corr == dfmp2.DFMP2(water_rhf, frozen=[nmo - 1, nmo - 2],
+                                    backend="pytorch").run().e_corr
+    with pytest.raises(InputError, match=f"frozen orbital index {-nmo - 1} out of range "
+                                         f"\\(nmo = {nmo}: indices 0 to {nmo - 1}, or -1 to "
+                                         f"-{nmo} from the last\\)"):
+        dfmp2.DFMP2(water_rhf, frozen=[0, -nmo - 1], backend="pytorch").run()
+
+
 def test_all_virtuals_frozen_gives_zero_like_pyscf(water_rhf):
     nocc = int((water_rhf.mo_occ > 0).sum())
     frozen = list(range(nocc, len(water_rhf.mo_occ)))
