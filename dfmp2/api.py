@@ -1195,7 +1195,10 @@ class DFMP2:
         self.frozen, self.auxbasis, self.options = frozen, auxbasis, merged
         with kept_warnings() as warned:
             result = compute(self._scf, opts)
-        self.result = replace(result, warnings=tuple(warned))
+        given = {**merged, **({} if frozen is None else {"frozen": frozen}),
+                 **({} if opts.auxbasis is None else {"auxbasis": opts.auxbasis})}
+        self.result = replace(result, warnings=tuple(warned),
+                              keywords=_given_keywords(given, result.method))
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss

@@ -113,6 +113,24 @@ def test_the_record_keeps_the_options_given_as_its_keywords(tmp_path):
     assert Result.from_json(as_v2).keywords == echoed  # v2 keeps them in input_data
 
 
+def test_a_dfmp2_objects_record_keeps_its_options_as_keywords():
+    """DFMP2(mf)'s record echoes the MP2 step's options given (to the constructor, as
+    attributes or to run), as dfmp2.run's does; with PySCF's with_df idiom, its fitting set."""
+    from pyscf import df, scf
+
+    from dfmp2.molecule import build_mole
+
+    mf = scf.RHF(build_mole(WATER, basis="sto-3g")).run(conv_tol=1e-10)
+    pt = dfmp2.DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri")
+    pt.max_memory = 2000  # a resource: not echoed
+    assert pt.run(precision="fp64").result.keywords == {
+        "frozen": 1, "df_basis_mp2": "cc-pvdz-ri", "precision": "fp64"}
+    idiom = dfmp2.DFMP2(mf)
+    idiom.with_df = df.DF(mf.mol, auxbasis="cc-pvdz-ri")
+    assert idiom.run().result.keywords == {"df_basis_mp2": "cc-pvdz-ri"}
+    assert dfmp2.DFMP2(mf).run().result.keywords == {}
+
+
 def test_the_record_keywords_say_what_a_qcschema_input_would_read_psi4s_way(tmp_path):
     """A QCSchema input's ``freeze_core`` freezes Psi4's core and its 6-31G runs Cartesian;
     a command line's record of NaH in 6-31G with --frozen-core (PySCF's core: Na's 1s only,
