@@ -549,7 +549,8 @@ def _settle_stall(mf, options: Options, stalled: _Stalled, what: str) -> str:
     :func:`_stall_error` (``what`` says after what), or, within :func:`_ks_noise_bound`, the
     stalled cycle's density put on ``mf`` as converged, as canonical orbitals of its own Fock
     matrix (PySCF's ``canonicalize``: occupied and virtual blocks diagonalised apart,
-    occupations kept) with its energy; returns what the solver record adds."""
+    occupations kept) with its energy; returns what the solver record adds ('accepted (...)',
+    after the stall's own words)."""
     bound = _ks_noise_bound(options, stalled)
     if bound is None:
         raise _stall_error(mf, options, stalled.gradient, what) from None
@@ -558,8 +559,8 @@ def _settle_stall(mf, options: Options, stalled: _Stalled, what: str) -> str:
     log.warning("the %s stalled at |g| = %.2e over the default KS threshold %.0e (the DFT "
                 "grid's noise); accepted as converged under %.1e (give --conv-tol-grad to "
                 "insist)", _label(mf, options), stalled.gradient, mf.conv_tol_grad, bound)
-    return (f"stalled at |g| = {stalled.gradient:.1e} and accepted (default KS threshold "
-            f"{mf.conv_tol_grad:.0e}, the grid's noise; under {bound:.1e})")
+    return (f"accepted (default KS threshold {mf.conv_tol_grad:.0e}, the grid's noise; under "
+            f"{bound:.1e})")
 
 
 def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
@@ -600,7 +601,8 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
         record = _settle_stall(mf, options, stall,
                                f"after {stall.cycle} DIIS cycles and {failed}")
         mf.cycles = max(seen)  # with any second-order steps taken before it failed
-        mf.solver = f"DIIS (PySCF) for {stall.cycle} cycles, {record}; {failed}"
+        mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, stalled at |g| = "
+                     f"{stall.gradient:.1e} and {record}; {failed}")
         return
     done = max(seen)  # PySCF's Newton driver keeps no count of its own
     mf.cycles = done
@@ -655,11 +657,13 @@ def _newton_raphson(mf, again: _Stalled, options: Options, progress, done: int) 
                         "points of the energy as well as to minima: --stability check says "
                         "which this is", _label(mf, options))
         return
-    tried = "" if steps is None else (f" and Newton-Raphson for {_cycles(steps.steps)} "
-                                      f"(last |g| = {steps.gradient:.1e})")
-    record = _settle_stall(mf, options, again,
-                           f"again after DIIS and PySCF's second-order solver{tried}")
-    mf.solver += f"{diis}{tried}, {record}"
+    tried = "" if steps is None else f" and Newton-Raphson for {_cycles(steps.steps)}"
+    record = _settle_stall(mf, options, again, "again after DIIS and PySCF's second-order "
+                           f"solver{tried}" + ("" if steps is None else
+                                               f" (last |g| = {steps.gradient:.1e})"))
+    mf.solver += (f"{diis}, stalled at |g| = {again.gradient:.1e}" + (
+        "" if steps is None else f"; then Newton-Raphson for {_cycles(steps.steps)}, not "
+        f"converged (last |g| = {steps.gradient:.1e})") + f"; {record}")
     mf.cycles = again.cycle + (0 if steps is None else steps.steps)
 
 
