@@ -778,6 +778,10 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             signalled = Interrupted(pending.signum, signal.Signals(pending.signum).name)
             _record_failure(record, signalled, job, stamp)
             raise _interrupted(signalled, who) from None
+        if job is not None:  # a QCSchema input: --charge and the like are its own fields
+            from .qcschema import in_input_terms
+
+            exc.args = (in_input_terms(str(exc)), *exc.args[1:])
         _record_failure(record, exc, job, stamp)
         raise _fail(exc, who) from None
     except MemoryError as exc:  # an allocation the memory plan did not count, or a limit

@@ -17,14 +17,15 @@ import copy
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 
 from ._names import cartesian_elsewhere
 from ._quiet import quiet
-from .errors import InputError
+from .errors import DFMP2Error, InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
-           "input_fragments", "is_schema_input", "keywords_of", "method_energy",
+           "in_input_terms", "input_fragments", "is_schema_input", "keywords_of", "method_energy",
            "method_options", "read_input", "result_dict", "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
@@ -547,9 +548,36 @@ def run_qcschema(source, **overrides) -> dict:
     fields = Options.field_names()
     job = with_overrides(read_input(source),
                          {k: v for k, v in overrides.items() if k in fields})
-    result = run(job.mole, **job.options,  # run()'s own arguments (progress=, environment=)
-                 **{k: v for k, v in overrides.items() if k not in fields})
+    try:
+        result = run(job.mole, **job.options,  # run()'s own arguments (progress=, environment=)
+                     **{k: v for k, v in overrides.items() if k not in fields})
+    except DFMP2Error as exc:  # its advice in the input's terms too
+        exc.args = (in_input_terms(str(exc)), *exc.args[1:])
+        raise
     return result_dict(result, job)
+
+
+_FLAG = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def in_input_terms(message: str) -> str:
+    """An error's ``message`` for a QCSchema input: a command-line flag of the molecule or the
+    method (``--charge``, ``--spin``, ``--xc``, ``--sos``: refused beside such an input) as the
+    input's own field (:data:`INPUT_ONLY`), any other option's flag with the keyword that sets
+    it ('--max-cycle (keyword maxiter)'); other words as they are."""
+    from .options import Options
+
+    fields = Options.field_names()
+
+    def term(match: re.Match) -> str:
+        option = match.group(1).replace("-", "_")
+        if option in INPUT_ONLY:
+            return INPUT_ONLY[option]
+        if option in fields and option not in _RESOURCES:
+            return f"{match.group(0)} (keyword {_keyword_of(option)})"
+        return match.group(0)
+
+    return _FLAG.sub(term, message)
 
 
 def load_json(text, what: str):

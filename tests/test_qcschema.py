@@ -535,3 +535,24 @@ def test_multiplicity_on_the_command_line_is_the_inputs_own(tmp_path):
     assert ran.exit_code == 1 and ran.output.strip() == (
         "error: --multiplicity with a QCSchema input: set molecule.molecular_multiplicity in "
         "the input instead")
+
+
+def test_an_inputs_error_gives_its_advice_in_the_inputs_terms(tmp_path):
+    """The SCF's advice names --max-cycle and '--charge, --spin'; a QCSchema input sets the
+    first by a keyword and refuses the others beside it (its molecule sets them): through
+    run_qcschema and on the command line, each flag then says its keyword, and the molecule's
+    its field."""
+    from dfmp2.errors import ConvergenceError
+
+    data = v1_input({"maxiter": 3})
+    said = (r"raise --max-cycle \(keyword maxiter\), or check the geometry, the charge and the "
+            r"spin \(molecule.molecular_charge, molecule.molecular_multiplicity\)$")
+    with pytest.raises(ConvergenceError, match=said):
+        qcschema.run_qcschema(data)
+    path = tmp_path / "water.json"
+    path.write_text(json.dumps(data))
+    ran = CliRunner().invoke(main, ["run", str(path)])
+    assert ran.exit_code == 1 and "--charge" not in ran.output
+    assert "(keyword maxiter)" in ran.output and "molecule.molecular_charge" in ran.output
+    assert qcschema.in_input_terms("--max-memory, --xc or --no-such-flag") == (
+        "--max-memory, model.method or --no-such-flag")  # a machine's resource keeps its flag
