@@ -12,7 +12,14 @@ import dfmp2
 from dfmp2.molecule import build_mole
 
 from conftest import INPUTS
-from tolerances import TOL_FP32, TOL_FP64, TOL_OUTCORE, TOL_PRECISION
+from tolerances import (
+    TOL_FP32,
+    TOL_FP32_FLOOR,
+    TOL_FP32_SUMS_REL,
+    TOL_FP64,
+    TOL_OUTCORE,
+    TOL_PRECISION,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +109,21 @@ def test_reduced_precision_error_is_small(water4_scf, precision, tol):
     assert low.result.method.precision == precision
     assert low.e_corr == pytest.approx(ref.e_corr, abs=tol)
     assert low.e_corr != ref.e_corr  # it really ran in reduced precision
+
+
+@pytest.mark.parametrize("kwargs", [{"cpu_blas": "torch"}, {"cpu_blas": "numpy"},
+                                    {"fused_energy": False}, {"pair_energies": True}],
+                         ids=["torch", "numpy", "unfused", "pair-table"])
+def test_fp32_adds_each_pairs_terms_in_float64_on_every_path(water4_scf, kwargs):
+    """--precision fp32 forms each pair's terms T^2/D in float32 and adds them up in float64
+    on every host path (the torch reduction, the numpy one, the unfused one, the pair table),
+    as the compiled reduction does: a float32 sum of nvir^2 terms of one sign drifted by
+    3.6e-6 of E(corr) here and 2.1e-5 on (H2O)8 (past the 1e-5 the summary prints to) on the
+    torch paths, the default where the CPU BLAS is torch's."""
+    ref = dfmp2.DFMP2(water4_scf, backend="pytorch").run()
+    low = dfmp2.DFMP2(water4_scf, backend="pytorch", precision="fp32", **kwargs).run()
+    error = abs(low.e_corr - ref.e_corr) / abs(ref.e_corr)
+    assert TOL_FP32_FLOOR < error < TOL_FP32_SUMS_REL  # float32 products, float64 sums
 
 
 def test_mixed_outcore_stores_fp32(water4_scf, tmp_path):

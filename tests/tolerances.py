@@ -33,6 +33,10 @@ TOL_FP32_REL = 1e-5
 #: ... and at least this far from them: below it the products did not run in float32 (float64
 #: results differ from PySCF's by ~1e-15 relative; float32 ones by ~1e-7).
 TOL_FP32_FLOOR = 1e-9
+#: --precision fp32's E(corr) relative to float64's where each pair's float32 terms are added up
+#: in float64 (every CPU reduction): measured 3e-9 to 9e-8 on (H2O)8 cc-pVDZ; float32 sums of
+#: the terms drifted by 2e-5 there and 3.6e-6 on (H2O)4, past this.
+TOL_FP32_SUMS_REL = 1e-6
 #: Two estimates of the same condition number (LAPACK's 1-norm estimate, rerun).
 TOL_CONDITION_REL = 1e-6
 #: dfmp2 against the NumPy open-shell oracle (tests/open_shell_oracle.py): the same SCF, integrals
