@@ -784,12 +784,18 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             exc.args = (in_input_terms(str(exc)), *exc.args[1:])
         _record_failure(record, exc, job, stamp)
         raise _fail(exc, who) from None
-    except MemoryError as exc:  # an allocation the memory plan did not count, or a limit
-        short = ResourceError(f"out of memory ({str(exc) or 'an allocation failed'}); lower "
-                              "--max-memory or raise the process's memory limit (ulimit -v)")
-        _record_failure(record, short, job, stamp)
-        raise _fail(short, who) from None
-    except RuntimeError as exc:  # a collective that timed out or lost a peer
+    except (MemoryError, RuntimeError) as exc:
+        # an allocation the memory plan did not count, or a limit: Python's MemoryError, or
+        # torch's allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory")
+        if isinstance(exc, MemoryError) or _TORCH_OUT_OF_MEMORY in str(exc):
+            what = (str(exc) if isinstance(exc, MemoryError) else "torch could not allocate "
+                    + str(exc).split("you tried to allocate ", 1)[-1].split(".")[0])
+            short = ResourceError(f"out of memory ({what or 'an allocation failed'}); lower "
+                                  "--max-memory or raise the process's memory limit "
+                                  "(ulimit -v)")
+            _record_failure(record, short, job, stamp)
+            raise _fail(short, who) from None
+        # a collective that timed out or lost a peer
         if ranks is None or not ranks.is_collective_error(exc):
             raise
         _record_failure(record, ranks.collective_error(exc), job, stamp)
@@ -821,6 +827,10 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
         restore()
     if pending.signum is not None:
         raise click.exceptions.Exit(128 + pending.signum)
+
+
+#: What torch's CPU allocator says when an allocation fails (a RuntimeError, not MemoryError).
+_TORCH_OUT_OF_MEMORY = "can't allocate memory"
 
 
 def _schema_fragments(cp: dict, job) -> dict:

@@ -662,6 +662,17 @@ def test_memory_a_limit_refuses_is_one_line(monkeypatch, tmp_path):
         "error: out of memory (Unable to allocate 3.2 GiB); lower --max-memory or raise the "
         "process's memory limit (ulimit -v)")
 
+    def torch_exhausted(*_args, **_kwargs):  # torch's CPU allocator raises no MemoryError
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 36691968 bytes. Error "
+                           "code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(api, "compute", torch_exhausted)
+    ran = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g"])
+    assert ran.exit_code == 1 and ran.stderr.strip() == (
+        "error: out of memory (torch could not allocate 36691968 bytes); lower --max-memory or "
+        "raise the process's memory limit (ulimit -v)")
+
 
 def test_a_scratch_path_too_long_for_its_files_is_one_line(tmp_path):
     """The scratch check's file name is short; the SCF tensor's longer one can pass the system's
