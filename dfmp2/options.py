@@ -216,6 +216,10 @@ class Options:
             raise InputError("--pair-energies keeps every pair's energy by a host op, which "
                              "--require-nki forbids (no stage of the MP2 step may leave NKI); "
                              "drop one of them")
+        if self.require_nki and not self.fused_energy:
+            raise InputError("--no-fused-energy reduces the pair integrals by a host op, which "
+                             "--require-nki forbids (no stage of the MP2 step may leave NKI); "
+                             "drop one of them")
         if self.scratch_dir is not None:
             if not isinstance(self.scratch_dir, (str, os.PathLike)) or isinstance(
                     os.fspath(self.scratch_dir), bytes):

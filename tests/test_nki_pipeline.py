@@ -36,8 +36,8 @@ def scf_and_reference(request):
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 def test_nki_emulated_energy_matches_pytorch(scf_and_reference, fused):
     mf, ref = scf_and_reference
-    pt = dfmp2.DFMP2(mf, backend="nki", nki_emulator=True, require_nki=True,
-                     fused_energy=fused).run()
+    pt = dfmp2.DFMP2(mf, backend="nki", nki_emulator=True, require_nki=fused,  # unfused: a
+                     fused_energy=fused).run()                             # host reduction
     backend = pt.result.backend
     assert backend.resolved == "nki" and backend.nki_mode == "emulator"
     ops = backend.ops
@@ -272,6 +272,8 @@ def test_the_pair_stage_record_says_where_it_ran(monkeypatch):
     ({"nki_matmul": "bf16x3", "fused_energy": False}, "which --no-fused-energy does not run"),
     ({"nki_matmul": "bf16x3", "pair_energies": True}, "which --pair-energies does not run"),
     ({"require_nki": True, "pair_energies": True}, "--pair-energies keeps every pair's energy"),
+    ({"require_nki": True, "fused_energy": False},  # its reduction ran on the host, accepted
+     "--no-fused-energy reduces the pair integrals by a host op, which --require-nki forbids"),
 ])
 def test_nki_settings_that_would_not_apply_are_refused(options, message):
     with pytest.raises(InputError, match=message):
