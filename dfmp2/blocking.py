@@ -135,6 +135,7 @@ def plan_blocks(nao: int, spaces: Sequence[tuple[int, int]], naux: int, max_memo
     if free < smallest:
         need = (resident + smallest) / MB
         dims = " + ".join(f"nocc {o} x nvir {v}" for o, v in spaces)
+        dims = f"({dims})" if len(spaces) > 1 else dims  # both spins' pairs, times naux
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB is too small: with B ({dims} x naux {naux}) "
             f"on disk the metric factors and the smallest blocks still need {need:.1f} MB; "

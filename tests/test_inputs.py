@@ -115,8 +115,13 @@ def test_planner_respects_the_budget_and_refuses_too_little():
     assert 3 * 8 * small.fit_occ * 380 * 1680 <= free  # out of core: three copies of the slab
     mixed = plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=4000, b_itemsize=4)
     assert mixed.b_bytes == plan.b_bytes // 2
-    with pytest.raises(ResourceError, match="give at least"):
+    with pytest.raises(ResourceError, match=r"with B \(nocc 100 x nvir 380 x naux 1680\) .*"
+                                            "give at least"):
         plan_blocks(nao=480, spaces=[(100, 380)], naux=1680, max_memory_mb=5)
+    # an open shell's B holds both spins' pairs, each times naux: bracketed so
+    with pytest.raises(ResourceError, match=r"with B \(\(nocc 20 x nvir 76 \+ nocc 19 x nvir "
+                                            r"77\) x naux 336\) on disk"):
+        plan_blocks(nao=96, spaces=[(20, 76), (19, 77)], naux=336, max_memory_mb=1)
 
 
 def test_memory_error_comes_before_the_scf(monkeypatch):
