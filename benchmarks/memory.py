@@ -40,14 +40,16 @@ def parse_args(argv):
 
 def warm_up() -> None:
     """dfmp2's first run in a process imports torch and the pipeline and starts the BLAS
-    threads (about 200 MiB of RSS): done on water in STO-3G before any measured call, so that
-    the first row's peak rise is the DF-MP2 call's alone, as the others' are."""
+    threads (about 150 MiB of peak RSS): done on water in STO-3G before any measured call, in
+    core and out of core (h5py), so that each row's peak rise is its DF-MP2 call's alone."""
     from pyscf import gto, scf
 
     import dfmp2
 
     mol = gto.M(atom="O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59", basis="sto-3g", verbose=0)
-    dfmp2.DFMP2(scf.RHF(mol).run(conv_tol=1e-10), auxbasis="cc-pvdz-ri").run()
+    mf = scf.RHF(mol).run(conv_tol=1e-10)
+    for outcore in (False, True):
+        dfmp2.DFMP2(mf, auxbasis="cc-pvdz-ri", force_outcore=outcore).run()
 
 
 def measure(mf, limit: int, precision: str) -> dict:

@@ -589,7 +589,8 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
     cpu_blas = la.cpu_blas.as_dict()
     on_device = device is not None and device.device is not None
     if ref.has_pairs and la.backend == "pytorch" and la.cpu_blas.choice == "numpy" \
-            and opts.fused_energy and not on_device:  # a device reduces with torch's ops
+            and opts.fused_energy and not opts.pair_energies and not on_device:
+        # (a device reduces with torch's ops; the pair table with its own host op)
         cpu_blas["pair_reduction"] = numpy_ops.pair_reduction(
             PRECISION_DTYPES[opts.precision][1])
     cpu_blas["threads"] = thread_counts()

@@ -779,17 +779,19 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
             _record_failure(record, signalled, job, stamp)
             raise _interrupted(signalled, who) from None
         if job is not None:  # a QCSchema input: --charge and the like are its own fields
-            from .qcschema import in_input_terms
+            from .qcschema import retell_in_input_terms
 
-            exc.args = (in_input_terms(str(exc)), *exc.args[1:])
+            retell_in_input_terms(exc)
         _record_failure(record, exc, job, stamp)
         raise _fail(exc, who) from None
     except (MemoryError, RuntimeError) as exc:
         # an allocation the memory plan did not count, or a limit: Python's MemoryError, or
         # torch's allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory")
         if isinstance(exc, MemoryError) or _TORCH_OUT_OF_MEMORY in str(exc):
-            what = (str(exc) if isinstance(exc, MemoryError) else "torch could not allocate "
-                    + str(exc).split("you tried to allocate ", 1)[-1].split(".")[0])
+            asked = re.search(r"you tried to allocate (\d+) bytes", str(exc))
+            what = (str(exc) if isinstance(exc, MemoryError) else
+                    f"torch could not allocate {asked.group(1)} bytes" if asked else
+                    f"torch: {str(exc).splitlines()[0]}")
             short = ResourceError(f"out of memory ({what or 'an allocation failed'}); lower "
                                   "--max-memory or raise the process's memory limit "
                                   "(ulimit -v)")

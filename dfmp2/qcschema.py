@@ -26,7 +26,8 @@ from .errors import DFMP2Error, InputError
 
 __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
            "in_input_terms", "input_fragments", "is_schema_input", "keywords_of", "method_energy",
-           "method_options", "read_input", "result_dict", "run_qcschema", "schema_version"]
+           "method_options", "read_input", "result_dict", "retell_in_input_terms",
+           "run_qcschema", "schema_version"]
 
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2", "custom-scs-mp2")
@@ -552,32 +553,52 @@ def run_qcschema(source, **overrides) -> dict:
         result = run(job.mole, **job.options,  # run()'s own arguments (progress=, environment=)
                      **{k: v for k, v in overrides.items() if k not in fields})
     except DFMP2Error as exc:  # its advice in the input's terms too
-        exc.args = (in_input_terms(str(exc)), *exc.args[1:])
+        retell_in_input_terms(exc)
         raise
     return result_dict(result, job)
 
 
-_FLAG = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?![\w=-])(?! \(keyword)")
+#: Flags that are not an option's name: the option, and the keyword value they stand for.
+_FLAG_ALIASES = {"spherical": ("cartesian", False), "simulator": ("nki_simulator", True)}
+#: Flags of what an input states in its own fields, not in keywords.
+_INPUT_FIELDS = {**INPUT_ONLY, "multiplicity": "molecule.molecular_multiplicity",
+                 "basis": "model.basis"}
 
 
 def in_input_terms(message: str) -> str:
-    """An error's ``message`` for a QCSchema input: a command-line flag of the molecule or the
-    method (``--charge``, ``--spin``, ``--xc``, ``--sos``: refused beside such an input) as the
-    input's own field (:data:`INPUT_ONLY`), any other option's flag with the keyword that sets
-    it ('--max-cycle (keyword maxiter)'); other words as they are."""
+    """An error's ``message`` for a QCSchema input: a command-line flag of what the input
+    states in its own fields (``--charge``, ``--spin``, ``--multiplicity``, ``--xc``, ``--sos``,
+    ``--basis``) as that field, any other option's flag with the keyword that sets it
+    ('--max-cycle (keyword maxiter)', '--no-fused-energy (keyword fused_energy false)'); the
+    machine's resources, ``--unit`` (Bohr, the input's own) and other words as they are. A
+    flag already followed by its keyword is left alone."""
     from .options import Options
 
     fields = Options.field_names()
 
     def term(match: re.Match) -> str:
-        option = match.group(1).replace("-", "_")
-        if option in INPUT_ONLY:
-            return INPUT_ONLY[option]
-        if option in fields and option not in _RESOURCES:
-            return f"{match.group(0)} (keyword {_keyword_of(option)})"
+        flag = match.group(1)
+        if flag in _INPUT_FIELDS:
+            return _INPUT_FIELDS[flag]
+        negated = flag.startswith("no-")
+        option = (flag[3:] if negated else flag).replace("-", "_")
+        value = " false" if negated else ""
+        if flag in _FLAG_ALIASES:
+            option, given = _FLAG_ALIASES[flag]
+            value = "" if given else " false"
+        if option in fields and option not in _RESOURCES | {"unit"}:
+            return f"{match.group(0)} (keyword {_keyword_of(option)}{value})"
         return match.group(0)
 
     return _FLAG.sub(term, message)
+
+
+def retell_in_input_terms(exc: DFMP2Error) -> None:
+    """``exc``'s message in the input's terms (:func:`in_input_terms`), in place, where it is
+    one text (every dfmp2 error's; another is left as it is)."""
+    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+        exc.args = (in_input_terms(exc.args[0]),)
 
 
 def load_json(text, what: str):

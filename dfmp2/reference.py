@@ -278,10 +278,10 @@ def frozen_mask(mol, mo_occ: np.ndarray, frozen=None, frozen_core: bool | str = 
                 strict: bool = True) -> np.ndarray:
     """Boolean mask over the MOs of one spin, True = active. ``frozen``: None, an int n (the
     lowest n orbitals), or a list of MO indices (PySCF semantics: a negative one counts from the
-    last MO); ``frozen_core``: False, or
-    the rule of the frozen core (True or 'pyscf': the chemical core per element, ECP-covered
-    cores excluded; 'psi4': :func:`psi4_core_orbitals`). ``strict``: an int that freezes every
-    occupied orbital is an error (an open shell checks both spins together instead)."""
+    last MO); ``frozen_core``: False, or the rule of the frozen core (True or 'pyscf': the
+    chemical core per element, ECP-covered cores excluded; 'psi4': :func:`psi4_core_orbitals`).
+    ``strict``: an int that freezes every occupied orbital is an error (an open shell checks
+    both spins together instead)."""
     nmo = len(mo_occ)
     mask = np.ones(nmo, dtype=bool)
     if frozen_core:

@@ -602,7 +602,7 @@ def _second_order(mf, stall: _Stalled, options: Options, progress) -> None:
                                f"after {stall.cycle} DIIS cycles and {failed}")
         mf.cycles = max(seen)  # with any second-order steps taken before it failed
         mf.solver = (f"DIIS (PySCF) for {stall.cycle} cycles, stalled at |g| = "
-                     f"{stall.gradient:.1e} and {record}; {failed}")
+                     f"{stall.gradient:.1e}; {failed}; {record}")
         return
     done = max(seen)  # PySCF's Newton driver keeps no count of its own
     mf.cycles = done

@@ -556,3 +556,10 @@ def test_an_inputs_error_gives_its_advice_in_the_inputs_terms(tmp_path):
     assert "(keyword maxiter)" in ran.output and "molecule.molecular_charge" in ran.output
     assert qcschema.in_input_terms("--max-memory, --xc or --no-such-flag") == (
         "--max-memory, model.method or --no-such-flag")  # a machine's resource keeps its flag
+    assert qcschema.in_input_terms("--no-fused-energy, --spherical, --basis x, --unit bohr") == (
+        "--no-fused-energy (keyword fused_energy false), --spherical (keyword cartesian false), "
+        "model.basis x, --unit bohr")  # negated and aliased flags; Bohr is the input's own
+    once = qcschema.in_input_terms("raise --max-cycle")
+    assert qcschema.in_input_terms(once) == once  # a flag with its keyword stays so
+    assert qcschema.in_input_terms("/tmp/a--frozen/b --max-cycle=9") == (
+        "/tmp/a--frozen/b --max-cycle=9")  # not flags where they stand

@@ -34,8 +34,8 @@ TOL_FP32_REL = 1e-5
 #: results differ from PySCF's by ~1e-15 relative; float32 ones by ~1e-7).
 TOL_FP32_FLOOR = 1e-9
 #: --precision fp32's E(corr) relative to float64's where each pair's float32 terms are added up
-#: in float64 (every CPU reduction): measured 3e-9 to 9e-8 on (H2O)8 cc-pVDZ; float32 sums of
-#: the terms drifted by 2e-5 there and 3.6e-6 on (H2O)4, past this.
+#: in float64 (every CPU reduction): measured 2e-8 to 5e-8 on (H2O)4 and 3e-9 to 9e-9 on (H2O)8
+#: cc-pVDZ; the torch reduction's float32 sums drifted by 3.6e-6 and 2.1e-5 there, past this.
 TOL_FP32_SUMS_REL = 1e-6
 #: Two estimates of the same condition number (LAPACK's 1-norm estimate, rerun).
 TOL_CONDITION_REL = 1e-6

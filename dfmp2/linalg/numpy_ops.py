@@ -70,8 +70,8 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     ``[(j, b), (i, a)]``, reduced while the block is in cache; a chunk whose weights are all 0
     is skipped, GEMM included. The reduction is the compiled pass (``compiled`` None with a
     float64 ``eps_va``: fp64 and mixed precision; ``compiled=True`` forces it, and it sums in
-    float64 whatever ``eps_va``'s dtype) or numpy ufuncs in ``eps_va``'s dtype
-    (``compiled=False``, and by default the fp32 precision).
+    float64 whatever ``eps_va``'s dtype) or numpy ufuncs in ``eps_va``'s dtype, each pair's
+    terms summed in float64 (``compiled=False``, and by default the fp32 precision).
     Raises :class:`InputError` for operands of the wrong shape or off the CPU, and
     :class:`BackendUnavailableError` for ``compiled=True`` without the compiled pass.
     """
@@ -125,7 +125,7 @@ def pair_reduction(reduce_dtype: torch.dtype) -> str:
     """How :func:`mp2_pair_sums` reduces by default for this reduction dtype, for the record."""
     if _pair_reduce is None or reduce_dtype == torch.float64:
         return PAIR_REDUCTION
-    return f"numpy ufuncs ({reduce_dtype} reduction; the compiled pass sums in float64)"
+    return f"numpy ufuncs ({reduce_dtype} terms summed in float64)"
 
 
 def _weighted_span(weight_g: np.ndarray) -> tuple[int, int]:
@@ -159,6 +159,10 @@ class _Rows:
             self.t = np.empty((group, nvb, nva), dtype=reduce_dtype)
             self.w = np.empty((group, nvb, nva), dtype=reduce_dtype)
             self.swap = np.empty((group, nvb, nva), dtype=reduce_dtype) if exchange else None
+            # below float64 each pair's terms are added up in float64, as the compiled pass
+            # and the torch reduction do (a float32 dot drifts with the number of terms)
+            self.terms = (None if np.dtype(reduce_dtype) == np.float64 else
+                          np.empty((group, nvb * nva), dtype=reduce_dtype))
 
     def gemm(self, jb_rows: np.ndarray, ai_t: np.ndarray) -> np.ndarray:
         """``(ia|jb)`` as (nk, nvb, ng, nva) for the nk j of ``jb_rows`` and ng i of ``ai_t``."""
@@ -179,20 +183,28 @@ class _Rows:
         """``sum_p weight[p] * [direct, exchange](pair p)`` (float64) from contiguous
         M (np, nvb, nva), ``M[p, b, a] = T_ab``, with ``pair_ij[p] = e_i + e_j``; the exchange
         entry is 0.0 unless the buffers were made for it."""
-        npair, nab = m.shape[0], self.nva * self.nvb
+        npair = m.shape[0]
         d = self.w[:npair]  # D[p, b, a] = e_i + e_j - e_b - e_a, then W = M / D in place
         e_b = e_vb.astype(d.dtype, copy=False)
         np.subtract((pair_ij.astype(d.dtype)[:, None] - e_b)[:, :, None], e_va, out=d)
         np.divide(m, d, out=d)
-        w_rows = d.reshape(npair, 1, nab)
-        direct = np.matmul(w_rows, m.reshape(npair, nab, 1)).reshape(npair)
+        direct = self._pair_dots(d, m)
         result = np.array([float(weight @ direct.astype(np.float64)), 0.0])
         if self.swap is not None:
             swap = self.swap[:npair]  # M[p, b, a] -> T_ba = M[p, a, b] (nva == nvb)
             np.copyto(swap, m.transpose(0, 2, 1))
-            exchange = np.matmul(w_rows, swap.reshape(npair, nab, 1)).reshape(npair)
-            result[1] = float(weight @ exchange.astype(np.float64))
+            result[1] = float(weight @ self._pair_dots(d, swap).astype(np.float64))
         return result
+
+    def _pair_dots(self, w: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """(np,) ``sum_ba w_pba m_pba`` of contiguous (np, nvb, nva) blocks: one batched
+        product in float64, or the float32 terms summed in float64."""
+        npair, nab = w.shape[0], self.nva * self.nvb
+        if self.terms is None:
+            return np.matmul(w.reshape(npair, 1, nab), m.reshape(npair, nab, 1)).reshape(npair)
+        terms = np.multiply(w.reshape(npair, nab), m.reshape(npair, nab),
+                            out=self.terms[:npair])
+        return terms.sum(axis=1, dtype=np.float64)
 
 
 def trmm(u_nn: torch.Tensor, b_mn: torch.Tensor) -> torch.Tensor:
