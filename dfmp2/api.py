@@ -131,14 +131,16 @@ def run(geometry, progress=None, environment: dict | None = None, threads: int |
                                     input_unit_source=_unit_source(geometry, options)))
 
 
-def _given_keywords(options: dict, method: Method) -> dict:
-    """The record's keywords of a run given ``options``: those options, as checked
-    (:class:`Options`), under their QCSchema keyword names, with what the run's ``method``
-    adds to run it again (:func:`dfmp2.qcschema.keywords_of`)."""
+def _given_keywords(options: dict, method: Method, given=None) -> dict:
+    """The record's keywords of a run with ``options``: those ``given`` (None: every one of
+    ``options``; the command line passes its defaults too), as checked (:class:`Options`),
+    under their QCSchema keyword names, with what the run's ``method`` adds to run it again
+    (:func:`dfmp2.qcschema.keywords_of`)."""
     from .qcschema import keywords_of
 
     opts = Options.from_kwargs(**options)
-    return keywords_of({name: getattr(opts, name) for name in options}, method)
+    return keywords_of({name: getattr(opts, name) for name in options
+                        if given is None or name in given}, method)
 
 
 def _unit_source(geometry, options: dict) -> str:

@@ -808,15 +808,14 @@ def _run_rank(geometry, json_path, verbose, quiet, options, environment, ranks,
     if result is not None:  # the keywords the record echoes: those given (a QCSchema input's
         from dataclasses import replace  # with the command line's), not every default
 
-        from .qcschema import keywords_of
+        from .api import _given_keywords
 
         if job is not None:
             keywords = dict(job.input.get("keywords") or {})
-        else:  # the values as checked, as dfmp2.run's record has them ('--grid 2': 2)
+        else:  # as checked, as dfmp2.run's record has them ('--grid 2': 2)
             fields = Options.field_names()
-            checked = Options.from_kwargs(**{k: v for k, v in options.items() if k in fields})
-            keywords = keywords_of({k: getattr(checked, k) for k in options
-                                    if k in explicit and k in fields}, result.method)
+            keywords = _given_keywords({k: v for k, v in options.items() if k in fields},
+                                       result.method, given=explicit)
         result = replace(result, keywords=keywords, warnings=(*early, *result.warnings))
     try:
         _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who)
