@@ -277,7 +277,8 @@ _D = Options.default
 @click.option("--precision", type=click.Choice(PRECISIONS, case_sensitive=False),
               default=_D("precision"),
               show_default=True,
-              help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: fp32 reduction per block.")
+              help="mixed: fp32 pair GEMMs with fp64 reduction; fp32: each pair's terms in "
+                   "fp32 too (summed in fp64).")
 @click.option("--force-outcore", is_flag=True,
               help="Keep the fitted integrals (the MP2 step's and the DF-SCF's) in temporary "
                    "files even if they fit in memory.")

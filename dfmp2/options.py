@@ -76,7 +76,7 @@ class Options:
         cores, device memory); auto reads the instance type (hardware) or the emulated target.
     max_memory : working-set budget in MB of the DF-SCF's J/K and of the MP2 step (in turn).
     precision : 'fp64' (default); 'mixed' (fp32 pair GEMMs, fp64 reduction and sums) or 'fp32'
-        (fp32 GEMMs and per-block reduction, fp64 sums of the blocks).
+        (fp32 GEMMs and each pair's terms in fp32, summed in fp64).
     force_outcore : keep B in a temporary HDF5 file even when it fits in memory, and the
         DF-SCF's fitted tensor in its temporary file.
     scratch_dir : directory of that file (default: the system's temporary directory).
