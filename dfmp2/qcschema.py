@@ -296,7 +296,8 @@ def keywords_of(options: dict, method=None) -> dict:
     also what a QCSchema input would otherwise read Psi4's way (:func:`_psi4_conventions`), so
     that the keywords run the same calculation again: the rule of a frozen core
     (``core_rule``, where ``freeze_core`` alone means Psi4's core) and, for a basis Psi4 runs
-    Cartesian, whether it ran so (``cartesian``)."""
+    Cartesian, whether it ran so (``cartesian``); and ``--sos``'s scales (``os_scale`` and
+    ``ss_scale`` 0), which a command line's ``model.method`` (mp2) does not say."""
     from .options import chosen
 
     keywords = {_keyword_of(option): _json_value(chosen(option, value))
@@ -308,6 +309,9 @@ def keywords_of(options: dict, method=None) -> dict:
         if cartesian_elsewhere(method.basis_name) and not any(
                 _option_of(k) == "cartesian" for k in keywords):
             keywords["cartesian"] = bool(method.cartesian)
+        if options.get("sos"):
+            keywords.setdefault("os_scale", method.os_scale)
+            keywords["ss_scale"] = method.ss_scale
     return keywords
 
 

@@ -386,8 +386,8 @@ class Result:
 
     def to_dict(self) -> dict:
         """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
-        if self.double_hybrid:
-            method = self.dh_name.lower()
+        if self.double_hybrid:  # a known one by its name, its scales (if given) as keywords
+            method = (self.double_hybrid.get("functional") or self.dh_name).lower()
         else:
             method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
         basis = self.method.basis_name or ", ".join(sorted(set(self.method.basis.values())))

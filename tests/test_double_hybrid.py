@@ -169,7 +169,9 @@ def test_custom_double_hybrid_and_custom_scales():
     assert custom.to_dict()["model"]["method"] == "custom double hybrid"
     scaled = dfmp2.run(WATER, xc="b2plyp", os_scale=0.3)
     assert scaled.double_hybrid["label"] == "B2PLYP (custom PT2 scales)"
-    assert scaled.to_dict()["model"]["method"] == "b2plyp (custom pt2 scales)"
+    # (the model names the functional; its scales are in the keywords, as an input gives them)
+    assert scaled.to_dict()["model"]["method"] == "b2plyp"
+    assert scaled.to_dict()["keywords"] == {"os_scale": 0.3}
     assert "E(B2PLYP (custom PT2 scales)) total" in scaled.summary()
     assert scaled.e_return == pytest.approx(
         named.e_scf + 0.3 * named.e_corr_os + 0.27 * named.e_corr_ss, abs=TOL_OUTCORE)

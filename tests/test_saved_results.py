@@ -151,6 +151,30 @@ def test_the_record_keywords_say_what_a_qcschema_input_would_read_psi4s_way(tmp_
     assert again["extras"]["method"]["core_rule"] == "pyscf"
 
 
+@pytest.mark.parametrize("options", [{"sos": True}, {"sos": True, "os_scale": 1.2},
+                                     {"xc": "b2plyp", "sos": True, "os_scale": 0.4, "grid": 1}],
+                         ids=["sos", "sos-own-scale", "double-hybrid-sos"])
+def test_a_scaled_runs_record_runs_the_same_scales_again(options):
+    """--sos is stated by no keyword of its own (a command line's model.method is mp2, or the
+    double hybrid's name): the record echoes its scales, so that its molecule, model and
+    keywords run the same scaled energy again (before, SCS-MP2's scales, or a model.method
+    that no input may name)."""
+    result = dfmp2.run(WATER, basis="sto-3g", **options)
+    data = result.to_dict()
+    assert data["keywords"]["ss_scale"] == 0.0
+    again = qcschema.run_qcschema({"schema_name": "qcschema_input", "schema_version": 1,
+                                   "driver": "energy", "molecule": data["molecule"],
+                                   "model": data["model"], "keywords": data["keywords"]})
+    before, after = (record["extras"]["method"]["scaling"] for record in (data, again))
+    assert {**after, "source": None} == {**before, "source": None}  # (source: the flags given)
+    # (qcelemental keeps the geometry to 1e-8 Bohr: the same molecule to 3e-10 Eh)
+    assert again["return_result"] == pytest.approx(data["return_result"], abs=TOL_FP64)
+    totals = [name for name in data["extras"] if name.endswith("mp2_total_energy")]
+    assert totals or "xc" in options  # (sos_mp2_... or custom_scs_mp2_...)
+    for name in totals:
+        assert again["extras"][name] == pytest.approx(data["extras"][name], abs=TOL_FP64)
+
+
 def test_results_are_equal_when_they_mean_the_same():
     """Two runs of one calculation are equal whatever their wall times (timings, the SCF's
     J/K seconds), and equal to their record read back; another basis, or another energy, is
