@@ -144,9 +144,16 @@ class _UsageLine(click.UsageError):
 
 
 def _usage_line(exc: click.UsageError) -> click.UsageError:
-    """``exc`` as one line; a bare command (no arguments: click's help) stays click's."""
+    """``exc`` as one line; a bare command (no arguments: click's help) stays click's. A flag's
+    bad value can only have come from its environment variable, which the line then names."""
     if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
         return exc
+    param = getattr(exc, "param", None)
+    envvar = getattr(param, "envvar", None)
+    if (isinstance(exc, click.BadParameter) and getattr(param, "is_flag", False)
+            and isinstance(envvar, str) and envvar in os.environ):
+        return _UsageLine(f"environment variable {envvar} (it sets {param.opts[-1]}): "
+                          f"{exc.message}; set it to 1 or 0, or unset it", exc.ctx)
     return _UsageLine(exc.format_message(), exc.ctx)
 
 

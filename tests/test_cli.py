@@ -185,6 +185,19 @@ def test_usage_errors_exit_2(args):
     assert lines[0].endswith("--help')") and "Usage:" not in result.output
 
 
+@pytest.mark.parametrize("command, variable", [("run", "DFMP2_NKI_EMULATOR"),
+                                               ("info", "DFMP2_USE_SIMULATOR")])
+def test_a_flags_bad_environment_variable_is_named(command, variable):
+    """A flag's bad value can only come from its environment variable: the line names the
+    variable, not the flag the user did not type."""
+    args = [command, WATER] if command == "run" else [command]
+    result = CliRunner().invoke(main, args, env={variable: "banana"})
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: environment variable {variable} ")
+    assert "'banana' is not a valid boolean" in lines[0] and "set it to 1 or 0" in lines[0]
+
+
 def test_a_bare_command_shows_its_help():
     result = CliRunner().invoke(main, [])
     assert result.output.startswith("Usage: ") and "Commands:" in result.output
