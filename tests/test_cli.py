@@ -81,6 +81,12 @@ def test_info_lists_backends_with_reasons():
     assert "pyscf" in result.stdout and "torch" in result.stdout
     for mode in ("cpu", "cuda", "hardware", "simulator", "emulator"):
         assert mode in result.stdout
+    emulator = [line for line in result.stdout.splitlines() if line.split()[1:2] == ["emulator"]]
+    assert len(emulator) == 1 and emulator[0].endswith("opt in with --nki-emulator")
+    opted = CliRunner().invoke(main, ["info", "--nki-emulator"])
+    emulator = [line for line in opted.output.splitlines() if line.split()[1:2] == ["emulator"]]
+    assert len(emulator) == 1 and emulator[0].endswith("opted in")  # not "opt in with" too
+    assert "opt in with" not in emulator[0]
 
 
 def test_real_subprocess_run(tmp_path):

@@ -25,12 +25,11 @@ def backend_report(nki_emulator: bool = False, nki_simulator: bool = False):
     ):
         found, reason = probe_nki(policy)
         if found == mode:
-            note = "opted in" if mode == "emulator" and nki_emulator else ""
+            note = "available"
             if mode == "emulator":
-                note = (note + "; " if note else "") + (
-                    "dfmp2's NumPy emulator: correctness only, never a performance number; "
-                    "opt in with --nki-emulator")
-            rows.append(("nki", mode, True, note or "available"))
+                note = ("dfmp2's NumPy emulator: correctness only, never a performance number; "
+                        + ("opted in" if nki_emulator else "opt in with --nki-emulator"))
+            rows.append(("nki", mode, True, note))
         else:
             why = reason if found is None else f"this host resolves to {found} mode instead"
             rows.append(("nki", mode, False, why))
