@@ -359,7 +359,9 @@ def _run_ranks(comm, mol, auxmol, plan: RunPlan, opts: Options, la: Dispatcher, 
                                   comm.stage_seconds.items()})
         if comm.rank != 0:
             return None
-        return _assemble(mf, opts, prep, energies, timer, la, environment, distributed=record)
+        device = resolve_device(opts.device, la.backend, True, opts.device_memory)
+        return _assemble(mf, opts, prep, energies, timer, la, environment, distributed=record,
+                         device=device)
     finally:  # the SCF's tensor (a temporary file when out of core) never outlives the run
         if mf is not None:
             release_integrals(mf)

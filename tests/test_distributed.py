@@ -228,6 +228,8 @@ def test_torchrun_equals_one_process(tmp_path, single, world, shell, outcore):
         ref.e_corr_os, abs=TOL_DISTRIBUTED)
     dist = record["extras"]["distributed"]
     assert (dist["world_size"], dist["backend"]) == (world, "gloo")
+    device = record["extras"]["backend"]["device"]  # where the ranks' MP2 step ran (was null)
+    assert device["resolved"] == "host" and "torchrun rank computes on its host" in device["reason"]
     # the work split: every pair once, every rank a share; functions and orbitals all dealt
     assert sum(dist["pair_shares"]) == record["extras"]["sizes"]["npairs"] == ref.sizes.npairs
     assert len(dist["pair_shares"]) == world and min(dist["pair_shares"]) > 0
