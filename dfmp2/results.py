@@ -280,7 +280,8 @@ class Result:
 
     Two results are equal when they mean the same: every energy and record alike, wall times
     aside (``timings`` and the seconds of the SCF's J/K, stability and distributed records),
-    which differ between two runs of one calculation.
+    which differ between two runs of one calculation, and so does a CUDA device's budget
+    (``backend.device``'s ``memory_mb``: its free memory at the start, or the budget given).
     """
 
     e_scf: float
@@ -835,15 +836,18 @@ def _interaction(extras: dict) -> dict | None:
 
 def _timeless(result: Result) -> tuple:
     """``result``'s fields without its wall times: ``timings``, and the seconds of the SCF's
-    J/K (``scf.jk_stats``), of its stability analysis and of each rank of a distributed run
-    (:meth:`Result.__eq__`)."""
+    J/K (``scf.jk_stats``), of its stability analysis and of each rank of a distributed run;
+    nor a CUDA device's free memory at the start (``backend.device``'s ``memory_mb``; what it
+    changed, the device plan, stays) (:meth:`Result.__eq__`)."""
     def without(record: dict | None, key: str) -> dict | None:
         return None if record is None else {k: v for k, v in record.items() if k != key}
 
     scf = replace(result.scf, jk_stats=without(result.scf.jk_stats, "seconds"),
                   stability=without(result.scf.stability, "seconds"))
     kept = replace(result, timings={}, scf=scf,
-                   distributed=without(result.distributed, "stage_seconds"))
+                   distributed=without(result.distributed, "stage_seconds"),
+                   backend=replace(result.backend,
+                                   device=without(result.backend.device, "memory_mb")))
     return tuple(getattr(kept, f.name) for f in fields(kept))
 
 

@@ -177,8 +177,8 @@ def test_a_scaled_runs_record_runs_the_same_scales_again(options):
 
 def test_results_are_equal_when_they_mean_the_same():
     """Two runs of one calculation are equal whatever their wall times (timings, the SCF's
-    J/K seconds), and equal to their record read back; another basis, or another energy, is
-    another result."""
+    J/K seconds) and a GPU's free memory, and equal to their record read back; another
+    basis, another energy or another device plan is another result."""
     first, second = (dfmp2.run(WATER, basis="sto-3g") for _ in range(2))
     slower = replace(second, timings={k: v + 1.0 for k, v in second.timings.items()},
                      scf=replace(second.scf, jk_stats={**second.scf.jk_stats, "seconds": 9.0}))
@@ -188,6 +188,16 @@ def test_results_are_equal_when_they_mean_the_same():
     assert first != replace(first, e_corr_os=first.e_corr_os * (1 + 1e-12))
     assert first != replace(first, keywords={"freeze_core": True})
     assert first != first.to_dict()
+    # on a GPU: the device's free memory at the start differs between two runs (the first
+    # leaves torch's cache behind), the plan it chose is the run's
+    on_gpu = {**first.backend.device, "resolved": "cuda:0", "memory_mb": 139000.0,
+              "plan": {"b_placement": "device", "occ_block": 5, "aux_block": 84, "fit_occ": 5,
+                       "device_mb": 0.2}}
+    gpu = replace(first, backend=replace(first.backend, device=on_gpu))
+    assert gpu == replace(gpu, backend=replace(gpu.backend, device={**on_gpu,
+                                                                    "memory_mb": 137000.0}))
+    assert gpu != first and gpu != replace(gpu, backend=replace(gpu.backend, device={
+        **on_gpu, "plan": {**on_gpu["plan"], "occ_block": 2}}))
 
 
 def test_what_is_not_a_dfmp2_result_is_refused_in_one_line(tmp_path):
