@@ -20,6 +20,7 @@ time holds a limit, and two runs on threads of one process cannot have different
 from __future__ import annotations
 
 import ctypes
+import functools
 import numbers
 import os
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ from contextlib import contextmanager
 from ._names import MAX_THREADS
 from .errors import InputError
 
-__all__ = ["limit", "counts", "openblas_libraries", "available"]
+__all__ = ["limit", "counts", "openblas_libraries", "available", "numpy_blas_threads",
+           "single_threaded_numpy_blas"]
 
 #: The C functions ``openblas_get_num_threads`` and ``openblas_set_num_threads`` under the names
 #: OpenBLAS builds give them: plain, and scipy-openblas's (numpy's wheel: 64-bit integers, suffix
@@ -69,6 +71,40 @@ def _owner(path: str) -> str:
         if part in ("site-packages", "dist-packages"):
             return parts[i + 1].removesuffix(".libs")
     return os.path.basename(path)
+
+
+@functools.cache
+def _numpy_openblas():
+    """(get, set) thread-count functions of numpy's OpenBLAS; None where numpy's BLAS is not
+    an OpenBLAS with them (found once: a loaded library stays)."""
+    import numpy  # noqa: F401  (its BLAS is mapped once numpy is imported)
+
+    for path in openblas_libraries():
+        if _owner(path) == "numpy":
+            return _openblas_calls(path)
+    return None
+
+
+def numpy_blas_threads() -> int:
+    """Threads of numpy's OpenBLAS now (1 where it has no such call)."""
+    calls = _numpy_openblas()
+    return 1 if calls is None else max(1, int(calls[0]()))
+
+
+@contextmanager
+def single_threaded_numpy_blas():
+    """numpy's OpenBLAS on one thread inside the ``with`` block, its count restored afterwards
+    (on error too): for Python threads that each run their own products."""
+    calls = _numpy_openblas()
+    if calls is None:
+        yield
+        return
+    before = int(calls[0]())
+    calls[1](1)
+    try:
+        yield
+    finally:
+        calls[1](before)
 
 
 def counts() -> dict:

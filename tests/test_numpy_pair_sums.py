@@ -157,6 +157,67 @@ def test_agrees_with_the_torch_implementation():
                               rtol=TOL_MATRIX_REL, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["diagonal", "square-weighted", "rectangular"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "ufuncs"])
+def test_any_number_of_threads_gives_the_same_sum_bit_for_bit(kind, precision, compiled,
+                                                                monkeypatch):
+    """The tasks (one GEMM and its reduction each) run on 1 to 5 threads; their sums are added
+    in the tasks' order, so every count gives the same bits, within the oracle's tolerance."""
+    b_dtype, r_dtype, rel = PRECISIONS[precision]
+    args = _operands(kind, 9, seed=90)
+    nvb = args[1].shape[1]
+    monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", 4 * NVA * nvb * 8)  # one j per GEMM
+    cast = _cast(args, b_dtype, r_dtype)
+    sums = [numpy_ops.mp2_pair_sums(*cast, compiled=compiled, workers=n) for n in range(1, 6)]
+    assert all(torch.equal(got, sums[0]) for got in sums[1:]), sums
+    _assert_matches(sums[0], energy.reference_pair_sums(*args), rel)
+
+
+def test_the_threads_run_the_blas_on_one_thread_each_and_put_it_back(monkeypatch):
+    """Inside the threaded call numpy's BLAS runs on one thread (each worker its own GEMMs);
+    its count is restored afterwards, after an error too."""
+    from dfmp2.threads import numpy_blas_threads
+
+    before = numpy_blas_threads()
+    seen = []
+    real = numpy_ops._Rows.gemm
+
+    def gemm(self, jb_rows, ai_t):
+        seen.append(numpy_blas_threads())
+        if len(seen) == 3 and fail:
+            raise RuntimeError("a GEMM failed")
+        return real(self, jb_rows, ai_t)
+
+    monkeypatch.setattr(numpy_ops._Rows, "gemm", gemm)
+    monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", 4 * NVA * NVA * 8)  # 15 GEMMs
+    args = _operands("square", 9, seed=95)
+    fail = False
+    numpy_ops.mp2_pair_sums(*args, workers=3)
+    assert len(seen) > 3 and set(seen) == {1} and numpy_blas_threads() == before
+    seen.clear()
+    fail = True
+    with pytest.raises(RuntimeError, match="a GEMM failed"):
+        numpy_ops.mp2_pair_sums(*args, workers=3)
+    assert numpy_blas_threads() == before
+    seen.clear()
+    fail = False
+    numpy_ops.mp2_pair_sums(*args, workers=1)  # one worker: the BLAS keeps its threads
+    assert set(seen) == {before}
+
+
+def test_the_threads_are_no_more_than_the_tasks_and_the_planners_budget_hold():
+    budget = numpy_ops.pair_block_budget(4, 4, 10, 10)  # 8*4*4*100 + 3*8*4*100 bytes
+    assert budget == 22400
+    assert numpy_ops.worker_count(8, 100, 1000, budget) == 8
+    assert numpy_ops.worker_count(8, 3, 1000, budget) == 3  # no more than the tasks
+    assert numpy_ops.worker_count(8, 100, 5000, budget) == 4  # 22400 // 5000 buffers fit
+    assert numpy_ops.worker_count(8, 100, 10**9, budget) == 1  # one always runs
+    for bad in (0, -1, 2.0, True, None):
+        with pytest.raises(InputError, match="workers must be a whole number >= 1"):
+            numpy_ops.worker_count(bad, 10, 1, 100)
+
+
 def test_the_fp32_reduction_runs_on_numpy_by_default(monkeypatch):
     """A float32 eps_va means a float32 reduction: the compiled pass (float64) is not used."""
 

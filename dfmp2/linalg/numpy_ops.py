@@ -4,8 +4,13 @@ Why a separate implementation: numpy's OpenBLAS keeps its worker threads spinnin
 after each call. Any torch op run between two BLAS calls wakes torch's own OpenMP pool, whose
 threads then share the cores with the spinning BLAS workers; on a 2-core machine this made
 every torch copy or reduction between GEMMs several times slower. Here every elementwise step
-is a single-threaded numpy ufunc in the calling thread, so the only thread pool in play is the
-BLAS's own, and no wait policy has to be set before torch loads.
+is a single-threaded numpy ufunc or the compiled pass, and no wait policy has to be set before
+torch loads.
+
+The pair step runs one Python thread per BLAS thread (:func:`worker_count`), each its own
+GEMMs on a single BLAS thread and its own reductions (both release the GIL): one GEMM on all
+threads followed by a reduction on one left the other cores idle for the reduction, and its
+small GEMMs (N = 4 nvir) split across 16 threads ran at a fraction of their rate.
 
 The reduction also works a few pairs at a time (:data:`CHUNK_BYTES`): each GEMM writes
 ``(ia|jb)`` for a handful of pairs, and the reduction reads it back while it is still in cache.
@@ -16,11 +21,14 @@ C compiler is present) or, without it, numpy ufuncs; :data:`PAIR_REDUCTION` says
 from __future__ import annotations
 
 import importlib.util
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ..errors import BackendUnavailableError, InputError
+from ..threads import numpy_blas_threads, single_threaded_numpy_blas
 from . import torch_ops  # a module reference: torch_ops imports cpu_blas, which imports us
 
 try:
@@ -57,7 +65,7 @@ GROUP_ROWS = 4
 def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                   eps_j: torch.Tensor, eps_va: torch.Tensor, eps_vb: torch.Tensor,
                   weights: torch.Tensor, exchange: bool,
-                  compiled: bool | None = None) -> torch.Tensor:
+                  compiled: bool | None = None, workers: int | None = None) -> torch.Tensor:
     """Same contract as :func:`dfmp2.linalg.torch_ops.mp2_pair_sums` (CPU tensors only).
 
     ovL_i (ni, nva, naux), ovL_j (nj, nvb, naux); eps_i (ni,), eps_j (nj,), eps_va (nva,),
@@ -72,6 +80,10 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     float64 ``eps_va``: fp64 and mixed precision; ``compiled=True`` forces it, and it sums in
     float64 whatever ``eps_va``'s dtype) or numpy ufuncs in ``eps_va``'s dtype, each pair's
     terms summed in float64 (``compiled=False``, and by default the fp32 precision).
+    The tasks (a group and a chunk: one GEMM and its reduction) run on ``workers`` threads
+    (None: numpy's BLAS threads, the run's count), each on one BLAS thread, at most as many as
+    the planner's budget for the block holds buffers for (:func:`worker_count`); their sums
+    are added in the tasks' order, so the result is the same whatever the threads.
     Raises :class:`InputError` for operands of the wrong shape or off the CPU, and
     :class:`BackendUnavailableError` for ``compiled=True`` without the compiled pass.
     """
@@ -93,39 +105,114 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     diagonal_block = torch_ops.is_diagonal_block(ovL_i, ovL_j, weights)
     w_ij = weights.numpy()
     b_i, b_j = ovL_i.numpy(), ovL_j.numpy()
-    jb_rows = b_j.reshape(nj * nvb, naux)
-    e_i, e_j, e_vb = eps_i.numpy(), eps_j.numpy(), eps_vb.numpy()
     group = min(GROUP_ROWS, ni)
     chunk = int(max(1, min(nj, CHUNK_BYTES // (group * nva * nvb * b_i.itemsize))))
-    rows = _Rows(max(chunk, group), group, nva, nvb, gemm_dtype=b_i.dtype,
-                 reduce_dtype=e_va.dtype, numpy_reduction=not compiled, exchange=exchange)
-    e_va64, e_vb64 = (np.ascontiguousarray(e, dtype=np.float64) for e in (e_va, e_vb))
-    for g0 in range(0, ni, group):
-        g1 = min(g0 + group, ni)
-        ai_t = b_i[g0:g1].reshape((g1 - g0) * nva, naux).T
-        for k0, k1 in _chunks(g0, g1, nj, chunk, diagonal_block):
-            weight = np.ascontiguousarray(w_ij[g0:g1, k0:k1].T)  # (nk, ng)
-            if not weight.any():
-                continue
-            t_kbga = rows.gemm(jb_rows[k0 * nvb : k1 * nvb], ai_t)
-            pair_e = np.add.outer(e_j[k0:k1].astype(np.float64), e_i[g0:g1].astype(np.float64))
-            if compiled:
-                total += _pair_reduce.pair_sums(t_kbga, k1 - k0, nvb, g1 - g0, nva, pair_e,
-                                                weight, e_va64, e_vb64, exchange)
-                continue
-            for k in range(k1 - k0):
-                p0, p1 = _weighted_span(weight[k])
-                if p0 < p1:
-                    t_gba = rows.pairs(t_kbga[k, :, p0:p1])
-                    total += rows.sums(t_gba, pair_e[k, p0:p1], e_va, e_vb, weight[k, p0:p1])
+    tasks = [(g0, min(g0 + group, ni), k0, k1) for g0 in range(0, ni, group)
+             for k0, k1 in _chunks(g0, min(g0 + group, ni), nj, chunk, diagonal_block)
+             if w_ij[g0:g0 + group, k0:k1].any()]  # a chunk of weights 0: no GEMM either
+    block = _Block(b_i, b_j.reshape(nj * nvb, naux), eps_i.numpy(), eps_j.numpy(), e_va,
+                   eps_vb.numpy(), w_ij, compiled, exchange, tasks, max(chunk, group), group)
+    count = worker_count(_workers() if workers is None else workers, len(tasks),
+                         block.bytes_per_worker(), pair_block_budget(ni, nj, nva, nvb))
+    if count <= 1:
+        for t in range(len(tasks)):
+            block.run(t)
+    else:  # each worker its own GEMMs on one BLAS thread, and its own reductions
+        with single_threaded_numpy_blas(), ThreadPoolExecutor(count) as pool:
+            list(pool.map(block.run, range(len(tasks))))
+    for task_sums in block.sums:  # in the tasks' order: the same sum whatever the workers
+        total += task_sums
     return torch.from_numpy(total)
 
 
+def pair_block_budget(ni: int, nj: int, nva: int, nvb: int) -> int:
+    """Bytes the planner gives a call on an ni x nj pair block besides B
+    (:func:`dfmp2.blocking.pair_block_bytes`: the (ia|jb) block and three row buffers)."""
+    return 8 * ni * nj * nva * nvb + 3 * 8 * ni * nva * nvb
+
+
+def worker_count(workers: int, ntasks: int, bytes_per_worker: int, budget: int) -> int:
+    """Threads for a call of ``ntasks`` GEMM-and-reduction tasks: ``workers`` (the BLAS's
+    thread count), no more than the tasks, and no more than the ``budget`` holds workers'
+    buffers of ``bytes_per_worker`` (one at least)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"mp2_pair_sums: workers must be a whole number >= 1, got {workers!r}")
+    return max(1, min(workers, ntasks, budget // max(1, bytes_per_worker)))
+
+
+class _Block:
+    """One call's operands and its tasks (a group of i and a chunk of j: one GEMM and its
+    reduction); :meth:`run` does one task into ``sums`` with the calling thread's buffers."""
+
+    def __init__(self, b_i, jb_rows, e_i, e_j, e_va, e_vb, w_ij, compiled: bool,
+                 exchange: bool, tasks, chunk: int, group: int):
+        self.b_i, self.jb_rows, self.e_i, self.e_j = b_i, jb_rows, e_i, e_j
+        self.e_va, self.e_vb, self.w_ij = e_va, e_vb, w_ij
+        self.compiled, self.exchange = compiled, exchange
+        self.e_va64, self.e_vb64 = (np.ascontiguousarray(e, dtype=np.float64)
+                                    for e in (e_va, e_vb))
+        self.tasks, self.chunk, self.group = tasks, chunk, group
+        self.sums = np.zeros((len(tasks), 2))  # (ntasks, [direct, exchange])
+        self._local = threading.local()
+
+    def _rows(self) -> "_Rows":
+        """The calling thread's buffers, made at its first task."""
+        rows = getattr(self._local, "rows", None)
+        if rows is None:
+            rows = self._local.rows = _Rows(
+                self.chunk, self.group, self.b_i.shape[1], len(self.e_vb),
+                gemm_dtype=self.b_i.dtype, reduce_dtype=self.e_va.dtype,
+                numpy_reduction=not self.compiled, exchange=self.exchange)
+        return rows
+
+    def bytes_per_worker(self) -> int:
+        """The buffers of one thread (:class:`_Rows`)."""
+        nva, nvb = self.b_i.shape[1], len(self.e_vb)
+        block = self.chunk * self.group * nva * nvb * self.b_i.itemsize
+        rows = 0 if self.compiled else (3 + (self.e_va.dtype != np.float64)) * (
+            self.group * nva * nvb * self.e_va.itemsize)
+        return block + rows
+
+    def run(self, t: int) -> None:
+        """``sums[t]``: the weighted [direct, exchange] sums of task ``t``."""
+        g0, g1, k0, k1 = self.tasks[t]
+        rows = self._rows()
+        nva, naux = self.b_i.shape[1], self.b_i.shape[2]
+        nvb = len(self.e_vb)
+        weight = np.ascontiguousarray(self.w_ij[g0:g1, k0:k1].T)  # (nk, ng)
+        ai_t = self.b_i[g0:g1].reshape((g1 - g0) * nva, naux).T
+        t_kbga = rows.gemm(self.jb_rows[k0 * nvb : k1 * nvb], ai_t)
+        pair_e = np.add.outer(self.e_j[k0:k1].astype(np.float64),
+                              self.e_i[g0:g1].astype(np.float64))
+        if self.compiled:
+            self.sums[t] = _pair_reduce.pair_sums(t_kbga, k1 - k0, nvb, g1 - g0, nva, pair_e,
+                                                  weight, self.e_va64, self.e_vb64,
+                                                  self.exchange)
+            return
+        for k in range(k1 - k0):
+            p0, p1 = _weighted_span(weight[k])
+            if p0 < p1:
+                t_gba = rows.pairs(t_kbga[k, :, p0:p1])
+                self.sums[t] += rows.sums(t_gba, pair_e[k, p0:p1], self.e_va, self.e_vb,
+                                          weight[k, p0:p1])
+
+
+def _workers() -> int:
+    """Threads of the pair step: numpy's BLAS threads (the run's count)."""
+    return numpy_blas_threads()
+
+
 def pair_reduction(reduce_dtype: torch.dtype) -> str:
-    """How :func:`mp2_pair_sums` reduces by default for this reduction dtype, for the record."""
+    """How :func:`mp2_pair_sums` reduces by default for this reduction dtype, and on how many
+    threads with the BLAS's count now, for the record."""
     if _pair_reduce is None or reduce_dtype == torch.float64:
-        return PAIR_REDUCTION
-    return f"numpy ufuncs ({reduce_dtype} terms summed in float64)"
+        how = PAIR_REDUCTION
+    else:
+        how = f"numpy ufuncs ({reduce_dtype} terms summed in float64)"
+    workers = _workers()
+    if workers > 1:
+        how += f"; on up to {workers} threads, each its own GEMMs on one BLAS thread"
+    return how
 
 
 def _weighted_span(weight_g: np.ndarray) -> tuple[int, int]:
