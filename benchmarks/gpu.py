@@ -38,7 +38,7 @@ if _core.get("library"):  # a file name, not this machine's path, goes into the 
     _core["library"] = os.path.basename(_core["library"])
 
 from machine import cpu_model, machine_info  # noqa: E402
-from run import find_xyz, molecule_dirs  # noqa: E402
+from run import find_xyz, molecule_dirs, provenance, provenance_line  # noqa: E402
 
 #: fp64 agreement of the device path with the host path (the same SCF, the same formulas).
 TOL_DEVICE = 1e-10
@@ -137,6 +137,7 @@ def _host_blas(result: dict) -> str:
 def report(result: dict) -> str:
     rates = result["device_gemm"]
     lines = [f"# DF-MP2 on a device: `{result['name']}`", "",
+             *([provenance_line(result["provenance"]), ""] if "provenance" in result else []),
              f"Device: {result['device_name']}; CPU: {result['cpu']} ({result['cores']} cores). "
              f"Device GEMM (torch, n={rates['fp64']['n']}): DGEMM {rates['fp64']['tflops']:.1f} "
              f"TFLOP/s, SGEMM {rates['fp32']['tflops']:.1f} (TF32 off). Host path: "
@@ -189,7 +190,8 @@ def main() -> None:
                          "script's machinery on the host (a smoke test)")
     device_name = (torch.cuda.get_device_name() if args.device == "cuda"
                    else f"none (--device cpu: the host path twice, {cpu_model()})")
-    result = {"name": args.name, "machine": machine_info(), "cpu": cpu_model(),
+    result = {"name": args.name, "provenance": provenance("gpu.py", sys.argv[1:]),
+              "machine": machine_info(), "cpu": cpu_model(),
               "cores": os.cpu_count(), "device_name": device_name,
               "environment": ENVIRONMENT,
               "max_memory_mb": args.max_memory,

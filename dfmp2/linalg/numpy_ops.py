@@ -118,6 +118,7 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
         for t in range(len(tasks)):
             block.run(t)
     else:  # each worker its own GEMMs on one BLAS thread, and its own reductions
+        # (an error or a signal cancels the tasks not begun: Executor.map's own cleanup)
         with single_threaded_numpy_blas(), ThreadPoolExecutor(count) as pool:
             list(pool.map(block.run, range(len(tasks))))
     for task_sums in block.sums:  # in the tasks' order: the same sum whatever the workers
