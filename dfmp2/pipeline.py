@@ -518,6 +518,7 @@ def _table_block(la: Dispatcher, args, matrix: PairMatrix, kind: SpinBlock, rows
     os_ij, ss_ij = kind.energies(table[..., 0], table[..., 1])
     (i0, i1), (j0, j1) = rows, cols
     for target, values in ((matrix.os, os_ij), (matrix.ss, ss_ij)):
+        values = values + 0.0  # a spin block's missing part reads 0, not -0.0
         target[i0:i1, j0:j1] = values
         if kind.triangular and (i0, i1) != (j0, j1):
             target[j0:j1, i0:i1] = np.transpose(values)

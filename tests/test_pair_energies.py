@@ -73,6 +73,11 @@ def test_blocked_pair_matrices_equal_whole_einsums(occ_block):
     assert blocks["alpha-beta"].spaces == (0, 1) and blocks["beta-beta"].spaces == (1, 1)
     total_ss = sum(m.ss.sum() for m in opened.pairs)
     assert abs(total_ss - opened.e_ss) <= TOL_COMPONENT_SUM
+    # what a spin block cannot have (same-spin OS, opposite-spin SS, i = j of one spin) is 0
+    assert not blocks["alpha-alpha"].os.any() and not blocks["alpha-beta"].ss.any()
+    for m in opened.pairs:  # never -0.0, which a table or a plot would print as "-0"
+        for values in (m.os, m.ss):
+            assert not np.any(np.signbit(values) & (values == 0)), m.block
 
 
 def test_pair_energies_match_pyscf_amplitudes():
