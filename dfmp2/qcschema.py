@@ -297,7 +297,9 @@ def keywords_of(options: dict, method=None) -> dict:
     that the keywords run the same calculation again: the rule of a frozen core
     (``core_rule``, where ``freeze_core`` alone means Psi4's core) and, for a basis Psi4 runs
     Cartesian, whether it ran so (``cartesian``); and ``--sos``'s scales (``os_scale`` and
-    ``ss_scale`` 0), which a command line's ``model.method`` (mp2) does not say."""
+    ``ss_scale`` 0), which a command line's ``model.method`` (mp2) does not say. A custom
+    double hybrid (``xc`` an expression) has no ``model.method`` an input may name: its record
+    does not run again."""
     from .options import chosen
 
     keywords = {_keyword_of(option): _json_value(chosen(option, value))

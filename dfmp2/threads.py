@@ -23,6 +23,7 @@ import ctypes
 import functools
 import numbers
 import os
+import threading
 from contextlib import contextmanager
 
 from ._names import MAX_THREADS
@@ -32,10 +33,12 @@ __all__ = ["limit", "counts", "openblas_libraries", "available", "numpy_blas_thr
            "single_threaded_numpy_blas"]
 
 #: The C functions ``openblas_get_num_threads`` and ``openblas_set_num_threads`` under the names
-#: OpenBLAS builds give them: plain, and scipy-openblas's (numpy's wheel: 64-bit integers, suffix
-#: ``64_``; scipy's: 32-bit, no suffix). A name ending in ``_`` alone is the Fortran interface,
-#: which takes a pointer: not these.
+#: OpenBLAS builds give them: plain; numpy 1.x's wheels' 64-bit-integer build (suffix ``64_``);
+#: scipy-openblas's (numpy 2's wheel: 64-bit integers, suffix ``64_``; scipy's: 32-bit, no
+#: suffix). A name ending in ``_`` alone, or in ``_64_``, is the Fortran interface, which takes a
+#: pointer: not these.
 _THREAD_SYMBOLS = (("openblas_get_num_threads", "openblas_set_num_threads"),
+                   ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
                    ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
                    ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"))
 
@@ -53,7 +56,12 @@ def openblas_libraries() -> list[str]:
 
 def _openblas_calls(path: str):
     """(get, set) thread-count functions of the OpenBLAS at ``path``; None if it has none."""
-    handle = ctypes.CDLL(path)
+    return _thread_calls(ctypes.CDLL(path))
+
+
+def _thread_calls(handle):
+    """(get, set) thread-count functions of a loaded OpenBLAS ``handle``, under the first names
+    of :data:`_THREAD_SYMBOLS` it has; None if it has none."""
     for get_name, set_name in _THREAD_SYMBOLS:
         get, put = getattr(handle, get_name, None), getattr(handle, set_name, None)
         if get is not None and put is not None:
@@ -91,6 +99,12 @@ def numpy_blas_threads() -> int:
     return 1 if calls is None else max(1, int(calls[0]()))
 
 
+#: :func:`single_threaded_numpy_blas`'s blocks open in this process, and numpy's BLAS count
+#: before the first of them (the count is the process's, so two overlapping blocks, on two
+#: Python threads, share one saved count; the last to close restores it).
+_single = {"lock": threading.Lock(), "depth": 0, "saved": 1}
+
+
 @contextmanager
 def single_threaded_numpy_blas():
     """numpy's OpenBLAS on one thread inside the ``with`` block, its count restored afterwards
@@ -99,12 +113,18 @@ def single_threaded_numpy_blas():
     if calls is None:
         yield
         return
-    before = int(calls[0]())
-    calls[1](1)
+    with _single["lock"]:
+        if _single["depth"] == 0:
+            _single["saved"] = int(calls[0]())
+            calls[1](1)
+        _single["depth"] += 1
     try:
         yield
     finally:
-        calls[1](before)
+        with _single["lock"]:
+            _single["depth"] -= 1
+            if _single["depth"] == 0:
+                calls[1](_single["saved"])
 
 
 def counts() -> dict:

@@ -176,12 +176,25 @@ def test_any_number_of_threads_gives_the_same_sum_bit_for_bit(kind, precision, c
     _assert_matches(sums[0], energy.reference_pair_sums(*args), rel)
 
 
-def test_the_threads_run_the_blas_on_one_thread_each_and_put_it_back(monkeypatch):
-    """Inside the threaded call numpy's BLAS runs on one thread (each worker its own GEMMs);
-    its count is restored afterwards, after an error too, which cancels the tasks not begun."""
+@pytest.fixture
+def blas_at_two():
+    """numpy's BLAS at 2 threads for the test (what a run of this 2-core machine has; the
+    suite may run with OMP_NUM_THREADS=1), put back after; skipped where it cannot be set."""
+    from dfmp2.threads import limit, numpy_blas_threads
+
+    with limit(2):
+        if numpy_blas_threads() != 2:
+            pytest.skip("numpy's BLAS thread count cannot be set here (not an OpenBLAS)")
+        yield
+
+
+def test_the_threads_run_the_blas_on_one_thread_each_and_put_it_back(blas_at_two,
+                                                                        monkeypatch):
+    """Inside the call numpy's BLAS runs on one thread (each worker its own GEMMs, and one
+    worker too); its count is restored afterwards, after an error too, which cancels the
+    tasks not begun."""
     from dfmp2.threads import numpy_blas_threads
 
-    before = numpy_blas_threads()
     seen = []
     real = numpy_ops._Rows.gemm
 
@@ -197,18 +210,62 @@ def test_the_threads_run_the_blas_on_one_thread_each_and_put_it_back(monkeypatch
     monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", 4 * NVA * NVA * 8)  # 15 GEMMs
     args = _operands("square", 9, seed=95)
     fail = False
-    numpy_ops.mp2_pair_sums(*args, workers=3)
-    assert len(seen) > 3 and set(seen) == {1} and numpy_blas_threads() == before
+    for workers in (3, 1):
+        seen.clear()
+        numpy_ops.mp2_pair_sums(*args, workers=workers)
+        assert len(seen) == 15 and set(seen) == {1} and numpy_blas_threads() == 2
     seen.clear()
     fail = True
     with pytest.raises(RuntimeError, match="a GEMM failed"):
         numpy_ops.mp2_pair_sums(*args, workers=3)
-    assert numpy_blas_threads() == before
+    assert numpy_blas_threads() == 2
     assert len(seen) < 10  # of 15: the tasks not yet begun were cancelled
-    seen.clear()
-    fail = False
-    numpy_ops.mp2_pair_sums(*args, workers=1)  # one worker: the BLAS keeps its threads
-    assert set(seen) == {before}
+
+
+def test_the_bits_do_not_depend_on_the_runs_threads():
+    """GEMMs large enough for OpenBLAS to split (whose bits then depend on its threads): the
+    call gives the same bits under --threads 1 and 2, with one task (one worker) or several.
+    Before every GEMM ran on one BLAS thread, the one-task call differed by 3e-8."""
+    from dfmp2.threads import limit
+
+    rng = np.random.default_rng(7)
+    for ni in (4, 8):  # one task (a group of 4, every j in one chunk), two tasks
+        b_i = torch.from_numpy(rng.standard_normal((ni, 100, 2000)))
+        b_j = torch.from_numpy(rng.standard_normal((12, 100, 2000)))
+        e_i, e_j = (torch.from_numpy(-1 - rng.random(n)) for n in (ni, 12))
+        e_v = torch.from_numpy(1 + rng.random(100))
+        weights = torch.ones(ni, 12, dtype=torch.float64)
+        sums = []
+        for count in (1, 2):
+            with limit(count):
+                sums.append(numpy_ops.mp2_pair_sums(b_i, b_j, e_i, e_j, e_v, e_v, weights,
+                                                    True))
+        assert torch.equal(sums[0], sums[1]), (ni, sums)
+
+
+def test_the_call_runs_as_many_workers_as_worker_count_allows(monkeypatch):
+    """mp2_pair_sums applies worker_count: the workers asked for, no more than the budget
+    holds buffers for, and a budget too small for two runs the tasks in the calling thread."""
+    pools = []
+
+    class Recorded(numpy_ops.ThreadPoolExecutor):
+        def __init__(self, max_workers):
+            pools.append(max_workers)
+            super().__init__(max_workers)
+
+    monkeypatch.setattr(numpy_ops, "ThreadPoolExecutor", Recorded)
+    monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", 4 * NVA * NVA * 8)  # 15 tasks
+    args = _operands("square", 9, seed=96)
+    want = energy.reference_pair_sums(*args)
+    # (the budget of a 9 x 5 block, 20736 bytes, holds 4 workers' buffers of 4608)
+    for workers, pool in ((3, [3]), (40, [4]), (1, [])):
+        pools.clear()
+        _assert_matches(numpy_ops.mp2_pair_sums(*args, workers=workers), want, TOL_MATRIX_REL)
+        assert pools == pool, workers
+    monkeypatch.setattr(numpy_ops, "pair_block_budget", lambda *shape: 1)  # none fits
+    pools.clear()
+    _assert_matches(numpy_ops.mp2_pair_sums(*args, workers=3), want, TOL_MATRIX_REL)
+    assert pools == []
 
 
 def test_the_threads_are_no_more_than_the_tasks_and_the_planners_budget_hold():
@@ -218,6 +275,7 @@ def test_the_threads_are_no_more_than_the_tasks_and_the_planners_budget_hold():
     assert numpy_ops.worker_count(8, 3, 1000, budget) == 3  # no more than the tasks
     assert numpy_ops.worker_count(8, 100, 5000, budget) == 4  # 22400 // 5000 buffers fit
     assert numpy_ops.worker_count(8, 100, 10**9, budget) == 1  # one always runs
+    assert numpy_ops.worker_count(np.int64(2), 100, 1, budget) == 2
     for bad in (0, -1, 2.0, True, None):
         with pytest.raises(InputError, match="workers must be a whole number >= 1"):
             numpy_ops.worker_count(bad, 10, 1, 100)

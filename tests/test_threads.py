@@ -96,3 +96,47 @@ def test_cli_threads(tmp_path, two_threads):
     assert threads.counts() == two_threads
     refused = CliRunner().invoke(main, ["run", WATER, "--threads", "0"])
     assert refused.exit_code == 2 and "--threads" in refused.output
+
+
+def test_overlapping_single_threaded_blocks_restore_the_count_once_both_close(two_threads):
+    """Two Python threads in single_threaded_numpy_blas at once (two runs in one process):
+    the count stays 1 until the last block closes, then comes back (not 1 for good)."""
+    import threading
+
+    if threads.numpy_blas_threads() != 2:
+        pytest.skip("numpy's BLAS thread count cannot be set here (not an OpenBLAS)")
+    opened, release, seen = threading.Event(), threading.Event(), []
+
+    def second():
+        with threads.single_threaded_numpy_blas():
+            opened.set()
+            release.wait(10)
+            seen.append(threads.numpy_blas_threads())
+
+    worker = threading.Thread(target=second)
+    with threads.single_threaded_numpy_blas():
+        worker.start()
+        assert opened.wait(10)
+    assert threads.numpy_blas_threads() == 1  # the second block is still open
+    release.set()
+    worker.join(10)
+    assert seen == [1] and threads.numpy_blas_threads() == 2
+
+
+def test_the_thread_calls_are_found_under_each_builds_names():
+    """numpy 1.x's wheel names them openblas_*_num_threads64_ (its Fortran ones end in _64_,
+    which take a pointer); numpy 2's scipy_openblas_*64_; a plain build has no suffix."""
+    from types import SimpleNamespace
+
+    def library(*names):
+        return SimpleNamespace(**{name: type("Call", (), {})() for name in names})
+
+    numpy1 = library("openblas_get_num_threads64_", "openblas_set_num_threads64_",
+                     "openblas_get_num_threads_64_", "openblas_set_num_threads_64_")
+    get, put = threads._thread_calls(numpy1)
+    assert (get, put) == (numpy1.openblas_get_num_threads64_,
+                          numpy1.openblas_set_num_threads64_)
+    numpy2 = library("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_")
+    assert threads._thread_calls(numpy2)[0] is numpy2.scipy_openblas_get_num_threads64_
+    assert threads._thread_calls(library("openblas_get_num_threads_64_",
+                                         "openblas_set_num_threads_64_")) is None

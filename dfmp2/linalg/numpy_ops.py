@@ -21,6 +21,7 @@ C compiler is present) or, without it, numpy ufuncs; :data:`PAIR_REDUCTION` says
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,9 +82,10 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     float64 whatever ``eps_va``'s dtype) or numpy ufuncs in ``eps_va``'s dtype, each pair's
     terms summed in float64 (``compiled=False``, and by default the fp32 precision).
     The tasks (a group and a chunk: one GEMM and its reduction) run on ``workers`` threads
-    (None: numpy's BLAS threads, the run's count), each on one BLAS thread, at most as many as
-    the planner's budget for the block holds buffers for (:func:`worker_count`); their sums
-    are added in the tasks' order, so the result is the same whatever the threads.
+    (None: numpy's BLAS threads, the run's count), at most as many as the planner's budget for
+    the block holds buffers for (:func:`worker_count`); every GEMM runs on one BLAS thread and
+    the tasks' sums are added in their order, so the result has the same bits whatever the
+    threads (the run's ``--threads`` too).
     Raises :class:`InputError` for operands of the wrong shape or off the CPU, and
     :class:`BackendUnavailableError` for ``compiled=True`` without the compiled pass.
     """
@@ -114,13 +116,14 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
                    eps_vb.numpy(), w_ij, compiled, exchange, tasks, max(chunk, group), group)
     count = worker_count(_workers() if workers is None else workers, len(tasks),
                          block.bytes_per_worker(), pair_block_budget(ni, nj, nva, nvb))
-    if count <= 1:
-        for t in range(len(tasks)):
-            block.run(t)
-    else:  # each worker its own GEMMs on one BLAS thread, and its own reductions
-        # (an error or a signal cancels the tasks not begun: Executor.map's own cleanup)
-        with single_threaded_numpy_blas(), ThreadPoolExecutor(count) as pool:
-            list(pool.map(block.run, range(len(tasks))))
+    # every GEMM on one BLAS thread, in one worker too: OpenBLAS's bits depend on its threads
+    with single_threaded_numpy_blas():
+        if count <= 1:
+            for t in range(len(tasks)):
+                block.run(t)
+        else:  # (an error or a signal cancels the tasks not begun: Executor.map's cleanup)
+            with ThreadPoolExecutor(count) as pool:
+                list(pool.map(block.run, range(len(tasks))))
     for task_sums in block.sums:  # in the tasks' order: the same sum whatever the workers
         total += task_sums
     return torch.from_numpy(total)
@@ -136,9 +139,9 @@ def worker_count(workers: int, ntasks: int, bytes_per_worker: int, budget: int) 
     """Threads for a call of ``ntasks`` GEMM-and-reduction tasks: ``workers`` (the BLAS's
     thread count), no more than the tasks, and no more than the ``budget`` holds workers'
     buffers of ``bytes_per_worker`` (one at least)."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
         raise InputError(f"mp2_pair_sums: workers must be a whole number >= 1, got {workers!r}")
-    return max(1, min(workers, ntasks, budget // max(1, bytes_per_worker)))
+    return max(1, min(int(workers), ntasks, budget // max(1, bytes_per_worker)))
 
 
 class _Block:
@@ -212,7 +215,7 @@ def pair_reduction(reduce_dtype: torch.dtype) -> str:
         how = f"numpy ufuncs ({reduce_dtype} terms summed in float64)"
     workers = _workers()
     if workers > 1:
-        how += f"; on up to {workers} threads, each its own GEMMs on one BLAS thread"
+        how += f"; on up to {workers} threads, each running its GEMMs on one BLAS thread"
     return how
 
 
