@@ -34,6 +34,9 @@ STABILITY_MODES = ("none", "check", "follow")
 #: Hückel's (and PySCF's modified Hückel), the core Hamiltonian's orbitals, and the
 #: superposition of atomic potentials.
 GUESSES = ("minao", "atom", "huckel", "mod_huckel", "1e", "sap")
+#: QCSchema methods whose answer (``return_result``) is a scaled total: SCS-MP2's and SOS-MP2's
+#: published scales, and the keywords' (Psi4's CUSTOM SCS-MP2).
+SCALED_METHODS = ("scs-mp2", "sos-mp2", "custom-scs-mp2")
 #: Units of an xyz file's or atom string's coordinates (``--unit``; PySCF's ``Mole.unit``).
 UNITS = ("angstrom", "bohr")
 

@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-from ._names import cartesian_elsewhere
+from ._names import SCALED_METHODS, cartesian_elsewhere
 from ._quiet import quiet
 from .errors import DFMP2Error, InputError
 
@@ -32,9 +32,6 @@ __all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo"
 #: Methods an input's ``model.method`` may name (case-insensitive) besides the double hybrids.
 METHODS = ("mp2", "scs-mp2", "sos-mp2", "custom-scs-mp2")
 
-#: Methods whose energy is a scaled total (``return_result``): fixed scales for the first two,
-#: the keywords' for the last.
-SCALED_METHODS = ("scs-mp2", "sos-mp2", "custom-scs-mp2")
 
 #: Keywords that set the MP2 scales (Psi4's and dfmp2's own names).
 _SCALE_KEYWORDS = {"mp2_os_scale", "mp2_ss_scale", "os_scale", "ss_scale"}
@@ -481,20 +478,16 @@ def result_dict(result, job: SchemaJob) -> dict:
     """The ``AtomicResult`` (as JSON-ready data) of ``result`` for ``job``'s input, in the
     input's schema version, validated by qcelemental: the input's molecule, model, keywords
     and id echoed, ``return_result`` the method's total energy."""
-    data = result.to_dict()
+    # (the method answered: return_result and the extras that go with it, which the Result
+    # keeps, so that a Result read back from this record writes it again)
+    data = replace(result, method=replace(result.method, qcschema_method=job.method)).to_dict()
     given = job.input
     data.update({
         "molecule": given["molecule"],
         "model": given["model"],
         "keywords": given.get("keywords", {}),
-        "return_result": method_energy(result, job.method),
     })
-    data["properties"]["return_energy"] = data["return_result"]
-    data["extras"]["method"]["qcschema_method"] = job.method
     data["extras"]["molecule"]["input_unit_source"] = "qcschema"  # Bohr, by its definition
-    if job.method == "custom-scs-mp2":  # Psi4 sets its CUSTOM SCS-MP2 variables whatever the
-        data["extras"]["custom_scs_mp2_correlation_energy"] = result.e_scs  # scales are
-        data["extras"]["custom_scs_mp2_total_energy"] = result.e_scs_tot
     for key, value in (given.get("extras") or {}).items():  # the input's extras pass through,
         data["extras"].setdefault(key, value)  # as QCEngine passes them (none is dfmp2's name)
     for key in ("id", "protocols"):

@@ -14,7 +14,7 @@ import math
 import platform
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ._names import STABILITY_MODES, cartesian_elsewhere
+from ._names import SCALED_METHODS, STABILITY_MODES, cartesian_elsewhere
 
 __all__ = ["Result", "MoleculeInfo", "ScfInfo", "Sizes", "Method", "BackendInfo", "versions"]
 
@@ -153,7 +153,9 @@ class Method:
     ``cartesian`` whether the orbital basis ran with Cartesian functions (PySCF's ``cart``: 6 d,
     10 f, ... per shell, another energy than the spherical default); ``core_rule`` the rule of
     a frozen core ('pyscf', 'psi4': :attr:`dfmp2.options.Options.core_rule`; None without
-    one)."""
+    one); ``qcschema_method`` the ``model.method`` of the QCSchema input the run answered
+    (None for other runs): the record's ``model.method``, and for a scaled method
+    (:data:`dfmp2._names.SCALED_METHODS`) its ``return_result`` the scaled total."""
 
     reference: str
     basis_name: str | None
@@ -177,6 +179,7 @@ class Method:
     scaling: dict = field(default_factory=dict)
     cartesian: bool = False
     core_rule: str | None = None
+    qcschema_method: str | None = None
 
 
 #: How far a reduced-precision MP2 step's correlation energy may lie from the float64 one,
@@ -336,9 +339,11 @@ class Result:
 
     @property
     def e_return(self) -> float:
-        """The run's answer (``return_result``): the double hybrid's total for a double-hybrid
-        run, else the MP2 total; :attr:`e_tot`."""
-        return self.e_tot
+        """The run's answer (``return_result``): the scaled total for a QCSchema input's
+        scaled method (``method.qcschema_method`` scs-mp2, sos-mp2, custom-scs-mp2), else
+        :attr:`e_tot` (the double hybrid's total for a double-hybrid run, else the MP2
+        total)."""
+        return self.e_scs_tot if self.method.qcschema_method in SCALED_METHODS else self.e_tot
 
     @property
     def dh_name(self) -> str | None:
@@ -387,7 +392,9 @@ class Result:
 
     def to_dict(self) -> dict:
         """A QCSchema ``AtomicResult`` (schema v1 field names) with dfmp2's records in extras."""
-        if self.double_hybrid:  # a known one by its name, its scales (if given) as keywords
+        if self.method.qcschema_method:  # the input's model.method that the run answered
+            method = self.method.qcschema_method
+        elif self.double_hybrid:  # a known one by its name, its scales (if given) as keywords
             method = (self.double_hybrid.get("functional") or self.dh_name).lower()
         else:
             method = "mp2" if self.scf.xc is None else f"mp2 on {self.scf.kind}-{self.scf.xc}"
@@ -428,13 +435,17 @@ class Result:
     def _scaled_extras(self) -> dict:
         """The scaled energies under their name: ``scs_mp2_*`` (SCS-MP2's published scales),
         ``sos_mp2_*`` (SOS-MP2's), ``custom_scs_mp2_*`` for other scales (Psi4's name: its
-        SCS-MP2 variables always hold the published scales); none for a double hybrid (its
-        record has them)."""
+        SCS-MP2 variables always hold the published scales) and for an input's custom-scs-mp2
+        whatever its scales; none for a double hybrid (its record has them)."""
         if self.double_hybrid:
             return {}
         prefix = SCALED_NAMES[self.scaled_label]
-        return {f"{prefix}_correlation_energy": self.e_scs,
-                f"{prefix}_total_energy": self.e_scs_tot}
+        extras = {f"{prefix}_correlation_energy": self.e_scs,
+                  f"{prefix}_total_energy": self.e_scs_tot}
+        if self.method.qcschema_method == "custom-scs-mp2":  # Psi4 sets its CUSTOM SCS-MP2
+            extras.update(custom_scs_mp2_correlation_energy=self.e_scs,  # variables whatever
+                          custom_scs_mp2_total_energy=self.e_scs_tot)  # the scales are
+        return extras
 
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -711,7 +722,8 @@ class Result:
         """One line (the dataclass's own would be thousands of characters): what ran and its
         answer, to the decimals the run vouches for."""
         m = self.method
-        label = self.dh_name or "MP2"
+        label = self.dh_name or (self.scaled_label if m.qcschema_method in SCALED_METHODS
+                                 else "MP2")
         return (f"<dfmp2.Result {self.molecule.formula} {self.scf.kind.upper()}/"
                 f"{m.basis_name or 'mixed basis'} {label} {self.e_return:.{self.corr_decimals}f} "
                 f"Eh>")

@@ -175,6 +175,39 @@ def test_a_scaled_runs_record_runs_the_same_scales_again(options):
         assert again["extras"][name] == pytest.approx(data["extras"][name], abs=TOL_FP64)
 
 
+@pytest.mark.parametrize("method, keywords", [
+    ("sos-mp2", {}), ("scs-mp2", {}), ("mp2", {}),
+    ("custom-scs-mp2", {"mp2_os_scale": 1.1, "mp2_ss_scale": 0.5}),
+    ("custom-scs-mp2", {"mp2_os_scale": 1.2, "mp2_ss_scale": 1 / 3})])  # (SCS-MP2's scales)
+def test_a_result_read_from_a_qcschema_record_writes_it_again(method, keywords):
+    """A QCSchema input's record read back (Result.from_dict, as `dfmp2 show` does) keeps the
+    method the input asked for: its model.method, its answer (the scaled total of a scaled
+    method) and the energies it records, so that writing the Result out again gives the same
+    record, and running that record again the same answer. Before, it became an mp2 record
+    whose return_result was the MP2 total, and reran as SCS-MP2."""
+    record = qcschema.run_qcschema({"schema_name": "qcschema_input", "schema_version": 1,
+                                    "driver": "energy", "model": {"method": method,
+                                                                  "basis": "sto-3g"},
+                                    "molecule": {"symbols": ["O", "H", "H"],
+                                                 "geometry": [0, 0, 0, 0, 0, 1.8,
+                                                              1.75, 0, -0.47]},
+                                    "keywords": keywords})
+    result = Result.from_dict(record)
+    again = result.to_dict()
+    assert again["model"] == record["model"] and again["keywords"] == record["keywords"]
+    assert again["return_result"] == record["return_result"] == result.e_return
+    assert again["properties"]["return_energy"] == record["properties"]["return_energy"]
+    energies = {k for k in record["extras"] if k.endswith("_energy")}
+    assert energies and {k: again["extras"].get(k) for k in energies} == {
+        k: record["extras"][k] for k in energies}
+    assert Result.from_dict(again) == result
+    rerun = qcschema.run_qcschema({"schema_name": "qcschema_input", "schema_version": 1,
+                                   "driver": "energy", "molecule": again["molecule"],
+                                   "model": again["model"], "keywords": again["keywords"]})
+    # (qcelemental keeps the geometry to 1e-8 Bohr: the same molecule to 3e-10 Eh)
+    assert rerun["return_result"] == pytest.approx(record["return_result"], abs=TOL_FP64)
+
+
 def test_results_are_equal_when_they_mean_the_same():
     """Two runs of one calculation are equal whatever their wall times (timings, the SCF's
     J/K seconds) and a GPU's free memory, and equal to their record read back; another
