@@ -26,6 +26,7 @@ from ._names import (
     MAX_THREADS,
     NKI_MATMULS,
     NKI_TARGETS,
+    SCALED_METHODS,
     STABILITY_MODES,
     UNITS,
 )
@@ -879,7 +880,7 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
         import json
 
         text = json.dumps(qcschema.result_dict(result, job), indent=2)
-        energy = qcschema.method_energy(result, job.method)
+        energy = qcschema.answering(result, job).e_return
     else:
         text, energy = result.to_json(), result.e_return
     decimals = result.corr_decimals
@@ -887,7 +888,7 @@ def _emit_result(result, job, json_path, plot_path, quiet, verbose, collect, who
         from .counterpoise import answer_level
 
         level = answer_level(result, scaled=job is not None
-                             and job.method in qcschema.SCALED_METHODS)
+                             and job.method in SCALED_METHODS)
         energy = result.interaction[level]["eh"]
         decimals = decimals_for(interaction_error(level, result.precision_error))
     if json_path == "-":

@@ -20,12 +20,12 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-from ._names import SCALED_METHODS, cartesian_elsewhere
+from ._names import cartesian_elsewhere
 from ._quiet import quiet
 from .errors import DFMP2Error, InputError
 
-__all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "input_echo",
-           "in_input_terms", "input_fragments", "is_schema_input", "keywords_of", "method_energy",
+__all__ = ["METHODS", "OWN_KEYWORDS", "PSI4_KEYWORDS", "SchemaJob", "answering", "input_echo",
+           "in_input_terms", "input_fragments", "is_schema_input", "keywords_of",
            "method_options", "read_input", "result_dict", "retell_in_input_terms",
            "run_qcschema", "schema_version"]
 
@@ -51,10 +51,11 @@ def method_options(method: str) -> dict:
     return {"xc": dh.name}
 
 
-def method_energy(result, method: str) -> float:
-    """``return_result`` of a method: the scaled total for :data:`SCALED_METHODS`, else the
-    run's own answer (the MP2 total, or a double hybrid's total)."""
-    return result.e_scs_tot if method in SCALED_METHODS else result.e_return
+def answering(result, job: "SchemaJob"):
+    """``result`` as the answer to ``job``'s input: its ``method.qcschema_method`` the input's
+    method, so that its ``e_return`` and record (:meth:`dfmp2.results.Result.to_dict`) are that
+    method's answer (the scaled total of :data:`dfmp2._names.SCALED_METHODS`)."""
+    return replace(result, method=replace(result.method, qcschema_method=job.method))
 
 
 def _flag(name: str, value) -> bool:
@@ -480,7 +481,7 @@ def result_dict(result, job: SchemaJob) -> dict:
     and id echoed, ``return_result`` the method's total energy."""
     # (the method answered: return_result and the extras that go with it, which the Result
     # keeps, so that a Result read back from this record writes it again)
-    data = replace(result, method=replace(result.method, qcschema_method=job.method)).to_dict()
+    data = answering(result, job).to_dict()
     given = job.input
     data.update({
         "molecule": given["molecule"],

@@ -257,20 +257,20 @@ def test_the_call_runs_as_many_workers_as_worker_count_allows(monkeypatch):
     monkeypatch.setattr(numpy_ops, "CHUNK_BYTES", 4 * NVA * NVA * 8)  # 15 tasks
     args = _operands("square", 9, seed=96)
     want = energy.reference_pair_sums(*args)
-    # (the budget of a 9 x 5 block, 20736 bytes, holds 4 workers' buffers of 4608)
-    for workers, pool in ((3, [3]), (40, [4]), (1, [])):
+    # (the planner's budget for a 9 x 9 block of 6 virtuals, 31104 bytes, holds 6 workers'
+    # buffers of 4608)
+    for workers, pool in ((3, [3]), (40, [6]), (1, [])):
         pools.clear()
         _assert_matches(numpy_ops.mp2_pair_sums(*args, workers=workers), want, TOL_MATRIX_REL)
         assert pools == pool, workers
-    monkeypatch.setattr(numpy_ops, "pair_block_budget", lambda *shape: 1)  # none fits
+    monkeypatch.setattr(numpy_ops, "pair_block_bytes", lambda *shape: 1)  # none fits
     pools.clear()
     _assert_matches(numpy_ops.mp2_pair_sums(*args, workers=3), want, TOL_MATRIX_REL)
     assert pools == []
 
 
 def test_the_threads_are_no_more_than_the_tasks_and_the_planners_budget_hold():
-    budget = numpy_ops.pair_block_budget(4, 4, 10, 10)  # 8*4*4*100 + 3*8*4*100 bytes
-    assert budget == 22400
+    budget = 22400  # the planner's for 4 x 4 pairs of 10 virtuals: 8*4*4*100 + 3*8*4*100
     assert numpy_ops.worker_count(8, 100, 1000, budget) == 8
     assert numpy_ops.worker_count(8, 3, 1000, budget) == 3  # no more than the tasks
     assert numpy_ops.worker_count(8, 100, 5000, budget) == 4  # 22400 // 5000 buffers fit

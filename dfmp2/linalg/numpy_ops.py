@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from ..blocking import pair_block_bytes
 from ..errors import BackendUnavailableError, InputError
 from ..threads import numpy_blas_threads, single_threaded_numpy_blas
 from . import torch_ops  # a module reference: torch_ops imports cpu_blas, which imports us
@@ -83,9 +84,9 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     terms summed in float64 (``compiled=False``, and by default the fp32 precision).
     The tasks (a group and a chunk: one GEMM and its reduction) run on ``workers`` threads
     (None: numpy's BLAS threads, the run's count), at most as many as the planner's budget for
-    the block holds buffers for (:func:`worker_count`); every GEMM runs on one BLAS thread and
-    the tasks' sums are added in their order, so the result has the same bits whatever the
-    threads (the run's ``--threads`` too).
+    the block (:func:`dfmp2.blocking.pair_block_bytes`) holds buffers for
+    (:func:`worker_count`); every GEMM runs on one BLAS thread and the tasks' sums are added in
+    their order, so the result has the same bits whatever the threads (``--threads`` too).
     Raises :class:`InputError` for operands of the wrong shape or off the CPU, and
     :class:`BackendUnavailableError` for ``compiled=True`` without the compiled pass.
     """
@@ -114,8 +115,10 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
              if w_ij[g0:g0 + group, k0:k1].any()]  # a chunk of weights 0: no GEMM either
     block = _Block(b_i, b_j.reshape(nj * nvb, naux), eps_i.numpy(), eps_j.numpy(), e_va,
                    eps_vb.numpy(), w_ij, compiled, exchange, tasks, max(chunk, group), group)
-    count = worker_count(_workers() if workers is None else workers, len(tasks),
-                         block.bytes_per_worker(), pair_block_budget(ni, nj, nva, nvb))
+    # the planner's budget for the block: its (ia|jb) block and row buffers, B aside
+    budget = pair_block_bytes(max(ni, nj), max(nva, nvb), naux, 0)
+    count = worker_count(numpy_blas_threads() if workers is None else workers, len(tasks),
+                         block.bytes_per_worker(), budget)
     # every GEMM on one BLAS thread, in one worker too: OpenBLAS's bits depend on its threads
     with single_threaded_numpy_blas():
         if count <= 1:
@@ -127,12 +130,6 @@ def mp2_pair_sums(ovL_i: torch.Tensor, ovL_j: torch.Tensor, eps_i: torch.Tensor,
     for task_sums in block.sums:  # in the tasks' order: the same sum whatever the workers
         total += task_sums
     return torch.from_numpy(total)
-
-
-def pair_block_budget(ni: int, nj: int, nva: int, nvb: int) -> int:
-    """Bytes the planner gives a call on an ni x nj pair block besides B
-    (:func:`dfmp2.blocking.pair_block_bytes`: the (ia|jb) block and three row buffers)."""
-    return 8 * ni * nj * nva * nvb + 3 * 8 * ni * nva * nvb
 
 
 def worker_count(workers: int, ntasks: int, bytes_per_worker: int, budget: int) -> int:
@@ -201,11 +198,6 @@ class _Block:
                                           weight[k, p0:p1])
 
 
-def _workers() -> int:
-    """Threads of the pair step: numpy's BLAS threads (the run's count)."""
-    return numpy_blas_threads()
-
-
 def pair_reduction(reduce_dtype: torch.dtype) -> str:
     """How :func:`mp2_pair_sums` reduces by default for this reduction dtype, and on how many
     threads with the BLAS's count now, for the record."""
@@ -213,7 +205,7 @@ def pair_reduction(reduce_dtype: torch.dtype) -> str:
         how = PAIR_REDUCTION
     else:
         how = f"numpy ufuncs ({reduce_dtype} terms summed in float64)"
-    workers = _workers()
+    workers = numpy_blas_threads()
     if workers > 1:
         how += f"; on up to {workers} threads, each running its GEMMs on one BLAS thread"
     return how
