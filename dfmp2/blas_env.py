@@ -56,7 +56,7 @@ import sys
 
 from .cpuinfo import choose_cpu_blas
 from .cpuinfo import cpu_identity as _cpu
-from .threads import openblas_libraries
+from .threads import _numpy_core_module
 
 __all__ = ["prepare_process", "tune_pyscf_openblas", "load_pyscf_openblas",
            "probe_pyscf_openblas", "ask_openblas", "ask_numpy_openblas", "is_pre_avx2_core",
@@ -154,19 +154,14 @@ def ask_openblas(handle: ctypes.CDLL) -> dict:
 
 
 def ask_numpy_openblas() -> dict:
-    """Which core numpy's own OpenBLAS runs, numpy loaded (:func:`ask_openblas` of the library
-    in numpy.libs among this process's mappings), or {'error'} when it is not there (numpy's
-    BLAS is not OpenBLAS, or another system)."""
-    import numpy
-
-    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(numpy.__file__))),
-                        "numpy.libs")
-    for path in openblas_libraries():
-        if os.path.realpath(path).startswith(libs + os.sep):
-            answer = ask_openblas(ctypes.CDLL(path))
-            if "error" not in answer:
-                return answer
-    return {"error": "numpy's OpenBLAS not found among the loaded libraries"}
+    """Which core numpy's own OpenBLAS runs (:func:`ask_openblas` through numpy's compiled core,
+    which resolves the name in the BLAS it was linked against, whatever that file is called:
+    a wheel's ``numpy.libs``, conda's, a distribution's), or {'error'} when numpy's BLAS is
+    not an OpenBLAS."""
+    try:
+        return ask_openblas(ctypes.CDLL(_numpy_core_module().__file__))
+    except OSError as exc:
+        return {"error": f"numpy's compiled core could not be opened: {exc}"}
 
 
 def _probe_child(helper: str) -> None:

@@ -14,7 +14,11 @@ time holds a limit, and two runs on threads of one process cannot have different
   size from it;
 - every OpenBLAS loaded in the process (numpy's, scipy's, PySCF's bundled one): its
   ``openblas_set_num_threads`` under the names its build gives it (a single-threaded build,
-  as PySCF's is, answers 1 and ignores the call).
+  as PySCF's is, answers 1 and ignores the call). numpy's is found through numpy itself,
+  whatever its file is called (a wheel's, conda's, a distribution's ``libblas.so.3``), and
+  its count is shared with the pair step's blocks on one BLAS thread
+  (:func:`single_threaded_numpy_blas`) under one lock, so that a limit and such a block,
+  opened and closed in any order on two Python threads, each give back what they found.
 """
 
 from __future__ import annotations
@@ -81,34 +85,80 @@ def _owner(path: str) -> str:
     return os.path.basename(path)
 
 
+def _numpy_core_module():
+    """numpy's compiled core (the extension that calls its BLAS): ``numpy._core``'s (numpy 2)
+    or ``numpy.core``'s (numpy 1)."""
+    try:
+        from numpy._core import _multiarray_umath
+    except ImportError:  # numpy 1.x
+        from numpy.core import _multiarray_umath
+    return _multiarray_umath
+
+
 @functools.cache
 def _numpy_openblas():
     """(get, set) thread-count functions of numpy's OpenBLAS; None where numpy's BLAS is not
-    an OpenBLAS with them (found once: a loaded library stays)."""
-    import numpy  # noqa: F401  (its BLAS is mapped once numpy is imported)
+    an OpenBLAS with them (found once: a loaded library stays). Looked up through numpy's own
+    compiled core, whose handle resolves a name in the libraries it was linked against: the
+    OpenBLAS of a wheel (``numpy.libs``), of conda (``libcblas.so.3``, a link to its OpenBLAS)
+    or of a Linux distribution (``libblas.so.3`` where OpenBLAS provides it) alike, whatever
+    its file is called."""
+    try:
+        return _thread_calls(ctypes.CDLL(_numpy_core_module().__file__))
+    except (OSError, AttributeError, ImportError):
+        return None
 
-    for path in openblas_libraries():
-        if _owner(path) == "numpy":
-            return _openblas_calls(path)
-    return None
+
+def _address(call) -> int:
+    """Where a C function of :func:`_thread_calls` is (two handles of one library give the
+    same)."""
+    return ctypes.cast(call, ctypes.c_void_p).value
+
+
+def _is_numpys(calls) -> bool:
+    """Whether ``calls`` (of :func:`_thread_calls`) are those of numpy's OpenBLAS."""
+    numpys = _numpy_openblas()
+    return numpys is not None and _address(numpys[1]) == _address(calls[1])
+
+
+#: numpy's OpenBLAS count belongs to the process; every change dfmp2 makes to it holds this
+#: lock. ``depth``: :func:`single_threaded_numpy_blas`'s blocks open now, on any Python thread;
+#: ``saved``: the count the last of them to close gives back, which :func:`limit` sets and
+#: restores while any is open (so that neither undoes the other).
+_single = {"lock": threading.Lock(), "depth": 0, "saved": 1}
 
 
 def numpy_blas_threads() -> int:
-    """Threads of numpy's OpenBLAS now (1 where it has no such call)."""
+    """Threads of numpy's OpenBLAS (1 where it has no such call), outside the
+    :func:`single_threaded_numpy_blas` blocks open now: the count another run's pair step,
+    open on another Python thread, holds at 1 and gives back."""
+    return max(1, _numpy_count())
+
+
+def _numpy_count(count: int | None = None) -> int:
+    """numpy's OpenBLAS count outside :func:`single_threaded_numpy_blas`'s blocks (1 where it
+    has no such call), first set to ``count`` when given (while a block is open, the count it
+    gives back): the count before."""
     calls = _numpy_openblas()
-    return 1 if calls is None else max(1, int(calls[0]()))
-
-
-#: :func:`single_threaded_numpy_blas`'s blocks open in this process, and numpy's BLAS count
-#: before the first of them (the count is the process's, so two overlapping blocks, on two
-#: Python threads, share one saved count; the last to close restores it).
-_single = {"lock": threading.Lock(), "depth": 0, "saved": 1}
+    if calls is None:
+        return 1
+    with _single["lock"]:
+        before = _single["saved"] if _single["depth"] else int(calls[0]())
+        if count is not None:
+            if _single["depth"]:
+                _single["saved"] = count
+            else:
+                calls[1](count)
+    return before
 
 
 @contextmanager
 def single_threaded_numpy_blas():
     """numpy's OpenBLAS on one thread inside the ``with`` block, its count restored afterwards
-    (on error too): for Python threads that each run their own products."""
+    (on error too): for Python threads that each run their own products. The count is the
+    process's: while a block is open every numpy product runs on one thread, another run's on
+    another Python thread too (its bits may then differ in the last places from a run alone;
+    it reads :func:`numpy_blas_threads` as it was)."""
     calls = _numpy_openblas()
     if calls is None:
         yield
@@ -128,18 +178,30 @@ def single_threaded_numpy_blas():
 
 
 def counts() -> dict:
-    """The thread count of each pool now: {'torch', 'pyscf_openmp', 'openblas': {owner
-    (:func:`_owner`): count}}."""
+    """The thread count of each pool now: {'torch', 'pyscf_openmp', 'openblas': {owner: count}}
+    with numpy's OpenBLAS under 'numpy' (:func:`numpy_blas_threads`) and every other one mapped
+    under its package or file name (:func:`_owner`)."""
     import torch
     from pyscf import lib
 
     openblas = {}
+    for path, calls in _other_openblas():
+        openblas[_owner(path)] = int(calls[0]())
+    if _numpy_openblas() is not None:
+        openblas["numpy"] = numpy_blas_threads()
+    return {"torch": torch.get_num_threads(), "pyscf_openmp": int(lib.num_threads()),
+            "openblas": dict(sorted(openblas.items()))}
+
+
+def _other_openblas() -> list:
+    """``[(path, (get, set)), ...]`` of the OpenBLAS libraries mapped into the process other
+    than numpy's (PySCF's bundled one, scipy's)."""
+    found = []
     for path in openblas_libraries():
         calls = _openblas_calls(path)
-        if calls is not None:
-            openblas[_owner(path)] = int(calls[0]())
-    return {"torch": torch.get_num_threads(), "pyscf_openmp": int(lib.num_threads()),
-            "openblas": openblas}
+        if calls is not None and not _is_numpys(calls):
+            found.append((path, calls))
+    return found
 
 
 def available() -> int:
@@ -168,10 +230,9 @@ def limit(threads: int | None):
 
     restore = [(torch.set_num_threads, torch.get_num_threads()),
                (lib.num_threads, int(lib.num_threads()))]
-    for path in openblas_libraries():
-        calls = _openblas_calls(path)
-        if calls is not None:
-            restore.append((calls[1], int(calls[0]())))
+    restore += [(calls[1], int(calls[0]())) for _, calls in _other_openblas()]
+    if _numpy_openblas() is not None:  # through the lock its pair-step blocks share
+        restore.append((_numpy_count, _numpy_count()))
     try:
         for put, _ in restore:
             put(threads)

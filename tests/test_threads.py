@@ -111,16 +111,84 @@ def test_overlapping_single_threaded_blocks_restore_the_count_once_both_close(tw
         with threads.single_threaded_numpy_blas():
             opened.set()
             release.wait(10)
-            seen.append(threads.numpy_blas_threads())
+            seen.append((_live(), threads.numpy_blas_threads()))
 
     worker = threading.Thread(target=second)
     with threads.single_threaded_numpy_blas():
         worker.start()
         assert opened.wait(10)
-    assert threads.numpy_blas_threads() == 1  # the second block is still open
+    assert _live() == 1  # the second block is still open
     release.set()
     worker.join(10)
-    assert seen == [1] and threads.numpy_blas_threads() == 2
+    # inside, the products ran on 1 thread; the count a run reads is the one given back
+    assert seen == [(1, 2)] and _live() == 2
+
+
+def _live() -> int:
+    """numpy's OpenBLAS count as the library holds it now."""
+    return int(threads._numpy_openblas()[0]())
+
+
+@pytest.mark.parametrize("limit_first", [True, False])
+def test_a_limit_and_a_single_threaded_block_overlapping_each_give_back_what_they_found(
+        two_threads, limit_first):
+    """A run's ``limit(3)`` and another run's pair step (one BLAS thread) on two Python
+    threads, opened and closed in either order: the pair step's products stay on one thread
+    while it is open, the limited run reads its 3, and the process ends at its 2 (it was left
+    at 1 or 3 for good when each saved and restored the count on its own)."""
+    import threading
+
+    if threads.numpy_blas_threads() != 2:
+        pytest.skip("numpy's BLAS thread count cannot be set here (not an OpenBLAS)")
+    opened, release, closed, seen = (threading.Event(), threading.Event(), threading.Event(),
+                                     [])
+
+    def pair_step():
+        with threads.single_threaded_numpy_blas():
+            opened.set()
+            release.wait(10)
+            seen.append(("pair step", _live()))
+        closed.set()
+
+    worker = threading.Thread(target=pair_step)
+    if limit_first:  # the limit opens first and closes first
+        with threads.limit(3):
+            worker.start()
+            assert opened.wait(10)
+            seen.append(("limited", _live(), threads.numpy_blas_threads()))
+        seen.append(("after the limit", _live(), threads.numpy_blas_threads()))
+        release.set()
+    else:  # the pair step opens first and closes inside the limit
+        worker.start()
+        assert opened.wait(10)
+        with threads.limit(3):
+            seen.append(("limited", _live(), threads.numpy_blas_threads()))
+            release.set()
+            assert closed.wait(10)
+            seen.append(("pair step closed", _live(), threads.numpy_blas_threads()))
+    worker.join(10)
+    assert ("pair step", 1) in seen
+    assert ("limited", 1, 3) in seen
+    assert ("after the limit", 1, 2) in seen or ("pair step closed", 3, 3) in seen
+    assert _live() == 2 and threads.counts() == two_threads
+
+
+def test_numpy_blas_is_found_whatever_its_file_is_called(two_threads, monkeypatch):
+    """Through numpy's own compiled core, not a path: conda's ``libcblas.so.3`` or a
+    distribution's ``libblas.so.3`` is numpy's OpenBLAS under a name without 'openblas' or
+    'site-packages' in it (then no library by path is numpy's)."""
+    if threads._numpy_openblas() is None:
+        pytest.skip("numpy's BLAS here is not an OpenBLAS")
+    monkeypatch.setattr(threads, "openblas_libraries", lambda: [])
+    assert threads.counts()["openblas"] == {"numpy": 2}
+    with threads.limit(1):
+        assert _live() == 1
+        with threads.single_threaded_numpy_blas():
+            assert _live() == 1
+    assert _live() == 2
+    with threads.single_threaded_numpy_blas():
+        assert _live() == 1 and threads.numpy_blas_threads() == 2
+    assert _live() == 2
 
 
 def test_the_thread_calls_are_found_under_each_builds_names():
