@@ -39,6 +39,19 @@ def test_frames_are_read_in_order_with_their_lines(tmp_path):
         read_xyz_frames(path)
 
 
+def test_a_count_line_off_its_frame_refuses_the_file_before_any_job(tmp_path):
+    """A count that does not match its frame's atom lines (here frame 2 says 3 atoms and has 2)
+    leaves no way to tell where the next frames begin: one line naming it, exit 1, and no job
+    runs, frame 1 (readable) included (README, "Several geometries")."""
+    path = tmp_path / "mid.xyz"
+    path.write_text("2\nf1\nH 0 0 0\nH 0 0 0.74\n3\nf2\nH 0 0 0\nH 0 0 0.74\n"
+                    "2\nf3\nH 0 0 0\nH 0 0 0.75\n")
+    result = CliRunner().invoke(main, ["run", str(path), "--basis", "sto-3g"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {path} line 9: expected 'Element x y z', got '2'"]
+
+
 def test_batch_prints_one_table_and_writes_one_json_each(tmp_path):
     frames = tmp_path / "w.xyz"
     frames.write_text(FRAMES)
