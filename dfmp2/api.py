@@ -82,6 +82,10 @@ ORTHONORMALITY_TOL = 1e-8
 #: The orbital check's Fock tolerance (Eh) is ten times the SCF's gradient threshold, within
 #: these bounds: rotated or localised orbitals give elements of 1e-2 Eh and more.
 CANONICAL_TOL_MIN, CANONICAL_TOL_MAX = 1e-6, 1e-3
+#: Largest distance (Bohr) between an atom and its place in a density-fitted SCF's
+#: ``with_df.auxmol`` (where its fitted integrals were built) that counts as the same place
+#: (:func:`_same_atoms`'s, for a geometry read back from Angstrom).
+FIT_GEOMETRY_TOL = 1e-8
 #: An SCF converged more loosely than this (energy change, Eh) gets a WARNING (see
 #: :func:`check_orbitals` for the measured error of E(corr)).
 LOOSE_CONV_TOL = 1e-8
@@ -805,11 +809,18 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None,
 
 
 def check_two_electron_integrals(mf) -> None:
-    """Refuse an exact-integral SCF object whose stored two-electron integrals (``mf._eri``)
-    are not its molecule's (a model or scaled Hamiltonian): DF-MP2 fits the molecule's own.
-    Samples the first and last AOs' (mu mu|nu nu) integrals, one shell quartet each."""
+    """Refuse an SCF object whose two-electron integrals are not its molecule's: a
+    density-fitted one whose fitted integrals were built at another geometry (PySCF keeps them
+    when the molecule moves, ``mol.set_geom_``, until ``mf.reset()``: :func:`_check_fit_geometry`),
+    or an exact-integral one whose stored ``mf._eri`` differ from the molecule's (a model or
+    scaled Hamiltonian, or integrals kept from another geometry): DF-MP2 fits the molecule's
+    own. The latter samples the first and last AOs' (mu mu|nu nu) integrals, one shell quartet
+    each."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is not None:
+        _check_fit_geometry(mf.mol, with_df)
     eri = getattr(mf, "_eri", None)
-    if not isinstance(eri, np.ndarray) or getattr(mf, "with_df", None) is not None:
+    if not isinstance(eri, np.ndarray) or with_df is not None:
         return
     mol = mf.mol
     n, last = mol.nao_nr(), mol.nbas - 1
@@ -835,8 +846,32 @@ def check_two_electron_integrals(mf) -> None:
         samples.append((float(stored), float(block[ip, ip, iq, iq])))
     if any(abs(a - b) > 1e-10 * max(1.0, abs(b)) for a, b in samples):
         raise InputError("the SCF object's two-electron integrals (mf._eri) are not its "
-                         "molecule's (a model or scaled Hamiltonian): DF-MP2 fits the "
-                         "molecule's own integrals, so its energy would not belong to this SCF")
+                         "molecule's (a model or scaled Hamiltonian, or integrals kept from "
+                         "another geometry: after mol.set_geom_, call mf.reset() and rerun the "
+                         "SCF): DF-MP2 fits the molecule's own integrals, so its energy would "
+                         "not belong to this SCF")
+
+
+def _check_fit_geometry(mol, with_df) -> None:
+    """Refuse a density-fitted SCF's ``with_df`` whose fitted integrals were built for atoms at
+    other places than ``mol``'s: its ``auxmol`` (PySCF's copy of the molecule with the fitting
+    basis, made when the integrals were) keeps the geometry they belong to. Nothing to compare
+    before they are built, or for integrals given as a file alone (no ``auxmol``)."""
+    auxmol = getattr(with_df, "auxmol", None)
+    if auxmol is None or not getattr(auxmol, "_built", False):
+        return
+    if auxmol.natm != mol.natm:
+        moved = f"{auxmol.natm} atoms against the molecule's {mol.natm}"
+    else:
+        shift = np.linalg.norm(auxmol.atom_coords() - mol.atom_coords(), axis=1)
+        k = int(np.argmax(shift)) if shift.size else 0
+        if not shift.size or shift[k] <= FIT_GEOMETRY_TOL:
+            return
+        moved = f"atom {k + 1} ({mol.atom_symbol(k)}) {shift[k]:.3g} Bohr from where it is now"
+    raise InputError(f"the SCF object's fitted integrals (mf.with_df) were built at another "
+                     f"geometry ({moved}): PySCF keeps them when the molecule moves "
+                     "(mol.set_geom_), so that SCF's energy and orbitals are not this "
+                     "molecule's; call mf.reset() and rerun the SCF")
 
 
 def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:

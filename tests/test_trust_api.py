@@ -239,6 +239,38 @@ def test_a_scaled_hamiltonian_is_refused(water_rhf):
         dfmp2.DFMP2(scaled, backend="pytorch").run()
 
 
+def test_an_scf_whose_molecule_moved_without_a_reset_is_refused():
+    """mol.set_geom_ then mf.kernel(): PySCF keeps the integrals of the old geometry (fitted
+    ones, or mf._eri), so that SCF is not the molecule's (2.4 Eh off for a DF-RHF of water with
+    its O moved 0.1 Angstrom), and its orbital check, on the same integrals, passes. Refused,
+    naming the atom and mf.reset(); after the reset the run is the molecule's."""
+    for density_fit in (True, False):
+        mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+        mf = scf.RHF(mol)
+        mf = mf.density_fit() if density_fit else mf
+        mf.conv_tol = 1e-11
+        mf.run()
+        moved = mol.atom_coords(unit="Ang")
+        moved[0, 2] += 0.10
+        mol.set_geom_(moved, unit="Ang")
+        mf.kernel()
+        match = (r"fitted integrals \(mf.with_df\) were built at another geometry \(atom 1 "
+                 r"\(O\) 0.189 Bohr from where it is now\).*call mf.reset\(\)" if density_fit
+                 else r"kept from another geometry: after mol.set_geom_, call mf.reset\(\)")
+        with pytest.raises(InputError, match=match):
+            dfmp2.DFMP2(mf, backend="pytorch").run()
+        mf.reset()
+        mf.kernel()
+        atoms = [(mol.atom_symbol(k), mol.atom_coord(k, unit="Ang")) for k in range(mol.natm)]
+        fresh = scf.RHF(gto.M(atom=atoms, basis="sto-3g", verbose=0))
+        fresh = fresh.density_fit() if density_fit else fresh
+        fresh.conv_tol = 1e-11
+        fresh.run()
+        assert abs(mf.e_tot - fresh.e_tot) <= TOL_FP64
+        assert abs(dfmp2.DFMP2(mf, backend="pytorch").run().e_tot
+                   - dfmp2.DFMP2(fresh, backend="pytorch").run().e_tot) <= TOL_FP64
+
+
 def test_an_excited_determinant_gets_a_warning(caplog):
     mol = gto.M(atom=WATER, basis="cc-pvdz", symmetry=True, verbose=0)
     mf = scf.RHF(mol)
