@@ -102,6 +102,10 @@ def _compute(input_data, config):
         overrides["threads"] = int(ncores)
     try:
         result = run_qcschema(data, **overrides)
+        if result is None:  # under torch.distributed: this rank took part, rank 0 has it
+            raise exceptions.UnknownError(
+                "dfmp2 ran distributed (torch.distributed): this rank took part in the run "
+                "and rank 0's compute returned its AtomicResult; read the result there")
         if ncores:
             result["provenance"]["nthreads"] = int(ncores)
         return AtomicResult(**result)

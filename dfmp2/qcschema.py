@@ -538,11 +538,12 @@ def input_echo(job: SchemaJob) -> dict:
     return out
 
 
-def run_qcschema(source, **overrides) -> dict:
+def run_qcschema(source, **overrides) -> dict | None:
     """Run a QCSchema ``AtomicInput`` (dict, JSON text or path) and return the ``AtomicResult``
     of the same schema version as data. ``overrides``: dfmp2 options that win over the input's
     keywords (echoed in the result, :func:`with_overrides`), and :func:`dfmp2.run`'s own
-    arguments (``progress``, ``environment``)."""
+    arguments (``progress``, ``environment``). Under torch.distributed every rank takes part
+    and, as :func:`dfmp2.run`, rank 0 returns the result and every other rank None."""
     from .api import run
     from .options import Options
 
@@ -555,6 +556,8 @@ def run_qcschema(source, **overrides) -> dict:
     except DFMP2Error as exc:  # its advice in the input's terms too
         retell_in_input_terms(exc)
         raise
+    if result is None:  # a distributed run's other ranks: rank 0 has the result
+        return None
     return result_dict(result, job)
 
 

@@ -82,3 +82,20 @@ def scratch_missing_on_rank_1(rank: int, world: int, port: int, queue, geometry:
         queue.put((rank, type(exc).__name__, f"{time.perf_counter() - start:.1f} {exc}"))
     finally:
         dist.destroy_process_group()
+
+
+def qcschema_on_every_rank(rank: int, world: int, port: int, queue, data: dict) -> None:
+    """Every rank calls dfmp2.run_qcschema: rank 0 reports its return_result, the others what
+    they got (None, as dfmp2.run gives them)."""
+    import torch.distributed as dist
+
+    import dfmp2
+
+    _join(rank, world, port)
+    try:
+        got = dfmp2.run_qcschema(data, threads=1)
+        queue.put((rank, "ok", repr(got if got is None else got["return_result"])))
+    except Exception as exc:  # reported to the test, which checks the type and text
+        queue.put((rank, type(exc).__name__, str(exc)))
+    finally:
+        dist.destroy_process_group()

@@ -390,6 +390,23 @@ def test_torchrun_runs_workflows(tmp_path):
     assert abs(got - want.interaction["mp2"]["eh"]) <= TOL_DISTRIBUTED
 
 
+def test_run_qcschema_on_every_rank_returns_the_result_on_rank_0_and_none_elsewhere():
+    """The Python QCSchema entry point under torch.distributed, as dfmp2.run: every rank takes
+    part, rank 0 returns the AtomicResult and the others None (they raised an AttributeError
+    from the result's record before)."""
+    data = {"schema_name": "qcschema_input", "schema_version": 1, "driver": "energy",
+            "molecule": {"symbols": ["O", "H", "H"],
+                         "geometry": [0.0, 0.0, -0.1294769411, 0.0, -1.494187339, 1.0274465079,
+                                      0.0, 1.494187339, 1.0274465079]},
+            "model": {"method": "mp2", "basis": "sto-3g"}}
+    _procs, reports = _spawn(_dist_workers.qcschema_on_every_rank, 2, data)
+    assert reports[1] == ("ok", "None")
+    kind, text = reports[0]
+    assert kind == "ok"
+    single = dfmp2.run_qcschema(data, threads=1)["return_result"]
+    assert abs(float(text) - single) <= TOL_DISTRIBUTED
+
+
 def test_a_check_that_fails_on_one_rank_stops_every_rank_before_the_scf(tmp_path):
     """A scratch directory missing on rank 1 only: both ranks stop in the input checks (rank 1
     its own InputError, rank 0 a RankFailed), at once rather than after rank 0's SCF and a
