@@ -39,9 +39,21 @@ from .errors import ResourceError
 
 __all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "plan_blocks",
            "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
+           "size_text",
            "RESERVE"]
 
 MB = 1024 * 1024
+
+
+def size_text(nbytes: float) -> str:
+    """``nbytes`` for a message: to three significant figures in MB, or in kB below 1 MB, or
+    in bytes below 1 kB (so that a need and a room that differ do not both read '0 MB')."""
+    for unit, size in (("MB", MB), ("kB", 1024)):
+        value = nbytes / size
+        if value >= 1:
+            decimals = 0 if value >= 100 else 1 if value >= 10 else 2
+            return f"{value:.{decimals}f} {unit}"
+    return f"{int(nbytes)} byte" + ("" if int(nbytes) == 1 else "s")
 _F64 = 8
 #: Auxiliary functions per int3c2e block to aim for. Measured on C20H42 cc-pVDZ (nao 490, the
 #: packed and unpacked blocks 94 + 188 MB at 128) inside repeated DF-MP2 runs: transform 4.6 s
@@ -251,7 +263,8 @@ class JKPlan:
     resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors);
     incore_bytes : what holding the tensor in memory takes (the metric's factors, the packed
     tensor and the larger of K's and the build's work arrays), within the usable budget
-    (:func:`usable_bytes`) when not ``outcore``.
+    (:func:`usable_bytes`) when not ``outcore``; forced : out of core only because
+    ``force_outcore`` asked (it would fit in memory).
     Whether K also keeps the tensor unpacked is :func:`jk_square_fits`."""
 
     outcore: bool
@@ -260,6 +273,7 @@ class JKPlan:
     tensor_bytes: int
     resident_bytes: int
     incore_bytes: int = 0
+    forced: bool = False
 
 
 def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
@@ -294,4 +308,4 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
             f"{least_max_memory(need)} MB", least_max_memory(need))
     fit_pairs = int(min(npair, free // per_pair))
     read_block = int(max(1, min(naux, 128, (free - work) // per_row)))
-    return JKPlan(True, fit_pairs, read_block, tensor, metric, incore)
+    return JKPlan(True, fit_pairs, read_block, tensor, metric, incore, incore <= budget)

@@ -484,7 +484,7 @@ def _check_gather(plan, slices, naux: int, world_size: int, max_memory_mb: float
     core), a pair block and the gather buffers (:func:`gather_bytes`: with more ranks than
     orbitals in a block, one orbital from every rank). A :class:`ResourceError` naming what to
     change otherwise (on every rank alike)."""
-    from .blocking import MB, least_max_memory, usable_bytes
+    from .blocking import MB, least_max_memory, size_text, usable_bytes
     from .errors import ResourceError
 
     need, gather = _pair_stage_bytes(plan, slices, naux, world_size, b_itemsize)
@@ -492,8 +492,8 @@ def _check_gather(plan, slices, naux: int, world_size: int, max_memory_mb: float
         raise ResourceError(
             f"max_memory {max_memory_mb:.0f} MB per rank is too small for the pair stage on "
             f"{world_size} ranks: each gather brings {max(1, plan.occ_block // world_size)} "
-            f"occupied orbital(s) of B from every rank ({gather / MB:.0f} MB), and with the "
-            f"rank's B and a pair block it needs {need / MB:.0f} MB; give --max-memory "
+            f"occupied orbital(s) of B from every rank ({size_text(gather)}), and with the "
+            f"rank's B and a pair block it needs {size_text(need)}; give --max-memory "
             f"{least_max_memory(need / MB)} or use fewer ranks", least_max_memory(need / MB))
 
 

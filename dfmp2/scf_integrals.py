@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from pyscf import lib
 
-from .blocking import JKPlan
+from .blocking import JKPlan, size_text
 from .buffers import zeros
 from .df import (
     MetricFactor,
@@ -251,9 +251,9 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     free = shutil.disk_usage(directory).free
     if plan.tensor_bytes > free:
         raise ResourceError(
-            f"the DF-SCF's fitted integrals need {plan.tensor_bytes / 2**20:.0f} MB on disk and "
-            f"{directory!r} has {free / 2**20:.0f} MB free; free space, choose another "
-            "--scratch-dir or raise --max-memory")
+            f"the DF-SCF's fitted integrals need {size_text(plan.tensor_bytes)} on disk and "
+            f"{directory!r} has {size_text(free)} free; free space or choose another "
+            "--scratch-dir" + ("" if plan.forced else " or raise --max-memory"))
     factor = scf_metric_factor(auxmol, la)
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
