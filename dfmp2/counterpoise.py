@@ -232,16 +232,18 @@ def _reworded(exc: DFMP2Error, message: str) -> DFMP2Error:
 
 
 def run_counterpoise(geometry, fragments, fragment_charges=None, fragment_spins=None,
-                     progress=None, environment=None, **options):
+                     progress=None, environment=None, threads=None, **options):
     """The complex's :class:`~dfmp2.results.Result` with ``interaction`` set: the
     counterpoise-corrected interaction energies (module docstring), each fragment's energies
     and what the fragments were; its ``warnings`` those of every run, a fragment's named.
     ``fragments``: atom counts in file order ("3,3" or a sequence);
     ``fragment_charges``/``fragment_spins`` per fragment (see :func:`parse_fragments`);
+    ``threads``: every thread pool held to it for all the runs, as :func:`dfmp2.run`'s;
     ``options``: those of :func:`dfmp2.run`, for every run."""
     from ._logged import kept_warnings
+    from .threads import limit
 
-    with kept_warnings() as warned:
+    with limit(threads), kept_warnings() as warned:
         result = _counterpoise(geometry, fragments, fragment_charges, fragment_spins, progress,
                                environment, options)
     return None if result is None else replace(result, warnings=tuple(warned))

@@ -302,9 +302,11 @@ class Options:
                              f"{self.conv_tol_grad}")
         for name in ("scf_auxbasis", "auxbasis"):
             value = getattr(self, name)
-            if isinstance(value, str) and not value.strip():
+            if (isinstance(value, str) and not value.strip()) or not isinstance(
+                    value, (str, dict, type(None))):
                 raise InputError(f"{name} (--{name.replace('_', '-')}) must be a basis-set name "
-                                 f"or file, got {value!r}; leave it out for the default")
+                                 f"or file (in Python also a dict per element, as PySCF's), "
+                                 f"got {value!r}; leave it out for the default")
         if self.chkfile is not None:
             if not isinstance(self.chkfile, (str, os.PathLike)) or isinstance(
                     os.fspath(self.chkfile), bytes) or not os.fspath(self.chkfile).strip():

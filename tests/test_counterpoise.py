@@ -168,6 +168,22 @@ def test_cli_counterpoise_prints_and_records(tmp_path, formic):
         assert failed.exit_code == 1 and message in failed.output
 
 
+def test_threads_hold_every_run_of_the_job_and_are_put_back():
+    """run_counterpoise(threads=) as dfmp2.run(threads=): each run's record says the pools ran
+    on that count, and the process's counts are back afterwards (it was refused as an unknown
+    option)."""
+    from dfmp2 import threads
+
+    before = threads.counts()
+    dimer = "He 0 0 0; He 0 0 3.0"
+    result = run_counterpoise(dimer, "1,1", basis="sto-3g", auxbasis="def2-svp-ri", threads=1)
+    assert result.backend.cpu_blas["threads"]["torch"] == 1
+    assert set(result.backend.cpu_blas["threads"]["openblas"].values()) == {1}
+    assert threads.counts() == before
+    with pytest.raises(InputError, match="threads must be a whole number from 1"):
+        run_counterpoise(dimer, "1,1", basis="sto-3g", auxbasis="def2-svp-ri", threads=0)
+
+
 def test_a_one_atom_fragment_is_named_as_one():
     from dfmp2.results import _interaction_lines
 

@@ -141,6 +141,10 @@ def test_memory_error_comes_before_the_scf(monkeypatch):
     ({"max_memory": 1.5}, "max_memory must be an integer"),
     ({"fused_energy": 1}, "fused_energy must be True or False"),
     ({"charge": True}, "charge must be an integer"),
+    # (PySCF's own refusal of a number read "AssertionError: AssertionError")
+    ({"auxbasis": 3}, r"auxbasis \(--auxbasis\) must be a basis-set name or file .*got 3"),
+    ({"scf_auxbasis": ["x"]}, r"scf_auxbasis \(--scf-auxbasis\) must be a basis-set name"),
+    ({"auxbasis": " "}, r"auxbasis \(--auxbasis\) must be a basis-set name .*got ' '"),
 ])
 def test_options_of_the_wrong_type_are_input_errors(kwargs, needle):
     with pytest.raises(InputError, match=needle):
