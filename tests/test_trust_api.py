@@ -802,7 +802,7 @@ def test_with_df_of_the_same_atoms_written_another_way_is_taken():
     ({"scratch_dir": b"/tmp"}, "scratch_dir must be a directory path .* got b'/tmp'"),
     ({"scratch_dir": 0}, "scratch_dir must be a directory path .* got 0"),
     ({"scratch_dir": False}, "scratch_dir must be a directory path .* got False"),
-    ({"scf_auxbasis": 0}, "SCF fitting basis 0 could not be built"),
+    ({"scf_auxbasis": 0}, r"scf_auxbasis \(--scf-auxbasis\) must be a basis-set name .* got 0"),
     ({"scf_auxbasis": {}}, "the SCF fitting basis {} has no functions"),
     ({"chkfile": " "}, "chkfile must be a file path"),
 ])
