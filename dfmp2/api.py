@@ -28,7 +28,7 @@ from pyscf.soscf import newton_ah
 from . import distributed
 from ._files import check_writable_file
 from ._logged import kept_warnings
-from .blocking import MB, BlockPlan, plan_blocks, size_text, usable_bytes
+from .blocking import MB, BlockPlan, plan_blocks, size_texts, usable_bytes
 from .buffers import return_freed_memory
 from .device import resolve_device
 from .df import INT3C_EXPCUTOFF
@@ -480,9 +480,10 @@ def check_scratch(plan: RunPlan, opts: Options, naux: int, world_size: int = 1) 
     need = scratch_bytes(plan, naux, world_size)
     free = shutil.disk_usage(directory).free
     if need > free:
+        need_text, free_text = size_texts(need, free)
         raise ResourceError(
-            f"scratch directory {directory!r} has {size_text(free)} free; the out-of-core "
-            f"integrals need {size_text(need)}; free space or choose another --scratch-dir"
+            f"scratch directory {directory!r} has {free_text} free; the out-of-core "
+            f"integrals need {need_text}; free space or choose another --scratch-dir"
             + ("" if opts.force_outcore else " or raise --max-memory"))
 
 

@@ -126,9 +126,10 @@ def _file_of(function) -> str:
 
 
 #: ``openblas_get_corename`` and ``openblas_get_config`` under the names OpenBLAS builds give
-#: them: plain, and scipy-openblas's (numpy's wheel: 64-bit integers, suffix ``64_``; scipy's:
-#: 32-bit, no suffix).
+#: them: plain; numpy 1.x's wheels' 64-bit-integer build (suffix ``64_``); scipy-openblas's
+#: (numpy 2's wheel: 64-bit integers, suffix ``64_``; scipy's: 32-bit, no suffix).
 _OPENBLAS_SYMBOLS = (("openblas_get_corename", "openblas_get_config"),
+                     ("openblas_get_corename64_", "openblas_get_config64_"),
                      ("scipy_openblas_get_corename64_", "scipy_openblas_get_config64_"),
                      ("scipy_openblas_get_corename", "scipy_openblas_get_config"))
 

@@ -39,7 +39,7 @@ from .errors import ResourceError
 
 __all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "plan_blocks",
            "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
-           "size_text",
+           "size_text", "size_texts",
            "RESERVE"]
 
 MB = 1024 * 1024
@@ -54,6 +54,13 @@ def size_text(nbytes: float) -> str:
             decimals = 0 if value >= 100 else 1 if value >= 10 else 2
             return f"{value:.{decimals}f} {unit}"
     return f"{int(nbytes)} byte" + ("" if int(nbytes) == 1 else "s")
+
+
+def size_texts(need: float, room: float) -> tuple[str, str]:
+    """:func:`size_text` of a need and the room it does not fit in, in bytes where the two
+    would read the same."""
+    texts = size_text(need), size_text(room)
+    return texts if texts[0] != texts[1] else (f"{int(need)} bytes", f"{int(room)} bytes")
 _F64 = 8
 #: Auxiliary functions per int3c2e block to aim for. Measured on C20H42 cc-pVDZ (nao 490, the
 #: packed and unpacked blocks 94 + 188 MB at 128) inside repeated DF-MP2 runs: transform 4.6 s
@@ -263,8 +270,8 @@ class JKPlan:
     resident_bytes : what stays in memory throughout (the tensor in core; the metric's factors);
     incore_bytes : what holding the tensor in memory takes (the metric's factors, the packed
     tensor and the larger of K's and the build's work arrays), within the usable budget
-    (:func:`usable_bytes`) when not ``outcore``; forced : out of core only because
-    ``force_outcore`` asked (it would fit in memory).
+    (:func:`usable_bytes`) when not ``outcore``; forced : out of core because ``force_outcore``
+    asked (more memory would not bring it into memory).
     Whether K also keeps the tensor unpacked is :func:`jk_square_fits`."""
 
     outcore: bool
@@ -308,4 +315,4 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
             f"{least_max_memory(need)} MB", least_max_memory(need))
     fit_pairs = int(min(npair, free // per_pair))
     read_block = int(max(1, min(naux, 128, (free - work) // per_row)))
-    return JKPlan(True, fit_pairs, read_block, tensor, metric, incore, incore <= budget)
+    return JKPlan(True, fit_pairs, read_block, tensor, metric, incore, force_outcore)

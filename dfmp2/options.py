@@ -300,12 +300,16 @@ class Options:
             raise InputError(f"conv_tol_grad (--conv-tol-grad, the SCF's orbital-gradient "
                              f"threshold) must be above 0 and below 0.1, got "
                              f"{self.conv_tol_grad}")
-        for name in ("scf_auxbasis", "auxbasis"):
+        # (PySCF also reads an MP2 fitting basis given as a list of shells, one set for every
+        # element; the SCF's fitting record reads a name or a dict only)
+        for name, kinds, words in (("scf_auxbasis", (str, dict), "a dict per element"),
+                                   ("auxbasis", (str, dict, list, tuple),
+                                    "a dict per element or a list of shells")):
             value = getattr(self, name)
-            if (isinstance(value, str) and not value.strip()) or not isinstance(
-                    value, (str, dict, type(None))):
+            if value is not None and ((isinstance(value, str) and not value.strip())
+                                      or not isinstance(value, kinds)):
                 raise InputError(f"{name} (--{name.replace('_', '-')}) must be a basis-set name "
-                                 f"or file (in Python also a dict per element, as PySCF's), "
+                                 f"or file (in Python also {words}, as PySCF reads them), "
                                  f"got {value!r}; leave it out for the default")
         if self.chkfile is not None:
             if not isinstance(self.chkfile, (str, os.PathLike)) or isinstance(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from pyscf import lib
 
-from .blocking import JKPlan, size_text
+from .blocking import JKPlan, size_texts
 from .buffers import zeros
 from .df import (
     MetricFactor,
@@ -250,9 +250,10 @@ def fitted_cderi_file(mol, auxmol, la: Dispatcher, plan: JKPlan,
     directory = directory or tempfile.gettempdir()
     free = shutil.disk_usage(directory).free
     if plan.tensor_bytes > free:
+        need, room = size_texts(plan.tensor_bytes, free)
         raise ResourceError(
-            f"the DF-SCF's fitted integrals need {size_text(plan.tensor_bytes)} on disk and "
-            f"{directory!r} has {size_text(free)} free; free space or choose another "
+            f"the DF-SCF's fitted integrals need {need} on disk and "
+            f"{directory!r} has {room} free; free space or choose another "
             "--scratch-dir" + ("" if plan.forced else " or raise --max-memory"))
     factor = scf_metric_factor(auxmol, la)
     nao = mol.nao_nr()

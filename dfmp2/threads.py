@@ -104,9 +104,14 @@ def _numpy_openblas():
     or of a Linux distribution (``libblas.so.3`` where OpenBLAS provides it) alike, whatever
     its file is called."""
     try:
-        return _thread_calls(ctypes.CDLL(_numpy_core_module().__file__))
+        calls = _thread_calls(ctypes.CDLL(_numpy_core_module().__file__))
     except (OSError, AttributeError, ImportError):
-        return None
+        calls = None
+    if calls is None:  # a core that cannot be opened so: a wheel's library by its path
+        for path in openblas_libraries():
+            if _owner(path) == "numpy":
+                return _openblas_calls(path)
+    return calls
 
 
 def _address(call) -> int:

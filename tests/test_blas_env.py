@@ -372,3 +372,28 @@ def test_linalg_imports_no_environment_module():
                 assert "blas_env" not in node.module, path
             if isinstance(node, ast.Attribute) and node.attr == "environ":
                 raise AssertionError(f"{path} touches os.environ")
+
+
+def test_the_core_is_asked_under_each_builds_names(monkeypatch):
+    """numpy 1.x's wheel names them openblas_get_corename64_/openblas_get_config64_ (they were
+    missing: its core read as 'not OpenBLAS'); numpy 2's scipy_openblas_*64_; plain builds
+    have no suffix."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(blas_env, "_file_of", lambda function: "/lib/libopenblas64_.so")
+
+    def library(prefix, suffix):
+        def corename():
+            return b"Zen"
+
+        def config():
+            return b"OpenBLAS 0.3.23.dev DYNAMIC_ARCH USE64BITINT"
+
+        return SimpleNamespace(_name="lib.so", **{f"{prefix}get_corename{suffix}": corename,
+                                                 f"{prefix}get_config{suffix}": config})
+
+    for prefix, suffix in (("openblas_", ""), ("openblas_", "64_"), ("scipy_openblas_", "64_"),
+                           ("scipy_openblas_", "")):
+        answer = blas_env.ask_openblas(library(prefix, suffix))
+        assert (answer["core"], answer["version"]) == ("Zen", "0.3.23"), (prefix, suffix)
+    assert "error" in blas_env.ask_openblas(library("openblas_", "_64_"))

@@ -174,12 +174,16 @@ def test_threads_hold_every_run_of_the_job_and_are_put_back():
     option)."""
     from dfmp2 import threads
 
-    before = threads.counts()
     dimer = "He 0 0 0; He 0 0 3.0"
-    result = run_counterpoise(dimer, "1,1", basis="sto-3g", auxbasis="def2-svp-ri", threads=1)
-    assert result.backend.cpu_blas["threads"]["torch"] == 1
-    assert set(result.backend.cpu_blas["threads"]["openblas"].values()) == {1}
-    assert threads.counts() == before
+    with threads.limit(2):  # the pools at 2 around it, whatever the suite's environment
+        before = threads.counts()
+        assert before["torch"] == before["pyscf_openmp"] == 2
+        result = run_counterpoise(dimer, "1,1", basis="sto-3g", auxbasis="def2-svp-ri",
+                                  threads=1)
+        assert result.backend.cpu_blas["threads"]["torch"] == 1
+        assert result.backend.cpu_blas["threads"]["pyscf_openmp"] == 1
+        assert set(result.backend.cpu_blas["threads"]["openblas"].values()) == {1}
+        assert threads.counts() == before
     with pytest.raises(InputError, match="threads must be a whole number from 1"):
         run_counterpoise(dimer, "1,1", basis="sto-3g", auxbasis="def2-svp-ri", threads=0)
 

@@ -12,7 +12,7 @@ from dfmp2.molecule import build_mole, parse_geometry, read_xyz
 from dfmp2.options import Options
 
 from conftest import INPUTS
-from tolerances import TOL_COORDS
+from tolerances import TOL_COORDS, TOL_FP64
 
 
 @pytest.mark.parametrize("name", ["water", "ammonia", "methane", "benzene", "water4",
@@ -149,6 +149,27 @@ def test_memory_error_comes_before_the_scf(monkeypatch):
 def test_options_of_the_wrong_type_are_input_errors(kwargs, needle):
     with pytest.raises(InputError, match=needle):
         Options(**kwargs)
+
+
+def test_sizes_in_messages_tell_a_need_from_the_room():
+    from dfmp2.blocking import size_text, size_texts
+
+    assert [size_text(b) for b in (1, 1000, 1024, 130000, 1.05 * MB, 16.3 * MB, 1234.4 * MB)] \
+        == ["1 byte", "1000 bytes", "1.00 kB", "127 kB", "1.05 MB", "16.3 MB", "1234 MB"]
+    assert size_texts(0.6 * MB, 0.4 * MB) == ("614 kB", "410 kB")
+    # three figures alike: the exact counts
+    assert size_texts(1000.4 * MB, 1000.2 * MB) == (f"{int(1000.4 * MB)} bytes",
+                                                    f"{int(1000.2 * MB)} bytes")
+
+
+def test_an_mp2_fitting_basis_given_as_pyscfs_list_of_shells_runs():
+    """PySCF reads a fitting basis given as one list of shells for every element; so does
+    dfmp2's auxbasis (the type check refused it for a moment)."""
+    shells = gto.basis.load("cc-pvdz-ri", "H")
+    assert isinstance(shells, list)
+    listed = dfmp2.run("H 0 0 0; H 0 0 0.74", basis="cc-pvdz", auxbasis=shells)
+    named = dfmp2.run("H 0 0 0; H 0 0 0.74", basis="cc-pvdz", auxbasis="cc-pvdz-ri")
+    assert listed.e_corr == pytest.approx(named.e_corr, abs=TOL_FP64)
 
 
 def test_numpy_integers_are_taken_and_normalised():

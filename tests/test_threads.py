@@ -208,3 +208,23 @@ def test_the_thread_calls_are_found_under_each_builds_names():
     assert threads._thread_calls(numpy2)[0] is numpy2.scipy_openblas_get_num_threads64_
     assert threads._thread_calls(library("openblas_get_num_threads_64_",
                                          "openblas_set_num_threads_64_")) is None
+
+
+def test_numpy_blas_falls_back_to_its_wheels_path_where_its_core_cannot_be_opened(monkeypatch):
+    """A numpy whose compiled core ctypes cannot open: its wheel's library, by path, as before
+    (not None, which would leave the pair step's GEMMs on every BLAS thread)."""
+    found = threads._numpy_openblas()
+    if found is None or not any(threads._owner(p) == "numpy"
+                                for p in threads.openblas_libraries()):
+        pytest.skip("numpy's BLAS here is not a wheel's OpenBLAS")
+
+    def unopenable():
+        raise ImportError("no compiled core")
+
+    monkeypatch.setattr(threads, "_numpy_core_module", unopenable)
+    threads._numpy_openblas.cache_clear()
+    try:
+        calls = threads._numpy_openblas()
+        assert calls is not None and threads._address(calls[1]) == threads._address(found[1])
+    finally:
+        threads._numpy_openblas.cache_clear()
