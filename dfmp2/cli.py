@@ -1192,6 +1192,10 @@ def nki_model(nocc, nvir, naux, target, json_path):
         report = run_model(nocc, nvir, naux, target)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    except MemoryError as exc:  # an allocation its memory check did not foresee
+        raise _fail(f"out of memory modeling nvir {nvir} ({exc or 'an allocation failed'}); "
+                    "model a smaller nvir or raise the process's memory limit (ulimit -v)"
+                    ) from None
     reference = TRNSCI_ENERGY_SECONDS.get((nocc, nvir, naux))
     if reference:
         report["trnsci_energy_step_seconds"] = {"shape": reference[0], "seconds": reference[1],

@@ -255,16 +255,35 @@ def _check_memory(nocc: int, nvir: int, naux: int, available: int | None = None)
         available = _available_bytes()
     if available is not None and need > available:
         raise ValueError(f"modeling nvir {nvir} needs about {need / 1e9:.1f} GB ({pairs} pairs' "
-                         f"(ia|jb) products emulated and checked in float64), and this machine "
-                         f"has {available / 1e9:.1f} GB available; model a smaller nvir")
+                         f"(ia|jb) products emulated and checked in float64), and this process "
+                         f"may use {available / 1e9:.1f} GB more (the machine's available "
+                         "memory, or its ulimit -v); model a smaller nvir")
 
 
 def _available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    """What this process may still allocate, in bytes: MemAvailable of /proc/meminfo, or less
+    under a limit of the process's address space (``ulimit -v``: the limit less the process's
+    VmSize); None where neither is known."""
+    machine = _proc_field("/proc/meminfo", "MemAvailable:")
     try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        limit = None if limit == resource.RLIM_INFINITY else limit
+    except (ImportError, OSError, ValueError):
+        limit = None
+    used = _proc_field("/proc/self/status", "VmSize:")
+    room = None if limit is None or used is None else max(0, limit - used)
+    known = [b for b in (machine, room) if b is not None]
+    return min(known) if known else None
+
+
+def _proc_field(path: str, key: str) -> int | None:
+    """A ``key: <n> kB`` line of a /proc file, in bytes (None where there is none)."""
+    try:
+        with open(path, encoding="ascii") as handle:
             for line in handle:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

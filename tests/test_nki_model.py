@@ -4,6 +4,9 @@ the report's shape, and the exit status that says whether every kernel matched f
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -221,8 +224,40 @@ def test_a_shape_beyond_the_machines_memory_is_one_line_before_any_emulation(mon
     assert result.exit_code == 1
     assert result.output.strip() == ("error: modeling nvir 20000 needs about 12.8 GB (1 pairs' "
                                      "(ia|jb) products emulated and checked in float64), and "
-                                     "this machine has 2.0 GB available; model a smaller nvir")
+                                     "this process may use 2.0 GB more (the machine's "
+                                     "available memory, or its ulimit -v); model a smaller nvir")
     nki_model._check_memory(64, 448, 1536, available=2 * 10**9)  # trnsci's shape fits
+
+
+def test_a_process_memory_limit_counts_and_an_allocation_it_refuses_is_one_line():
+    """Under ``ulimit -v`` the room is the limit less the process's size, not the machine's
+    free memory (a 1.5 GB check array ended in a numpy traceback under a 6 GB limit), and a
+    MemoryError the check did not foresee is one line, exit 1."""
+    script = ("import resource, sys; from dfmp2 import nki_model; "
+              "resource.setrlimit(resource.RLIMIT_AS, (6 * 10**9, resource.RLIM_INFINITY)); "
+              "print(nki_model._available_bytes() < 6 * 10**9); "
+              "from dfmp2.cli import main; sys.argv = ['dfmp2', 'nki-model', '--nocc', '1', "
+              "'--nvir', '14000', '--naux', '1']; main()")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.stdout.splitlines()[0] == "True"
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines() + done.stdout.strip().splitlines()[1:]
+    assert len(lines) == 1 and lines[0].startswith("error: modeling nvir 14000 needs about")
+    assert "ulimit -v" in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_memory_error_the_check_did_not_foresee_is_one_line(monkeypatch):
+    monkeypatch.setattr(nki_model, "run_model", _raise_memory_error)
+    result = CliRunner().invoke(main, ["nki-model", "--nocc", "1", "--nvir", "8", "--naux", "4"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("error: out of memory modeling nvir 8 (Unable to allocate "
+                                     "1.46 GiB); model a smaller nvir or raise the process's "
+                                     "memory limit (ulimit -v)")
+
+
+def _raise_memory_error(*_args, **_kwargs):
+    raise MemoryError("Unable to allocate 1.46 GiB")
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 2), (1, 1, 3), (2, 1, 2)])
