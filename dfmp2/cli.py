@@ -419,6 +419,21 @@ def _usable_tempdir(scratch_dir: str | None, hint: str = " or give --scratch-dir
                     f"set TMPDIR to a writable directory{hint}") from None
 
 
+def _plot_conflict(options) -> None:
+    """Refuse, naming --plot, what keeping every pair's energy (which --plot implies)
+    contradicts: the rules of :class:`dfmp2.options.Options` for --pair-energies."""
+    matmul = options.get("nki_matmul")
+    if options.get("require_nki"):
+        why = "--require-nki forbids (no stage of the MP2 step may leave NKI)"
+    elif matmul not in (None, "fp32"):
+        why = (f"--nki-matmul {matmul} does not run (it chooses the products of the fused NKI "
+               "pair kernel)")
+    else:
+        return
+    raise _fail(f"--plot draws every pair's energy, kept by a host op, which {why}; drop one "
+                "of them")
+
+
 def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     from .blas_env import prepare_process
 
@@ -426,7 +441,9 @@ def _run_command(geometry, json_path, verbose, quiet, options) -> None:
     dist_backend, dist_timeout = options.pop("dist_backend"), options.pop("dist_timeout")
     threads = options.pop("threads")
     options["_plot"] = options.pop("plot_path", None)
-    if options["_plot"] is not None:
+    if options["_plot"] is not None:  # it draws the pair energies: they are kept
+        if not options.get("pair_energies"):  # (given too, the refusal names --pair-energies)
+            _plot_conflict(options)
         options["pair_energies"] = True
     explicit = options.pop("_explicit", set(options))
     multiplicity = options.pop("multiplicity")

@@ -147,6 +147,15 @@ def test_cli_pair_energies_and_plot(tmp_path):
     (["--plot", "{tmp}/x.png", str(INPUTS / "methane.xyz")], "each result needs its own file"),
     (["--plot", "{tmp}/{index}.xyz", str(INPUTS / "methane.xyz")],
      "plot '{tmp}/1.xyz' (--plot): matplotlib cannot write a xyz file"),
+    # --plot keeps the pair energies: its contradictions name it (they named --pair-energies,
+    # which was not given)
+    (["--plot", "{tmp}/x.png", "--backend", "nki", "--nki-emulator", "--require-nki"],
+     "error: --plot draws every pair's energy, kept by a host op, which --require-nki forbids"),
+    (["--plot", "{tmp}/x.png", "--backend", "nki", "--nki-emulator", "--nki-matmul", "bf16x3"],
+     "error: --plot draws every pair's energy, kept by a host op, which --nki-matmul bf16x3 "
+     "does not run"),
+    (["--plot", "{tmp}/x.png", "--pair-energies", "--backend", "nki", "--nki-emulator",
+      "--require-nki"], "error: --pair-energies keeps every pair's energy by a host op"),
 ])
 def test_bad_plot_paths_fail_before_any_work(tmp_path, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
