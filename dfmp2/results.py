@@ -495,7 +495,7 @@ class Result:
         _check_totals(data, props, energies, dh)
         molecule = {**_object(extras["molecule"], "extras.molecule"),
                     "qcschema": data.get("molecule")}
-        return cls(
+        result = cls(
             e_scf=props["scf_total_energy"],
             e_corr_os=props["mp2_opposite_spin_correlation_energy"],
             e_corr_ss=props["mp2_same_spin_correlation_energy"],
@@ -512,6 +512,8 @@ class Result:
             interaction=_interaction(extras), double_hybrid=dh,
             pair_energies=extras.get("pair_energies"), warnings=_warnings(extras),
             keywords=_keywords(data))
+        _check_answers(data, result)
+        return result
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -790,10 +792,41 @@ def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
                               e_scf + e_corr)
     else:  # a double hybrid's answer: its KS energy and scaled PT2
         name, value, parts = "return_result", data.get("return_result"), e_scf + energies["e_pt2"]
-    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and not abs(value - parts) <= TOTALS_AGREE:  # NaN too
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not abs(value - parts) <= TOTALS_AGREE:  # NaN too
         raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
                          f"({parts!r}): the file was changed after dfmp2 wrote it")
+
+
+def _check_answers(data: dict, result: Result) -> None:
+    """The scaled correlation energy a record states is its scales times its spin components
+    (plus the singles), and its ``return_result`` (and ``properties.return_energy``, where
+    written) the run's answer (:attr:`Result.e_return`), to :data:`TOTALS_AGREE` Eh; else one
+    line: the file was changed after dfmp2 wrote it."""
+    from .energy import scs_energy
+    from .errors import InputError
+
+    if result.double_hybrid is None:
+        scales = (result.method.scaling.get("os_scale"), result.method.scaling.get("ss_scale"))
+        name = "scaled correlation energy (extras)"
+    else:
+        scales = (result.double_hybrid.get("c_os"), result.double_hybrid.get("c_ss"))
+        name = "extras.double_hybrid.e_pt2"
+    if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in scales):
+        want = scs_energy(result.e_corr_os, result.e_corr_ss, *scales, result.e_singles)
+        if not abs(result.e_scs - want) <= TOTALS_AGREE:
+            raise InputError(f"the record's {name} {result.e_scs!r} is not its scales "
+                             f"{scales[0]!r} x E(OS) + {scales[1]!r} x E(SS) ({want!r}): the "
+                             "file was changed after dfmp2 wrote it")
+    props = data.get("properties") or {}
+    for where, value in (("return_result", data.get("return_result", result.e_return)),
+                         ("properties.return_energy", props.get("return_energy",
+                                                                result.e_return))):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not abs(value - result.e_return) <= TOTALS_AGREE:
+            raise InputError(f"the record's {where} {value!r} is not its run's answer "
+                             f"({result.e_return!r}): the file was changed after dfmp2 wrote "
+                             "it")
 
 
 #: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a

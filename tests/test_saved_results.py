@@ -348,7 +348,21 @@ def test_a_record_changed_after_it_was_written_is_refused_in_one_line():
             (("driver",), "gradient", "driver is 'gradient'; dfmp2 computes energies only"),
             (("success",), None, "success is None, not true"),
             (("properties", "mp2_total_energy"), -5.0,
-             r"mp2_total_energy -5.0 is not the sum of its parts .*changed after")):
+             r"mp2_total_energy -5.0 is not the sum of its parts .*changed after"),
+            # (these were shown: a stated energy that is not a number, a scaled energy or an
+            # answer that is not what the record's own parts and scales give)
+            (("properties", "mp2_total_energy"), "abc",
+             r"mp2_total_energy 'abc' is not the sum of its parts"),
+            (("properties", "mp2_total_energy"), None,
+             r"mp2_total_energy None is not the sum of its parts"),
+            (("extras", "scs_mp2_correlation_energy"), -9.0,
+             r"scaled correlation energy \(extras\) -9.0 is not its scales 1.2 x E\(OS\) \+ "
+             r"0.333\d* x E\(SS\) .*changed after"),
+            (("extras", "method", "scaling", "os_scale"), 1.3,
+             r"scaled correlation energy .* is not its scales 1.3 x E\(OS\)"),
+            (("return_result",), -5.0, r"return_result -5.0 is not its run's answer"),
+            (("properties", "return_energy"), -5.0,
+             r"properties.return_energy -5.0 is not its run's answer")):
         with pytest.raises(InputError, match=message):
             Result.from_dict(_with(data, where, value))
     assert Result.from_dict(data).e_tot == data["properties"]["mp2_total_energy"]
