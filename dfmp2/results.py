@@ -492,7 +492,6 @@ class Result:
                     or not math.isfinite(value)):
                 raise InputError(f"the record's energy {name} is {value!r}, not a finite "
                                  "number")
-        _check_totals(data, props, energies, dh)
         molecule = {**_object(extras["molecule"], "extras.molecule"),
                     "qcschema": data.get("molecule")}
         result = cls(
@@ -777,36 +776,28 @@ def _check_shape(data: dict) -> None:
         raise InputError(f"the record's driver is {driver!r}; dfmp2 computes energies only")
 
 
-def _check_totals(data: dict, props: dict, energies: dict, dh) -> None:
-    """The totals a record states (``mp2_total_energy``, ``return_result``) are those of the
-    parts the summary is made from, to :data:`TOTALS_AGREE` Eh: a file edited (or truncated
-    into another run's) is refused, not shown with other numbers than it states."""
-    from .errors import InputError
-
-    e_scf = energies["scf_total_energy"]
-    if dh is None:
-        e_corr = sum(energies[k] for k in ("mp2_opposite_spin_correlation_energy",
-                                           "mp2_same_spin_correlation_energy",
-                                           "mp2_singles_energy"))
-        name, value, parts = ("properties.mp2_total_energy", props.get("mp2_total_energy"),
-                              e_scf + e_corr)
-    else:  # a double hybrid's answer: its KS energy and scaled PT2
-        name, value, parts = "return_result", data.get("return_result"), e_scf + energies["e_pt2"]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not abs(value - parts) <= TOTALS_AGREE:  # NaN too
-        raise InputError(f"the record's {name} {value!r} is not the sum of its parts "
-                         f"({parts!r}): the file was changed after dfmp2 wrote it")
-
-
 def _check_answers(data: dict, result: Result) -> None:
-    """The scaled correlation energy a record states is its scales times its spin components
-    (plus the singles), and its ``return_result`` (and ``properties.return_energy``, where
-    written) the run's answer (:attr:`Result.e_return`), to :data:`TOTALS_AGREE` Eh; else one
-    line: the file was changed after dfmp2 wrote it."""
+    """What a record states beside its parts is what its parts give, to :data:`TOTALS_AGREE`
+    Eh: its MP2 total (``properties.mp2_total_energy``, but for a double hybrid, whose record
+    leaves the unscaled sum out) the SCF energy plus the spin components and singles; its
+    scaled correlation energy (a double hybrid's ``e_pt2``) its scales times its spin
+    components plus the singles; its ``return_result`` (and ``properties.return_energy``,
+    where written) the run's answer (:attr:`Result.e_return`). A file edited (or truncated into
+    another run's) is refused in one line, not shown with other numbers than it states."""
     from .energy import scs_energy
     from .errors import InputError
 
+    def agrees(value, want) -> bool:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and abs(value - want) <= TOTALS_AGREE)  # NaN fails too
+
+    changed = "the file was changed after dfmp2 wrote it"
+    props = data.get("properties") or {}
     if result.double_hybrid is None:
+        total = props.get("mp2_total_energy")
+        if not agrees(total, result.e_tot):
+            raise InputError(f"the record's properties.mp2_total_energy {total!r} is not the "
+                             f"sum of its parts ({result.e_tot!r}): {changed}")
         scales = (result.method.scaling.get("os_scale"), result.method.scaling.get("ss_scale"))
         name = "scaled correlation energy (extras)"
     else:
@@ -814,19 +805,16 @@ def _check_answers(data: dict, result: Result) -> None:
         name = "extras.double_hybrid.e_pt2"
     if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in scales):
         want = scs_energy(result.e_corr_os, result.e_corr_ss, *scales, result.e_singles)
-        if not abs(result.e_scs - want) <= TOTALS_AGREE:
+        if not agrees(result.e_scs, want):
             raise InputError(f"the record's {name} {result.e_scs!r} is not its scales "
-                             f"{scales[0]!r} x E(OS) + {scales[1]!r} x E(SS) ({want!r}): the "
-                             "file was changed after dfmp2 wrote it")
-    props = data.get("properties") or {}
-    for where, value in (("return_result", data.get("return_result", result.e_return)),
+                             f"{scales[0]!r} x E(OS) + {scales[1]!r} x E(SS) ({want!r}): "
+                             f"{changed}")
+    for where, value in (("return_result", data.get("return_result")),
                          ("properties.return_energy", props.get("return_energy",
                                                                 result.e_return))):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) \
-                or not abs(value - result.e_return) <= TOTALS_AGREE:
+        if not agrees(value, result.e_return):
             raise InputError(f"the record's {where} {value!r} is not its run's answer "
-                             f"({result.e_return!r}): the file was changed after dfmp2 wrote "
-                             "it")
+                             f"({result.e_return!r}): {changed}")
 
 
 #: How far a record's stated totals may lie from the sums of its parts (float64 rounding of a

@@ -18,6 +18,7 @@ from dfmp2 import qcschema
 from dfmp2.cli import main
 from dfmp2.errors import InputError
 from dfmp2.molecule import build_mole
+from dfmp2.results import Result
 
 from conftest import INPUTS
 from tolerances import (
@@ -194,6 +195,16 @@ def test_records_and_json_of_a_double_hybrid():
     text = result.summary()
     assert "E(B2GPPLYP) total" in text and "DFT grid   level 1" in text
     assert "E(MP2) total" not in text
+    assert Result.from_dict(data) == result
+    # an edited PT2 term or answer is refused, not shown (dfmp2 show, Result.read)
+    edited = json.loads(result.to_json())
+    edited["extras"]["double_hybrid"]["e_pt2"] = -0.5
+    with pytest.raises(InputError, match=r"double_hybrid.e_pt2 -0.5 is not its scales"):
+        Result.from_dict(edited)
+    edited = json.loads(result.to_json())
+    edited["return_result"] = None
+    with pytest.raises(InputError, match=r"return_result None is not its run's answer"):
+        Result.from_dict(edited)
 
 
 def test_cli_double_hybrid_quiet_prints_its_total(tmp_path):
