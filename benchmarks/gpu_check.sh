@@ -8,7 +8,11 @@
 # 2. the whole suite with the GPU visible (device="auto" takes it), with pytest-xdist when present;
 # 3. benchmarks/gpu.py on MOLECULE: the MP2 step on the device, on the host and by PySCF;
 # 4. the host path's MP2 step on 2, 4, 8 and all cores (one SCF, restarted from a chkfile), to
-#    show how far the host pair step scales (on 16 cores of an H200 machine it ran at 0.24 TFLOP/s).
+#    show how far the host pair step scales (on 16 cores of an H200 machine it ran at 0.24 TFLOP/s);
+# 5. (only when asked: STEPS=5) the whole job on the host's cores, the GPU hidden: the end-to-end
+#    harness (benchmarks/run.py --e2e, dfmp2 run against PySCF's DF-SCF + DF-MP2 with its
+#    OpenBLAS on Haswell kernels, fp64 and mixed SCF, 3 repetitions) on each of E2E (default
+#    "water16 C20H42"), one molecule per harness call, all into OUTDIR/e2e-host.{md,json}.
 #
 # Needs dfmp2 installed with its test extras and PySCF. The lent machines' image has torch
 # (CUDA), numpy, scipy, h5py, click, pytest, pytest-xdist and matplotlib, not PySCF nor
@@ -74,7 +78,7 @@ cp "benchmarks/results/gpu-check-$molecule".{json,md} "$out/" 2>/dev/null && \
 tail -8 "$out/gpu.log"
 fi
 
-step 4 || exit 0
+if step 4; then
 echo "== 4. the host's MP2 step by thread count"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -105,3 +109,17 @@ for threads in sorted(t for t in {cores, 8, 4, 2} if t <= cores):
     print(f"| {threads} | {t['transform']:.2f} | {t['fit']:.2f} | {t['pair_energy']:.2f} | "
           f"{flops / t['pair_energy'] / 1e9:.0f} | {extras['backend']['cpu_blas']['choice']} |")
 EOF
+fi
+
+if step 5; then
+echo "== 5. the whole job on the host's cores against PySCF, the GPU hidden"
+for name in ${E2E:-water16 C20H42}; do  # one harness call each: a cut one keeps the others
+    append=()
+    [[ -f $out/e2e-host.json ]] && append=(--append)
+    run_for 240 env CUDA_VISIBLE_DEVICES= python3 benchmarks/run.py --no-ladder --e2e "$name" \
+        --e2e-scf-precisions fp64,mixed --coretypes pyscf-Haswell --repeat 3 --timeout 200 \
+        --name e2e-host --out-dir "$out" ${append[@]+"${append[@]}"} > "$out/e2e-$name.log" 2>&1
+    echo "$name: rc $?"
+done
+[[ -f $out/e2e-host.md ]] && grep -A8 -i "end to end" "$out/e2e-host.md" | head -30
+fi
