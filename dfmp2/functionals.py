@@ -95,6 +95,11 @@ class Scaling:
                 "double_hybrid": self.double_hybrid.name if self.double_hybrid else None}
 
 
+#: Largest spin-component scale taken. Published ones are below 2 (SCS-MP2 6/5 and 1/3,
+#: SOS-MP2 1.3, SCSN-MP2's same-spin 1.76, the double hybrids' below 1); a scale of 1e300 is a
+#: slip, and its "energy" would print as a 300-digit number.
+MAX_SCALE = 10.0
+
 SCS_MP2 = (6.0 / 5.0, 1.0 / 3.0, "S. Grimme, J. Chem. Phys. 118, 9095 (2003)")
 SOS_MP2 = (1.3, 0.0, "Y. Jung, R. C. Lochan, A. D. Dutoi, M. Head-Gordon, "
                      "J. Chem. Phys. 121, 9793 (2004)")
@@ -131,6 +136,9 @@ def resolve(xc: str | None, os_scale: float | None, ss_scale: float | None,
     for name, value in (("os_scale", os_scale), ("ss_scale", ss_scale)):
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise InputError(f"{name} must be a finite number >= 0, got {value}")
+        if value is not None and value > MAX_SCALE:
+            raise InputError(f"{name} {value:g} is more than {MAX_SCALE:g}: spin-component "
+                             "scales are of order 1 (SCS-MP2: 1.2 and 1/3)")
     if xc is None:
         # SCS-MP2 and SOS-MP2 are their published scales; any other pair is "scaled MP2"
         # (Psi4's CUSTOM SCS-MP2), whatever flags gave it

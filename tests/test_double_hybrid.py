@@ -233,6 +233,8 @@ def test_cli_double_hybrid_quiet_prints_its_total(tmp_path):
     (["--xc", "b2plyp", "--sos"], "needs --os-scale"),
     (["--os-scale", "-1"], "os_scale must be a finite number >= 0"),
     (["--xc", "b2plyp", "--ss-scale", "inf"], "ss_scale must be a finite number >= 0"),
+    (["--os-scale", "1e300"], "os_scale 1e+300 is more than 10: spin-component scales"),
+    (["--sos", "--os-scale", "10.5"], "os_scale 10.5 is more than 10"),
 ])
 def test_bad_double_hybrid_input_is_one_line(args, message):
     cli = CliRunner().invoke(main, ["run", WATER, *args])
