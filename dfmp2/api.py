@@ -69,6 +69,7 @@ from .scf import (
     run_scf,
     scf_fit_record,
 )
+from .threads import checked_count as checked_thread_count
 from .threads import counts as thread_counts
 from .threads import limit as limit_threads
 
@@ -1057,7 +1058,9 @@ class DFMP2:
 
     ``frozen`` follows PySCF (an int, or a list of MO indices; for UHF and ROHF the same for
     both spins, or a pair ``[alpha list, beta list]``); the fitting basis comes from
-    ``auxbasis`` or, as in PySCF, from ``pt.with_df = df.DF(mol, auxbasis=...)``. Other keyword
+    ``auxbasis`` or, as in PySCF, from ``pt.with_df = df.DF(mol, auxbasis=...)``. ``threads``
+    holds every thread pool of the process to that many threads while the energy is computed
+    (as ``dfmp2.run(threads=)``; None: as they are). Other keyword
     arguments are :class:`Options` fields (``backend``, ``fused_energy``, ``max_memory``, ...),
     also accepted by :meth:`run` and :meth:`kernel`, which keep them on the object as PySCF's
     ``run(**kwargs)`` does (``pt.run(frozen=1)`` then ``pt.nocc`` counts the active orbitals
@@ -1067,10 +1070,10 @@ class DFMP2:
 
     #: The object's own attributes; any other assignment is an :class:`Options` field (``pt.
     #: max_memory = 2000``, as PySCF users set them), kept in ``options``, or refused.
-    _OWN = frozenset({"_scf", "mol", "frozen", "auxbasis", "with_df", "options", "result",
-                      "e_corr", "e_corr_os", "e_corr_ss", "e_singles"})
+    _OWN = frozenset({"_scf", "mol", "frozen", "auxbasis", "threads", "with_df", "options",
+                      "result", "e_corr", "e_corr_os", "e_corr_ss", "e_singles"})
 
-    def __init__(self, mf, frozen=None, auxbasis=None, **options):
+    def __init__(self, mf, frozen=None, auxbasis=None, threads: int | None = None, **options):
         if not isinstance(mf, pyscf_scf.hf.SCF):
             raise InputError(f"DFMP2 needs a PySCF SCF object (RHF, UHF, ROHF, RKS or UKS), got "
                              f"{type(mf).__name__}; for a molecule run its SCF first "
@@ -1079,6 +1082,7 @@ class DFMP2:
         self.mol = mf.mol
         self.frozen = frozen
         self.auxbasis = auxbasis
+        self.threads = None if threads is None else checked_thread_count(threads)
         self.with_df = None
         self.options = options
         self.result: Result | None = None
@@ -1231,11 +1235,13 @@ class DFMP2:
         merged = {**self.options, **options}
         frozen = merged.pop("frozen", self.frozen)
         auxbasis = merged.pop("auxbasis", self.auxbasis)
+        threads = merged.pop("threads", self.threads)
+        threads = None if threads is None else checked_thread_count(threads)
         opts = self._checked(merged, frozen, self._auxbasis(auxbasis))
         # kept, as PySCF's run(**kwargs) sets them: nocc, nmo and a later run() agree with
         # the energy computed here
-        self.frozen, self.auxbasis, self.options = frozen, auxbasis, merged
-        with kept_warnings() as warned:
+        self.frozen, self.auxbasis, self.threads, self.options = frozen, auxbasis, threads, merged
+        with limit_threads(threads), kept_warnings() as warned:
             result = compute(self._scf, opts)
         given = {**merged, **({} if frozen is None else {"frozen": frozen}),
                  **({} if opts.auxbasis is None else {"auxbasis": opts.auxbasis})}

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from ._names import MAX_THREADS
 from .errors import InputError
 
-__all__ = ["limit", "counts", "openblas_libraries", "available", "numpy_blas_threads",
-           "single_threaded_numpy_blas"]
+__all__ = ["limit", "checked_count", "counts", "openblas_libraries", "available",
+           "numpy_blas_threads", "single_threaded_numpy_blas"]
 
 #: The C functions ``openblas_get_num_threads`` and ``openblas_set_num_threads`` under the names
 #: OpenBLAS builds give them: plain; numpy 1.x's wheels' 64-bit-integer build (suffix ``64_``);
@@ -217,6 +217,16 @@ def available() -> int:
     return max(1, min(int(lib.num_threads()), len(os.sched_getaffinity(0))))
 
 
+def checked_count(threads) -> int:
+    """``threads`` as an int (a numpy integer too), or an :class:`InputError` naming it when
+    it is not a whole number from 1 to :data:`MAX_THREADS`."""
+    if (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1
+            or threads > MAX_THREADS):
+        raise InputError(f"threads must be a whole number from 1 to {MAX_THREADS}, got "
+                         f"{threads!r}")
+    return int(threads)
+
+
 @contextmanager
 def limit(threads: int | None):
     """Hold every pool (module docstring) to ``threads`` inside the ``with`` block and restore
@@ -225,11 +235,7 @@ def limit(threads: int | None):
     if threads is None:
         yield
         return
-    if (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1
-            or threads > MAX_THREADS):
-        raise InputError(f"threads must be a whole number from 1 to {MAX_THREADS}, got "
-                         f"{threads!r}")
-    threads = int(threads)  # a numpy integer too
+    threads = checked_count(threads)
     import torch
     from pyscf import lib
 

@@ -86,6 +86,30 @@ def test_run_with_threads_records_them_and_gives_the_same_energy(two_threads):
     assert "threads: torch 1, PySCF's OpenMP 1, OpenBLAS of numpy 1" in one.summary(verbose=True)
 
 
+def test_dfmp2_class_holds_the_threads_of_its_runs(two_threads):
+    """DFMP2(mf, threads=) as dfmp2.run(threads=): the record says the pools ran on that
+    count, the process's counts are back afterwards, and run(threads=) changes it for later
+    runs as PySCF's run(**kwargs) does (it was refused as an unknown setting)."""
+    from pyscf import gto, scf
+
+    mol = gto.M(atom=WATER, basis="sto-3g", verbose=0)
+    mf = scf.RHF(mol).run()
+    free = dfmp2.DFMP2(mf, auxbasis="def2-svp-ri").run()
+    pt = dfmp2.DFMP2(mf, auxbasis="def2-svp-ri", threads=1).run()
+    assert set(_flat(pt.result.backend.cpu_blas["threads"]).values()) == {1}
+    assert free.result.backend.cpu_blas["threads"]["torch"] == 2
+    assert threads.counts() == two_threads
+    assert abs(pt.e_corr - free.e_corr) <= TOL_OUTCORE  # another summation order at most
+    pt.run(threads=2)
+    assert pt.threads == 2 and pt.result.backend.cpu_blas["threads"]["torch"] == 2
+    for bad in (0, 1.5, True):
+        with pytest.raises(InputError, match="threads must be a whole number from 1"):
+            dfmp2.DFMP2(mf, threads=bad)
+        with pytest.raises(InputError, match="threads must be a whole number from 1"):
+            pt.run(threads=bad)
+    assert pt.threads == 2  # a refused run changes nothing
+
+
 def test_cli_threads(tmp_path, two_threads):
     out = tmp_path / "w.json"
     result = CliRunner().invoke(main, ["run", WATER, "--basis", "sto-3g", "--threads", "1",
