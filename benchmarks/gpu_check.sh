@@ -12,7 +12,9 @@
 # 5. (only when asked: STEPS=5) the whole job on the host's cores, the GPU hidden: the end-to-end
 #    harness (benchmarks/run.py --e2e, dfmp2 run against PySCF's DF-SCF + DF-MP2 with its
 #    OpenBLAS on Haswell kernels, fp64 and mixed SCF, 3 repetitions) on each of E2E (default
-#    "water16 C20H42"), one molecule per harness call, all into OUTDIR/e2e-host.{md,json}.
+#    "water16 C20H42"), one molecule per harness call, all into OUTDIR/e2e-host.{md,json};
+# 6. (only when asked: STEPS=6) the SCF's J/K build by thread count, dfmp2's against one worker
+#    per thread (benchmarks/jk_threads.py on E2E's molecules, into OUTDIR/jk-threads.{md,json}).
 #
 # Needs dfmp2 installed with its test extras and PySCF. The lent machines' image has torch
 # (CUDA), numpy, scipy, h5py, click, pytest, pytest-xdist and matplotlib, not PySCF nor
@@ -122,4 +124,13 @@ for name in ${E2E:-water16 C20H42}; do  # one harness call each: a cut one keeps
     echo "$name: rc $?"
 done
 [[ -f $out/e2e-host.md ]] && grep -A8 -i "end to end" "$out/e2e-host.md" | head -30
+fi
+
+if step 6; then
+echo "== 6. the SCF's J/K build by thread count"
+mols=${E2E:-water16 C20H42}
+run_for 300 env CUDA_VISIBLE_DEVICES= python3 benchmarks/jk_threads.py --molecules "${mols// /,}" \
+    --name jk-threads --out-dir "$out" > "$out/jk-threads.log" 2>&1
+echo "rc $?"
+grep "^|" "$out/jk-threads.md" 2>/dev/null
 fi
