@@ -37,10 +37,9 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "plan_blocks",
-           "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked", "usable_bytes", "MB",
-           "size_text", "size_texts",
-           "RESERVE"]
+__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "jk_work_bytes",
+           "plan_blocks", "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked",
+           "usable_bytes", "MB", "size_text", "size_texts", "RESERVE"]
 
 MB = 1024 * 1024
 
@@ -178,7 +177,7 @@ def jk_square_fits(nao: int, naux: int, itemsize: int, max_memory_mb: float,
     budget (the metric's factors are gone once the tensor is built). ``unpack_block``: K's
     (:data:`dfmp2.scf_integrals.UNPACK_BLOCK`, which its callers pass)."""
     packed = _F64 * naux * (nao * (nao + 1) // 2)
-    return (packed + itemsize * naux * nao * nao + _jk_work_bytes(nao, unpack_block)
+    return (packed + itemsize * naux * nao * nao + jk_work_bytes(nao, unpack_block)
             <= usable_bytes(max_memory_mb))
 
 
@@ -206,7 +205,7 @@ def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
         return naux
     # Some rows on their pairs: where square <= columns (one basis function) the whole tensor
     # unpacked needs no more than this, so free < 0 below and no division by zero is reached.
-    free = usable - metric - max(build, k_square + _jk_work_bytes(nao, unpack_block)) \
+    free = usable - metric - max(build, k_square + jk_work_bytes(nao, unpack_block)) \
         - columns * naux
     if free < 0:
         return 0
@@ -220,7 +219,7 @@ def _jk_build_bytes(nao: int, naux: int) -> int:
     return _F64 * (nao * (nao + 1) // 2) * (_JK_INT3C_ROWS + min(naux, _TRMM_COLUMNS))
 
 
-def _jk_work_bytes(nao: int, unpack_block: int) -> int:
+def jk_work_bytes(nao: int, unpack_block: int) -> int:
     """K's work arrays per build: ``unpack_block`` unpacked matrices, their float32 copy and the
     products, ``3 * 8 u n^2``."""
     return 3 * unpack_block * nao * nao * _F64
@@ -300,7 +299,7 @@ def plan_jk(nao: int, naux: int, max_memory_mb: float, max_shell_pairs: int,
     npair = nao * (nao + 1) // 2
     tensor = _F64 * naux * npair
     metric = 3 * naux * naux * _F64
-    work = _jk_work_bytes(nao, unpack_block)
+    work = jk_work_bytes(nao, unpack_block)
     incore = metric + tensor + max(work, _jk_build_bytes(nao, naux))
     if not force_outcore and incore <= budget:
         return JKPlan(False, npair, naux, tensor, metric + tensor, incore)

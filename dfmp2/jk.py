@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, jk_square_rows, plan_jk
+from .blocking import JKPlan, jk_square_fits, jk_square_rows, jk_work_bytes, plan_jk
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -49,6 +50,7 @@ from .scf_integrals import (
     fitted_cderi_file,
     split_cderi,
 )
+from .threads import numpy_blas_threads, single_threaded_numpy_blas
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ K_PRECISIONS = ("fp64", "fp32")
 #: model 167), (H2O)16 cc-pVDZ: a UHF build 1.29-1.34 s at 64 against 1.34-1.45 s at 128, an
 #: RHF build 0.69-0.73 s at either.
 K_SQUARE_BLOCK = 64
+#: Auxiliary functions per block of a lane worker (:func:`_square_lanes`): its GEMMs on one
+#: BLAS thread. (H2O)16's J/K build on the 2 cores of the Zen 4 machine (one process, medians
+#: of 5, `benchmarks/jk_threads.py`'s prototype): 0.864, 0.870 and 0.858 s at 8, 16 and 32
+#: against 0.92-1.04 s on the two BLAS threads; 8 keeps a worker's arrays smallest.
+LANE_BLOCK = 8
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
 _DM_EIG_CUTOFF = 1e-14
@@ -347,53 +354,137 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     (naux, n, n), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
     K's float64 factors ``coeff`` (None: no K).
 
-    Per block: K's product ``Y = C^T B^Q``; J's fitted density ``rho_Q = sum_{mu nu} B^Q_{mu
-    nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed with each part's sign, read
-    from Y instead of a product of its own, when the factors reproduce the densities (``D = sum
-    sign C C^T``: PySCF's tags name the orbitals K is built from, which J must not assume; else
-    one product with the densities); then ``vj += rho^T B`` and ``K += Y^T Y`` per density.
+    Per block (:class:`_SquareProducts`): K's product ``Y = C^T B^Q``; J's fitted density
+    ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed
+    with each part's sign, read from Y instead of a product of its own, when the factors
+    reproduce the densities (``D = sum sign C C^T``: PySCF's tags name the orbitals K is built
+    from, which J must not assume; else one product with the densities); then ``vj += rho^T B``
+    and ``K += Y^T Y`` per density.
     ``dtype`` float32 (the early cycles of a mixed-precision SCF, with K's factors): each
-    block is cast by torch's threads into a float32 array (one per call, reused block after
-    block) and J's and K's products all run in float32 on it with K's ops ``k_la`` (J then has
-    K's float32 rounding, which those cycles tolerate; a call without K's factors, J alone or
-    no occupied orbitals, stays float64 on ``la``); sums over blocks are float64."""
+    block is cast into a float32 array (one per call, reused block after block) and J's and
+    K's products all run in float32 on it with K's ops ``k_la`` (J then has K's float32
+    rounding, which those cycles tolerate; a call without K's factors, J alone or no occupied
+    orbitals, stays float64 on ``la``); sums over blocks are float64.
+
+    With numpy's BLAS on the host and more than one of its threads (:func:`_lane_workers`),
+    the blocks run on worker threads instead (:func:`_square_lanes`), each its own GEMMs on
+    one BLAS thread: the remedy that made the pair step scale (docs/performance.md, "J/K by
+    lanes")."""
     naux, nao = square.shape[:2]
     nset = dms.shape[0]
     vj = np.zeros((nset, nao * nao)) if with_j else None
     vk = None if coeff is None else np.zeros((nset, nao, nao))
-    products = coeff is not None and coeff.shape[1] > 0  # no occupied orbitals: K is zero
-    fused = with_j and products and _factors_reproduce(coeff, parts, dms)
-    dtype = np.dtype(dtype) if products else np.dtype(np.float64)
-    j_la = la if dtype == np.float64 else k_la  # float32 J runs where float32 K runs
-    if with_j and not fused:
-        dm_flat = torch.from_numpy(np.ascontiguousarray(dms.reshape(nset, nao * nao), dtype))
-    if products:
-        coeff_rows = np.ascontiguousarray(coeff.T, dtype)[:, :, None]  # (R, n, 1) for rho
-        coeff = torch.from_numpy(np.ascontiguousarray(coeff, dtype))
+    blocks = _SquareProducts(dms, coeff, parts, la, k_la, with_j, dtype)
+    workers = _lane_workers(blocks, naux)
+    if workers > 1:
+        _square_lanes(square, blocks, workers, vj, vk)
+        return vj, vk
     # Y (R, q*n) within what the planner counts for two densities' columns (R <= 2n)
-    step = K_SQUARE_BLOCK if not products else max(
+    step = K_SQUARE_BLOCK if not blocks.products else max(
         1, min(K_SQUARE_BLOCK, 2 * nao * K_SQUARE_BLOCK // max(1, coeff.shape[1])))
-    cast = (None if dtype == np.float64 else
+    cast = (None if blocks.dtype == np.float64 else
             torch.empty((min(step, naux), nao, nao), dtype=torch.float32))
     for q0 in range(0, naux, step):
         rows = torch.from_numpy(square[q0:q0 + step])
-        q = rows.shape[0]
-        block = rows if cast is None else cast[:q].copy_(rows)
+        blocks.add(rows if cast is None else cast[:rows.shape[0]].copy_(rows), vj, vk)
+    return vj, vk
+
+
+class _SquareProducts:
+    """J's and K's products of blocks of the unpacked tensor for one :func:`get_jk` call
+    (:func:`_jk_from_square` says what they are): the call's constants, and :meth:`add`."""
+
+    def __init__(self, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, with_j: bool,
+                 dtype):
+        self.nset, self.nao = dms.shape[0], dms.shape[-1]
+        self.parts, self.with_j, self.la, self.k_la = parts, with_j, la, k_la
+        self.products = coeff is not None and coeff.shape[1] > 0  # no occupied orbitals: K 0
+        self.fused = with_j and self.products and _factors_reproduce(coeff, parts, dms)
+        self.dtype = np.dtype(dtype) if self.products else np.dtype(np.float64)
+        self.j_la = la if self.dtype == np.float64 else k_la  # float32 J where float32 K runs
+        if with_j and not self.fused:
+            self.dm_flat = torch.from_numpy(np.ascontiguousarray(
+                dms.reshape(self.nset, self.nao * self.nao), self.dtype))
+        self.rank = 0 if coeff is None else coeff.shape[1]
+        if self.products:
+            self.coeff_rows = np.ascontiguousarray(coeff.T, self.dtype)[:, :, None]  # (R,n,1)
+            self.coeff = torch.from_numpy(np.ascontiguousarray(coeff, self.dtype))
+
+    def add(self, block: torch.Tensor, vj, vk) -> None:
+        """Add the J (``vj``, (nset, n*n)) and K (``vk``, (nset, n, n)) of ``block`` (q, n, n),
+        in the call's precision."""
+        q, nao = block.shape[0], self.nao
         flat = block.reshape(q, nao * nao)
-        if products:
-            y = k_la.gemm(coeff, block.reshape(q * nao, nao), trans_a=True, trans_b=True)
-            if fused:
-                per_column = np.matmul(y.numpy().reshape(-1, q, nao), coeff_rows)[:, :, 0]
-                rho = np.zeros((nset, q), dtype)
-                for k, density in enumerate(parts):
+        if self.products:
+            y = self.k_la.gemm(self.coeff, block.reshape(q * nao, nao), trans_a=True,
+                               trans_b=True)
+            if self.fused:
+                per_column = np.matmul(y.numpy().reshape(-1, q, nao), self.coeff_rows)[:, :, 0]
+                rho = np.zeros((self.nset, q), self.dtype)
+                for k, density in enumerate(self.parts):
                     for columns, sign in density:
                         rho[k] += sign * per_column[columns].sum(axis=0)
-                vj += j_la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
-            _add_k(vk, y, parts, nao, k_la)
-        if with_j and not fused:
-            rho = j_la.gemm(dm_flat, flat, trans_b=True)  # (nset, q)
-            vj += j_la.gemm(rho, flat).numpy()  # (nset, n*n)
-    return vj, vk
+                vj += self.j_la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
+            _add_k(vk, y, self.parts, nao, self.k_la)
+        if self.with_j and not self.fused:
+            rho = self.j_la.gemm(self.dm_flat, flat, trans_b=True)  # (nset, q)
+            vj += self.j_la.gemm(rho, flat).numpy()  # (nset, n*n)
+
+    def lane_bytes(self) -> int:
+        """A lane worker's arrays (:func:`_square_lanes`): Y (R, q*n) and the products' J rows,
+        its own J and K sums and a product of K (n, n) each, and a float32 block."""
+        n, q = self.nao, LANE_BLOCK
+        cast = 4 * q * n * n if self.dtype == np.float32 else 0
+        return 8 * (self.rank * q * n + (2 * self.nset + 2) * n * n) + cast
+
+
+def _lane_workers(blocks: _SquareProducts, naux: int) -> int:
+    """Worker threads of :func:`_square_lanes` for one call: numpy's BLAS threads (the run's
+    count) when both J's and K's products run on numpy's BLAS on the host (the pytorch
+    backend's CPU products with ``--cpu-blas`` numpy; NKI's and torch's products run as they
+    are), no more than the call has blocks of :data:`LANE_BLOCK`, and no more than K's work
+    arrays of the planner (:func:`dfmp2.blocking.plan_jk`) hold lanes' arrays of; 1 (no
+    lanes) otherwise."""
+    la = blocks.k_la
+    if not (blocks.la is la and isinstance(la, Dispatcher) and la.backend == "pytorch"
+            and la.host_backend["gemm"] == "numpy"):
+        return 1
+    budget = jk_work_bytes(blocks.nao, UNPACK_BLOCK)
+    return max(1, min(numpy_blas_threads(), -(-naux // LANE_BLOCK),
+                      budget // max(1, blocks.lane_bytes())))
+
+
+def _square_lanes(square: np.ndarray, blocks: _SquareProducts, workers: int, vj, vk) -> None:
+    """Add the J and K of ``square`` (naux, n, n) to ``vj`` and ``vk`` on ``workers`` threads:
+    the auxiliary functions in ``workers`` contiguous lanes of whole blocks of
+    :data:`LANE_BLOCK`, each lane's blocks in order on one thread with numpy's BLAS on one
+    thread (float32 blocks cast by the lane's own thread into its own array), summed into the
+    lane's own J and K, the lanes' sums then added in their order: the same bits for a given
+    worker count, run after run (another count sums in another order)."""
+    naux, nao = square.shape[:2]
+    nblock = -(-naux // LANE_BLOCK)
+    edges = [naux if k == workers else min(naux, (k * nblock // workers) * LANE_BLOCK)
+             for k in range(workers + 1)]
+    sums = [(None if vj is None else np.zeros_like(vj), None if vk is None else np.zeros_like(vk))
+            for _ in range(workers)]
+
+    def lane(k: int) -> None:
+        cast = (None if blocks.dtype == np.float64 else
+                np.empty((LANE_BLOCK, nao, nao), np.float32))
+        for q0 in range(edges[k], edges[k + 1], LANE_BLOCK):
+            rows = square[q0:min(q0 + LANE_BLOCK, edges[k + 1])]
+            if cast is not None:
+                rows = cast[:rows.shape[0]]
+                np.copyto(rows, square[q0:q0 + rows.shape[0]])
+            blocks.add(torch.from_numpy(rows), *sums[k])
+
+    with single_threaded_numpy_blas(), ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lane, range(workers)))  # (an error cancels the lanes not begun)
+    for lane_j, lane_k in sums:  # in the lanes' order
+        if vj is not None:
+            vj += lane_j
+        if vk is not None:
+            vk += lane_k
 
 
 #: Largest |D - sum sign C C^T| (relative to the scale of :func:`_factors_reproduce`) for

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -244,6 +245,8 @@ class Dispatcher(_NamedOps):
     nki_device: object = field(init=False, default=None)
     residency: str | None = field(init=False, default=None)
     _host_block: int = field(init=False, default=1)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False,
+                                  compare=False)
 
     def __post_init__(self):
         self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
@@ -420,13 +423,15 @@ class Dispatcher(_NamedOps):
         return result
 
     def _record(self, op: str, backend: str, mode: str, fallback: str | None = None):
-        record = self.records.get(op)
-        if record is None:
-            record = self.records[op] = OpRecord(backend, mode)
-        elif (record.backend, record.mode) != (backend, mode) and mode not in record.mode.split("+"):
-            record.backend, record.mode = "mixed", f"{record.mode}+{mode}"
-        record.calls += 1
-        record.fallback = record.fallback or fallback
+        with self._lock:  # ops called from worker threads (the DF-SCF's J/K lanes) count once each
+            record = self.records.get(op)
+            if record is None:
+                record = self.records[op] = OpRecord(backend, mode)
+            elif ((record.backend, record.mode) != (backend, mode)
+                  and mode not in record.mode.split("+")):
+                record.backend, record.mode = "mixed", f"{record.mode}+{mode}"
+            record.calls += 1
+            record.fallback = record.fallback or fallback
 
     def summary(self) -> dict[str, dict]:
         """Per-op records as plain dicts (for the result and JSON)."""
