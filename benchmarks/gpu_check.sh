@@ -13,8 +13,8 @@
 #    harness (benchmarks/run.py --e2e, dfmp2 run against PySCF's DF-SCF + DF-MP2 with its
 #    OpenBLAS on Haswell kernels, fp64 and mixed SCF, 3 repetitions) on each of E2E (default
 #    "water16 C20H42"), one molecule per harness call, all into OUTDIR/e2e-host.{md,json};
-# 6. (only when asked: STEPS=6) the SCF's J/K build by thread count, dfmp2's against one worker
-#    per thread (benchmarks/jk_threads.py on E2E's molecules, into OUTDIR/jk-threads.{md,json}).
+# 6. (only when asked: STEPS=6) the SCF's J/K build by thread count, its lanes against its one
+#    pass (benchmarks/jk_threads.py on E2E's molecules, into OUTDIR/jk-threads.{md,json}).
 #
 # Needs dfmp2 installed with its test extras and PySCF. The lent machines' image has torch
 # (CUDA), numpy, scipy, h5py, click, pytest, pytest-xdist and matplotlib, not PySCF nor
