@@ -351,8 +351,8 @@ def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, 
 def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
                     with_j: bool, dtype=np.float64):
     """(vj (nset, n*n) or None, vk (nset, n, n) or None) from the float64 square tensor alone
-    (naux, n, n), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
-    K's float64 factors ``coeff`` (None: no K).
+    (naux, n, n), by blocks of auxiliary functions (one pass over blocks of
+    :data:`K_SQUARE_BLOCK`, or lanes: below), with K's float64 factors ``coeff`` (None: no K).
 
     Per block (:class:`_SquareProducts`): K's product ``Y = C^T B^Q``; J's fitted density
     ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed
@@ -361,10 +361,10 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     from, which J must not assume; else one product with the densities); then ``vj += rho^T B``
     and ``K += Y^T Y`` per density.
     ``dtype`` float32 (the early cycles of a mixed-precision SCF, with K's factors): each
-    block is cast into a float32 array (one per call, reused block after block) and J's and
-    K's products all run in float32 on it with K's ops ``k_la`` (J then has K's float32
-    rounding, which those cycles tolerate; a call without K's factors, J alone or no occupied
-    orbitals, stays float64 on ``la``); sums over blocks are float64.
+    block is cast into a float32 array (one per call, or per lane, reused block after block)
+    and J's and K's products all run in float32 on it with K's ops ``k_la`` (J then has K's
+    float32 rounding, which those cycles tolerate; a call without K's factors, J alone or no
+    occupied orbitals, stays float64 on ``la``); sums over blocks are float64.
 
     With numpy's BLAS on the host and more than one of its threads (:func:`_lane_workers`),
     the blocks run on worker threads instead (:func:`_square_lanes`), each its own GEMMs on
@@ -431,20 +431,23 @@ class _SquareProducts:
             vj += self.j_la.gemm(rho, flat).numpy()  # (nset, n*n)
 
     def lane_bytes(self) -> int:
-        """A lane worker's arrays (:func:`_square_lanes`): Y (R, q*n) and the products' J rows,
-        its own J and K sums and a product of K (n, n) each, and a float32 block."""
-        n, q = self.nao, LANE_BLOCK
-        cast = 4 * q * n * n if self.dtype == np.float32 else 0
-        return 8 * (self.rank * q * n + (2 * self.nset + 2) * n * n) + cast
+        """A lane worker's arrays (:func:`_square_lanes`), at most: its own J and K sums
+        (float64, nset n^2 each); in the products' precision Y (R, q*n), J's product (nset,
+        n^2), and K's product of one density (n, n) with its signed copy; a float32 block
+        (q, n, n) when the products run in float32. Small ones (J's density, (nset, q)) aside."""
+        n, q, size = self.nao, LANE_BLOCK, self.dtype.itemsize
+        products = size * (self.rank * q * n + (self.nset + 2) * n * n)
+        cast = size * q * n * n if self.dtype == np.float32 else 0
+        return 8 * 2 * self.nset * n * n + products + cast
 
 
 def _lane_workers(blocks: _SquareProducts, naux: int) -> int:
     """Worker threads of :func:`_square_lanes` for one call: numpy's BLAS threads (the run's
     count) when both J's and K's products run on numpy's BLAS on the host (the pytorch
     backend's CPU products with ``--cpu-blas`` numpy; NKI's and torch's products run as they
-    are), no more than the call has blocks of :data:`LANE_BLOCK`, and no more than K's work
-    arrays of the planner (:func:`dfmp2.blocking.plan_jk`) hold lanes' arrays of; 1 (no
-    lanes) otherwise."""
+    are), no more than the call has blocks of :data:`LANE_BLOCK`, and no more than the
+    planner's K work arrays (:func:`dfmp2.blocking.jk_work_bytes`, the least it sets aside for
+    them in any layout) hold lanes' arrays of; 1 (no lanes) otherwise."""
     la = blocks.k_la
     if not (blocks.la is la and isinstance(la, Dispatcher) and la.backend == "pytorch"
             and la.host_backend["gemm"] == "numpy"):
@@ -479,7 +482,7 @@ def _square_lanes(square: np.ndarray, blocks: _SquareProducts, workers: int, vj,
             blocks.add(torch.from_numpy(rows), *sums[k])
 
     with single_threaded_numpy_blas(), ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lane, range(workers)))  # (an error cancels the lanes not begun)
+        list(pool.map(lane, range(workers)))  # every lane starts: an error shows once all end
     for lane_j, lane_k in sums:  # in the lanes' order
         if vj is not None:
             vj += lane_j

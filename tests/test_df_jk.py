@@ -3,8 +3,10 @@ and SCF energies as PySCF's DF-SCF with the same JK-fit basis, on every referenc
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -288,6 +290,10 @@ def test_dispatcher_counts_calls_from_many_threads_once_each():
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(calls, range(8)))
     assert la.records["gemm"].calls == 2400
+    for copied in (copy.deepcopy(la), pickle.loads(pickle.dumps(la))):  # each its own lock
+        assert copied._lock is not la._lock and copied.records["gemm"].calls == 2400
+        copied.gemm(a, a)
+        assert copied.records["gemm"].calls == 2401 and la.records["gemm"].calls == 2400
 
 
 def test_lane_workers_stay_within_the_planners_k_work_arrays():

@@ -248,6 +248,13 @@ class Dispatcher(_NamedOps):
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False,
                                   compare=False)
 
+    def __getstate__(self) -> dict:  # a copy or a pickle gets a lock of its own
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __post_init__(self):
         self.cpu_blas = CpuBlas.resolve(self.policy.cpu_blas)
         numpy_blas = self.cpu_blas.choice == "numpy"
