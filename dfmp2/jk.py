@@ -80,8 +80,9 @@ K_PRECISIONS = ("fp64", "fp32")
 K_SQUARE_BLOCK = 64
 #: Auxiliary functions per block of a lane worker (:func:`_square_lanes`): its GEMMs on one
 #: BLAS thread. (H2O)16's J/K build on the 2 cores of the Zen 4 machine (one process, medians
-#: of 5, `benchmarks/jk_threads.py`'s prototype): 0.864, 0.870 and 0.858 s at 8, 16 and 32
-#: against 0.92-1.04 s on the two BLAS threads; 8 keeps a worker's arrays smallest.
+#: of 5, the prototype of `benchmarks/jk_threads.py` at commit 4879847): 0.864, 0.870 and
+#: 0.858 s at 8, 16 and 32 against 0.92-1.04 s on the two BLAS threads; 8 keeps a worker's
+#: arrays smallest.
 LANE_BLOCK = 8
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
