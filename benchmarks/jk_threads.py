@@ -57,13 +57,20 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    try:
+        thread_counts(args.threads)
+    except ValueError as exc:
+        p.error(f"--threads {args.threads}: {exc}")
     return args
 
 
 def thread_counts(given: str | None) -> list[int]:
     cores = len(os.sched_getaffinity(0))
     if given:
-        return [int(t) for t in given.split(",")]
+        counts = [int(t) for t in given.split(",")]  # ValueError: not whole numbers
+        if min(counts) < 1:
+            raise ValueError("thread counts must be at least 1")
+        return counts
     return sorted({cores, *(t for t in (8, 4, 2, 1) if t < cores)}, reverse=True)
 
 

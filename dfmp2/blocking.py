@@ -60,6 +60,8 @@ def size_texts(need: float, room: float) -> tuple[str, str]:
     would read the same."""
     texts = size_text(need), size_text(room)
     return texts if texts[0] != texts[1] else (f"{int(need)} bytes", f"{int(room)} bytes")
+
+
 _F64 = 8
 #: Auxiliary functions per int3c2e block to aim for. Measured on C20H42 cc-pVDZ (nao 490, the
 #: packed and unpacked blocks 94 + 188 MB at 128) inside repeated DF-MP2 runs: transform 4.6 s

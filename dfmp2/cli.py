@@ -332,10 +332,10 @@ _D = Options.default
               help="DFT grid of --xc: PySCF's level 0-9 [default: 3], or radial,angular points "
                    "per atom, unpruned (e.g. 99,590).")
 @click.option("--os-scale", type=float, default=_D("os_scale"),
-              help="Opposite-spin scale of the scaled energy [default: SCS-MP2's 1.2; SOS-MP2's "
-                   "1.3; a double hybrid's own].")
+              help="Opposite-spin scale of the scaled energy, 0 to 10 [default: SCS-MP2's 1.2; "
+                   "SOS-MP2's 1.3; a double hybrid's own].")
 @click.option("--ss-scale", type=float, default=_D("ss_scale"),
-              help="Same-spin scale [default: SCS-MP2's 1/3; a double hybrid's own].")
+              help="Same-spin scale, 0 to 10 [default: SCS-MP2's 1/3; a double hybrid's own].")
 @click.option("--sos", is_flag=True, default=_D("sos"),
               help="Spin-opposite scaling: same-spin scale 0 (SOS-MP2, opposite-spin 1.3).")
 @click.option("--pair-energies", is_flag=True, default=_D("pair_energies"),

@@ -84,6 +84,11 @@ K_SQUARE_BLOCK = 64
 #: 0.858 s at 8, 16 and 32 against 0.92-1.04 s on the two BLAS threads; 8 keeps a worker's
 #: arrays smallest.
 LANE_BLOCK = 8
+#: Least floating-point work of a build (about 3 R n^2 naux) for which it runs in lanes: below,
+#: starting the workers costs more than they gain. Builds on 2 threads of the Zen 4 machine
+#: (alternating, medians of 7): (H2O)4's (0.3 GFLOP) 18 ms in lanes against 11 ms in one pass,
+#: (H2O)8's (4.2 GFLOP) 0.115 against 0.114 s, (H2O)12's (21 GFLOP) 0.33 against 0.36 s.
+LANE_MIN_FLOPS = 4e9
 #: |eigenvalue| of a density matrix below this (relative to the largest) is dropped when K is
 #: built from eigenvectors (an untagged density, e.g. PySCF's initial guess).
 _DM_EIG_CUTOFF = 1e-14
@@ -446,12 +451,14 @@ def _lane_workers(blocks: _SquareProducts, naux: int) -> int:
     """Worker threads of :func:`_square_lanes` for one call: numpy's BLAS threads (the run's
     count) when both J's and K's products run on numpy's BLAS on the host (the pytorch
     backend's CPU products with ``--cpu-blas`` numpy; NKI's and torch's products run as they
-    are), no more than the call has blocks of :data:`LANE_BLOCK`, and no more than the
+    are) and the build has :data:`LANE_MIN_FLOPS` of work, no more than the call has blocks
+    of :data:`LANE_BLOCK`, and no more than the
     planner's K work arrays (:func:`dfmp2.blocking.jk_work_bytes`, the least it sets aside for
     them in any layout) hold lanes' arrays of; 1 (no lanes) otherwise."""
     la = blocks.k_la
     if not (blocks.la is la and isinstance(la, Dispatcher) and la.backend == "pytorch"
-            and la.host_backend["gemm"] == "numpy"):
+            and la.host_backend["gemm"] == "numpy") \
+            or 3 * blocks.rank * blocks.nao ** 2 * naux < LANE_MIN_FLOPS:
         return 1
     budget = jk_work_bytes(blocks.nao, UNPACK_BLOCK)
     return max(1, min(numpy_blas_threads(), -(-naux // LANE_BLOCK),
@@ -478,8 +485,8 @@ def _square_lanes(square: np.ndarray, blocks: _SquareProducts, workers: int, vj,
         for q0 in range(edges[k], edges[k + 1], LANE_BLOCK):
             rows = square[q0:min(q0 + LANE_BLOCK, edges[k + 1])]
             if cast is not None:
-                rows = cast[:rows.shape[0]]
-                np.copyto(rows, square[q0:q0 + rows.shape[0]])
+                np.copyto(cast[:len(rows)], rows)
+                rows = cast[:len(rows)]
             blocks.add(torch.from_numpy(rows), *sums[k])
 
     with single_threaded_numpy_blas(), ThreadPoolExecutor(workers) as pool:

@@ -253,6 +253,7 @@ def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeyp
         real(square, blocks, workers, vj, vk)
 
     monkeypatch.setattr(jk_module, "_square_lanes", spy)
+    monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)  # lanes for a build this small
     ours = DFJK(nh2, JKFIT, _la()).build()
     naux = ours.get_naoaux()
     assert ours.square_only and naux > 3 * LANE_BLOCK
@@ -277,6 +278,18 @@ def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeyp
     with threads.limit(3):
         get_jk(None, uhf.make_rdm1(), _la(cpu_blas="torch"), square=ours.square)
     assert not lanes
+    # a whole SCF on the lanes: PySCF's DF-SCF energy and cycles
+    mf = scf.UHF(nh2).density_fit(auxbasis=JKFIT)
+    mf.with_df = DFJK(nh2, JKFIT, _la())
+    with threads.limit(3):
+        mf.run(conv_tol=uhf.conv_tol)
+    assert lanes and set(lanes) == {3}
+    assert mf.e_tot == pytest.approx(uhf.e_tot, abs=TOL_OUTCORE) and mf.cycles == uhf.cycles
+    lanes.clear()
+    monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 1e30)  # too little work: one pass
+    with threads.limit(3):
+        get_jk(None, uhf.make_rdm1(), _la(), square=ours.square)
+    assert not lanes
 
 
 def test_dispatcher_counts_calls_from_many_threads_once_each():
@@ -296,9 +309,10 @@ def test_dispatcher_counts_calls_from_many_threads_once_each():
         assert copied.records["gemm"].calls == 2401 and la.records["gemm"].calls == 2400
 
 
-def test_lane_workers_stay_within_the_planners_k_work_arrays():
+def test_lane_workers_stay_within_the_planners_k_work_arrays(monkeypatch):
     """No more lane workers than the planner's K work arrays hold (a worker's J and K sums and
     products), than numpy's BLAS threads, or than the call has blocks."""
+    monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
     nao, rank = 24, 100
     dms = np.zeros((1, nao, nao))
     coeff = np.ones((nao, rank))
