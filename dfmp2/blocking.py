@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from .errors import ResourceError
 
-__all__ = ["BlockPlan", "JKPlan", "jk_square_fits", "jk_square_rows", "jk_work_bytes",
+__all__ = ["BlockPlan", "JKPlan", "jk_lane_budget", "jk_square_fits", "jk_square_rows",
+           "jk_work_bytes",
            "plan_blocks", "plan_jk", "pair_block_bytes", "transform_bytes_per_unpacked",
            "usable_bytes", "MB", "size_text", "size_texts", "RESERVE"]
 
@@ -225,6 +226,21 @@ def jk_work_bytes(nao: int, unpack_block: int) -> int:
     """K's work arrays per build: ``unpack_block`` unpacked matrices, their float32 copy and the
     products, ``3 * 8 u n^2``."""
     return 3 * unpack_block * nao * nao * _F64
+
+
+def jk_lane_budget(nao: int, naux: int, square_block: int, unpack_block: int, unpacked: bool,
+                   packed: bool, copy: bool) -> int:
+    """What the planner sets aside in memory for one J/K build's work arrays, as the lanes of
+    :func:`dfmp2.jk.get_jk` may fill it: for rows held unpacked (``unpacked``: the tensor
+    unpacked only, or its first rows) the product of a block of ``square_block`` of them with up
+    to 2n columns, ``8 * 2n * square_block * n`` (:func:`jk_square_rows`); for rows on their AO
+    pairs (``packed``) K's unpacking (:func:`jk_work_bytes`); and, unless a square ``copy`` sits
+    next to packed rows (:func:`jk_square_fits` counts only the unpacking for it), the larger
+    of that and the tensor build's own arrays, released before the first build
+    (:func:`plan_jk`, :func:`jk_square_rows`)."""
+    work = ((_F64 * 2 * nao * square_block * nao if unpacked else 0)
+            + (jk_work_bytes(nao, unpack_block) if packed else 0))
+    return work if copy else max(work, _jk_build_bytes(nao, naux))
 
 
 def transform_bytes_per_unpacked(nao: int, nocc: int, nvir: int) -> int:

@@ -37,7 +37,7 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_square_fits, jk_square_rows, jk_work_bytes, plan_jk
+from .blocking import JKPlan, jk_lane_budget, jk_square_fits, jk_square_rows, plan_jk
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -78,7 +78,7 @@ K_PRECISIONS = ("fp64", "fp32")
 #: model 167), (H2O)16 cc-pVDZ: a UHF build 1.29-1.34 s at 64 against 1.34-1.45 s at 128, an
 #: RHF build 0.69-0.73 s at either.
 K_SQUARE_BLOCK = 64
-#: Auxiliary functions per block of a lane worker (:func:`_square_lanes`): its GEMMs on one
+#: Auxiliary functions per block of a lane worker (:func:`_lanes`): its GEMMs on one
 #: BLAS thread. (H2O)16's J/K build on the 2 cores of the Zen 4 machine (one process, medians
 #: of 5, the prototype of `benchmarks/jk_threads.py` at commit 4879847): 0.864, 0.870 and
 #: 0.858 s at 8, 16 and 32 against 0.92-1.04 s on the two BLAS threads; 8 keeps a worker's
@@ -284,12 +284,27 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
         # A^T A as a syrk): the flops K needs, whichever BLAS
         rank = sum(part.stop - part.start for density in parts for part, _ in density)
         flops += (2 * coeff.shape[1] + rank) * nao * nao * naux
+    if counts is not None:
+        counts["flops"] = counts.get("flops", 0) + flops
     dtype = {"fp64": np.float64, "fp32": np.float32}[k_precision]
+    blocks = None
+    if with_k and (cderi is None or isinstance(cderi, np.ndarray)):  # in memory: lanes?
+        blocks = _SquareProducts(dms, coeff, parts, la, k_la, with_j, dtype)
+        segments = _lane_segments(cderi, square, head, blocks.dtype)
+        budget = jk_lane_budget(nao, naux, K_SQUARE_BLOCK, UNPACK_BLOCK,
+                                unpacked=cderi is None or head is not None,
+                                packed=cderi is not None,
+                                copy=cderi is not None and square is not None)
+        workers = _lane_workers(blocks, naux, budget, any(not u for _, u, _ in segments))
+        if workers > 1:
+            vj, vk = _lanes(segments, pairs, blocks, dms, workers)
+            return (vj.reshape(shape) if with_j else None), vk.reshape(shape)
     vj_head = vk_head = None
     if head is not None and head.shape[0]:
-        vj_head, vk_head = _jk_from_square(head, dms, coeff, parts, la, k_la, with_j, dtype)
+        vj_head, vk_head = _jk_from_square(head, dms, coeff, parts, la, k_la, with_j, dtype,
+                                           blocks)
     if cderi is None:
-        vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j, dtype)
+        vj, vk = _jk_from_square(square, dms, coeff, parts, la, k_la, with_j, dtype, blocks)
         vj = vj.reshape(shape) if with_j else None
     else:
         if coeff is not None:
@@ -302,8 +317,6 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     if vk_head is not None:
         vk += vk_head
     vk = vk.reshape(shape) if with_k else None
-    if counts is not None:
-        counts["flops"] = counts.get("flops", 0) + flops
     return vj, vk
 
 
@@ -325,12 +338,7 @@ def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, 
     nset, nao = dms.shape[0], dms.shape[-1]
     naux, width = cderi.shape
     if with_j:
-        dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
-        idx = np.arange(nao)
-        dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
-        if pairs is not None:
-            dm_tril = pairs.of_pairs(dm_tril)
-        dm_tril = torch.from_numpy(dm_tril)
+        dm_tril = _packed_density(dms, pairs)
         vj_tril = np.zeros((nset, width))
     vk = None
     if coeff is not None:
@@ -349,16 +357,33 @@ def _jk_from_packed(cderi, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la, 
                                   unpack, pairs):
                 # (q, mu, nu) as (q*mu, nu): B^Q is symmetric, so C^T cols^T is Y (i, q*mu)
                 _add_k(vk, k_la.gemm(coeff, cols, trans_a=True, trans_b=True), parts, nao, k_la)
-    if with_j and pairs is not None:  # a pair not kept reads the zero column: its J is zero
-        vj_tril = np.ascontiguousarray(vj_tril[:, pairs.column])
-    return (vj_tril if with_j else None), vk
+    return (_packed_j(vj_tril, pairs) if with_j else None), vk
+
+
+def _packed_density(dms: np.ndarray, pairs: PairColumns | None) -> torch.Tensor:
+    """The densities (nset, n, n) as J's products on packed rows read them: (nset, n(n+1)/2)
+    with the off-diagonal pairs counted twice, or with ``pairs`` on the pairs kept (nset,
+    pairs.ncol)."""
+    nao = dms.shape[-1]
+    dm_tril = lib.pack_tril(dms + dms.transpose(0, 2, 1))
+    idx = np.arange(nao)
+    dm_tril[:, idx * (idx + 1) // 2 + idx] *= 0.5
+    return torch.from_numpy(dm_tril if pairs is None else pairs.of_pairs(dm_tril))
+
+
+def _packed_j(vj_rows: np.ndarray, pairs: PairColumns | None) -> np.ndarray:
+    """J (nset, n(n+1)/2) packed from J on the tensor's columns: itself, or with ``pairs``
+    (nset, pairs.ncol) taken to every pair (a pair not kept reads the zero column: its J is
+    zero)."""
+    return vj_rows if pairs is None else np.ascontiguousarray(vj_rows[:, pairs.column])
 
 
 def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
-                    with_j: bool, dtype=np.float64):
+                    with_j: bool, dtype=np.float64, blocks: _SquareProducts | None = None):
     """(vj (nset, n*n) or None, vk (nset, n, n) or None) from the float64 square tensor alone
-    (naux, n, n), by blocks of auxiliary functions (one pass over blocks of
-    :data:`K_SQUARE_BLOCK`, or lanes: below), with K's float64 factors ``coeff`` (None: no K).
+    (naux, n, n) in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
+    K's float64 factors ``coeff`` (None: no K); ``blocks``: the call's products when
+    :func:`get_jk` made them already.
 
     Per block (:class:`_SquareProducts`): K's product ``Y = C^T B^Q``; J's fitted density
     ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed
@@ -370,21 +395,14 @@ def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispa
     block is cast into a float32 array (one per call, or per lane, reused block after block)
     and J's and K's products all run in float32 on it with K's ops ``k_la`` (J then has K's
     float32 rounding, which those cycles tolerate; a call without K's factors, J alone or no
-    occupied orbitals, stays float64 on ``la``); sums over blocks are float64.
-
-    With numpy's BLAS on the host and more than one of its threads (:func:`_lane_workers`),
-    the blocks run on worker threads instead (:func:`_square_lanes`), each its own GEMMs on
-    one BLAS thread: the remedy that made the pair step scale (docs/performance.md, "J/K by
-    lanes")."""
+    occupied orbitals, stays float64 on ``la``); sums over blocks are float64. The lanes of
+    :func:`_lanes` run the same blocks on worker threads."""
     naux, nao = square.shape[:2]
     nset = dms.shape[0]
     vj = np.zeros((nset, nao * nao)) if with_j else None
     vk = None if coeff is None else np.zeros((nset, nao, nao))
-    blocks = _SquareProducts(dms, coeff, parts, la, k_la, with_j, dtype)
-    workers = _lane_workers(blocks, naux)
-    if workers > 1:
-        _square_lanes(square, blocks, workers, vj, vk)
-        return vj, vk
+    if blocks is None:
+        blocks = _SquareProducts(dms, coeff, parts, la, k_la, with_j, dtype)
     # Y (R, q*n) within what the planner counts for two densities' columns (R <= 2n)
     step = K_SQUARE_BLOCK if not blocks.products else max(
         1, min(K_SQUARE_BLOCK, 2 * nao * K_SQUARE_BLOCK // max(1, coeff.shape[1])))
@@ -416,15 +434,16 @@ class _SquareProducts:
             self.coeff_rows = np.ascontiguousarray(coeff.T, self.dtype)[:, :, None]  # (R,n,1)
             self.coeff = torch.from_numpy(np.ascontiguousarray(coeff, self.dtype))
 
-    def add(self, block: torch.Tensor, vj, vk) -> None:
-        """Add the J (``vj``, (nset, n*n)) and K (``vk``, (nset, n, n)) of ``block`` (q, n, n),
-        in the call's precision."""
+    def add(self, block: torch.Tensor, vj, vk, with_j: bool = True) -> None:
+        """Add the J (``vj``, (nset, n*n); unless ``with_j`` is false) and K (``vk``, (nset,
+        n, n)) of ``block`` (q, n, n), in the call's precision."""
         q, nao = block.shape[0], self.nao
         flat = block.reshape(q, nao * nao)
+        with_j = with_j and self.with_j
         if self.products:
             y = self.k_la.gemm(self.coeff, block.reshape(q * nao, nao), trans_a=True,
                                trans_b=True)
-            if self.fused:
+            if with_j and self.fused:
                 per_column = np.matmul(y.numpy().reshape(-1, q, nao), self.coeff_rows)[:, :, 0]
                 rho = np.zeros((self.nset, q), self.dtype)
                 for k, density in enumerate(self.parts):
@@ -432,70 +451,117 @@ class _SquareProducts:
                         rho[k] += sign * per_column[columns].sum(axis=0)
                 vj += self.j_la.gemm(torch.from_numpy(rho), flat).numpy()  # (nset, n*n)
             _add_k(vk, y, self.parts, nao, self.k_la)
-        if self.with_j and not self.fused:
+        if with_j and not self.fused:
             rho = self.j_la.gemm(self.dm_flat, flat, trans_b=True)  # (nset, q)
             vj += self.j_la.gemm(rho, flat).numpy()  # (nset, n*n)
 
-    def lane_bytes(self) -> int:
-        """A lane worker's arrays (:func:`_square_lanes`), at most: its own J and K sums
-        (float64, nset n^2 each); in the products' precision Y (R, q*n), J's product (nset,
-        n^2), and K's product of one density (n, n) with its signed copy; a float32 block
-        (q, n, n) when the products run in float32. Small ones (J's density, (nset, q)) aside."""
+    def lane_bytes(self, unpacking: bool = False) -> int:
+        """A lane worker's arrays (:func:`_lanes`), at most: its own J and K sums (float64,
+        nset n^2 each); in the products' precision Y (R, q*n), J's product (nset, n^2), and K's
+        product of one density (n, n) with its signed copy; a float32 block (q, n, n) when the
+        products run in float32; with ``unpacking`` a float64 block (q, n, n) its rows are
+        unpacked into and J's sum on the packed rows (nset, at most n(n+1)/2). Small ones (J's
+        density, (nset, q)) aside."""
         n, q, size = self.nao, LANE_BLOCK, self.dtype.itemsize
         products = size * (self.rank * q * n + (self.nset + 2) * n * n)
         cast = size * q * n * n if self.dtype == np.float32 else 0
-        return 8 * 2 * self.nset * n * n + products + cast
+        unpacked = 8 * (q * n * n + self.nset * n * (n + 1) // 2) if unpacking else 0
+        return 8 * 2 * self.nset * n * n + products + cast + unpacked
 
 
-def _lane_workers(blocks: _SquareProducts, naux: int) -> int:
-    """Worker threads of :func:`_square_lanes` for one call: numpy's BLAS threads (the run's
-    count) when both J's and K's products run on numpy's BLAS on the host (the pytorch
-    backend's CPU products with ``--cpu-blas`` numpy; NKI's and torch's products run as they
-    are) and the build has :data:`LANE_MIN_FLOPS` of work, no more than the call has blocks
-    of :data:`LANE_BLOCK`, and no more than the
-    planner's K work arrays (:func:`dfmp2.blocking.jk_work_bytes`, the least it sets aside for
-    them in any layout) hold lanes' arrays of; 1 (no lanes) otherwise."""
+def _lane_workers(blocks: _SquareProducts, naux: int, budget: int,
+                  unpacking: bool = False) -> int:
+    """Worker threads of :func:`_lanes` for one call: numpy's BLAS threads (the run's count)
+    when both J's and K's products run on numpy's BLAS on the host (the pytorch backend's CPU
+    products with ``--cpu-blas`` numpy; NKI's and torch's products run as they are) and the
+    build has :data:`LANE_MIN_FLOPS` of work, no more than the call has blocks of
+    :data:`LANE_BLOCK`, and no more than ``budget`` bytes (what the planner sets aside for the
+    build's work arrays, :func:`dfmp2.blocking.jk_lane_budget`) hold lanes' arrays of
+    (``unpacking``: with a block to unpack rows into); 1 (no lanes) otherwise."""
     la = blocks.k_la
     if not (blocks.la is la and isinstance(la, Dispatcher) and la.backend == "pytorch"
             and la.host_backend["gemm"] == "numpy") \
             or 3 * blocks.rank * blocks.nao ** 2 * naux < LANE_MIN_FLOPS:
         return 1
-    budget = jk_work_bytes(blocks.nao, UNPACK_BLOCK)
     return max(1, min(numpy_blas_threads(), -(-naux // LANE_BLOCK),
-                      budget // max(1, blocks.lane_bytes())))
+                      budget // max(1, blocks.lane_bytes(unpacking))))
 
 
-def _square_lanes(square: np.ndarray, blocks: _SquareProducts, workers: int, vj, vk) -> None:
-    """Add the J and K of ``square`` (naux, n, n) to ``vj`` and ``vk`` on ``workers`` threads:
-    the auxiliary functions in ``workers`` contiguous lanes of whole blocks of
-    :data:`LANE_BLOCK`, each lane's blocks in order on one thread with numpy's BLAS on one
-    thread (float32 blocks cast by the lane's own thread into its own array), summed into the
+def _lane_segments(cderi, square, head, dtype) -> list[tuple[np.ndarray, bool, object]]:
+    """The in-memory tensor's rows in order for :func:`_lanes`, as ``[(rows, unpacked,
+    packed), ...]``: K reads ``rows``, held unpacked or (``unpacked`` false) on their AO pairs
+    or packed; ``packed`` is the same rows packed or on their pairs (J's in float32 cycles) or
+    None. ``square`` alone, read (or cast to float32); ``square`` as a copy of ``cderi`` in
+    ``dtype`` or in float64, with ``cderi``; else ``head`` (its first rows unpacked, float64)
+    when there is one, then ``cderi``'s rows."""
+    if cderi is None:
+        return [(square, True, None)]
+    if square is not None and square.dtype in (dtype, np.float64):
+        return [(square, True, cderi)]
+    segments = [(head, True, None)] if head is not None and head.shape[0] else []
+    return segments + [(cderi, False, cderi)]
+
+
+def _lanes(segments, pairs: PairColumns | None, blocks: _SquareProducts, dms: np.ndarray,
+           workers: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(vj (nset, n*n) or None, vk (nset, n, n)) of the densities ``dms`` from the tensor's
+    rows ``segments`` (:func:`_lane_segments`) on ``workers`` threads: the rows in blocks of
+    :data:`LANE_BLOCK` (none across two segments), the blocks in ``workers`` contiguous lanes,
+    each lane's blocks in order on one thread with numpy's BLAS on one thread, summed into the
     lane's own J and K, the lanes' sums then added in their order: the same bits for a given
-    worker count, run after run (another count sums in another order)."""
-    naux, nao = square.shape[:2]
-    nblock = -(-naux // LANE_BLOCK)
-    edges = [naux if k == workers else min(naux, (k * nblock // workers) * LANE_BLOCK)
-             for k in range(workers + 1)]
-    sums = [(None if vj is None else np.zeros_like(vj), None if vk is None else np.zeros_like(vk))
-            for _ in range(workers)]
+    worker count, run after run (another count sums in another order).
+    Each block goes to :meth:`_SquareProducts.add`, unpacked first by the lane's thread when
+    it is on its AO pairs (with ``pairs``, else packed), cast to float32 into the lane's own
+    array for float32 products. J is the one pass's (:func:`_jk_from_square`,
+    :func:`_jk_from_packed`): with float32 products, J of the rows that are not held unpacked
+    only comes from their packed rows in float64, else from K's products."""
+    nset, nao = dms.shape[0], blocks.nao
+    tasks = [(rows, unpacked, packed, q0, min(q0 + LANE_BLOCK, rows.shape[0]))
+             for rows, unpacked, packed in segments
+             for q0 in range(0, rows.shape[0], LANE_BLOCK)]
+    edges = [k * len(tasks) // workers for k in range(workers + 1)]
+    packed_j = [packed for _, _, packed in segments if packed is not None] \
+        if blocks.with_j and blocks.dtype != np.float64 else []
+    dm_rows = _packed_density(dms, pairs) if packed_j else None
 
-    def lane(k: int) -> None:
+    def lane(k: int):
+        vj = np.zeros((nset, nao * nao)) if blocks.with_j else None
+        vk = np.zeros((nset, nao, nao))
+        vj_rows = np.zeros((nset, packed_j[0].shape[1])) if packed_j else None
         cast = (None if blocks.dtype == np.float64 else
                 np.empty((LANE_BLOCK, nao, nao), np.float32))
-        for q0 in range(edges[k], edges[k + 1], LANE_BLOCK):
-            rows = square[q0:min(q0 + LANE_BLOCK, edges[k + 1])]
-            if cast is not None:
-                np.copyto(cast[:len(rows)], rows)
-                rows = cast[:len(rows)]
-            blocks.add(torch.from_numpy(rows), *sums[k])
+        into = None  # the float64 block packed rows are unpacked into
+        with PairUnpacker(1) as unpack:  # in this thread
+            for rows, unpacked, packed, q0, q1 in tasks[edges[k]:edges[k + 1]]:
+                j_apart = packed_j and packed is not None
+                if j_apart:  # float64, on the packed rows
+                    b = torch.from_numpy(packed[q0:q1])
+                    rho = blocks.la.gemm(b, dm_rows, trans_b=True)  # (q, nset)
+                    vj_rows += blocks.la.gemm(rho, b, trans_a=True).numpy()
+                if unpacked:
+                    block = rows[q0:q1]
+                else:
+                    if into is None:
+                        into = np.empty((LANE_BLOCK, nao, nao))
+                    block = unpack(rows[q0:q1], into, pairs)
+                if cast is not None and block.dtype != np.float32:
+                    np.copyto(cast[:len(block)], block)
+                    block = cast[:len(block)]
+                blocks.add(torch.from_numpy(block), vj, vk, with_j=not j_apart)
+        return vj, vk, vj_rows
 
     with single_threaded_numpy_blas(), ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lane, range(workers)))  # every lane starts: an error shows once all end
-    for lane_j, lane_k in sums:  # in the lanes' order
+        sums = list(pool.map(lane, range(workers)))  # every lane starts: an error shows once
+    vj, vk, vj_rows = sums[0]                        # all end
+    for lane_j, lane_k, lane_rows in sums[1:]:  # in the lanes' order
+        vk += lane_k
         if vj is not None:
             vj += lane_j
-        if vk is not None:
-            vk += lane_k
+        if vj_rows is not None:
+            vj_rows += lane_rows
+    if vj_rows is not None:
+        vj += lib.unpack_tril(_packed_j(vj_rows, pairs), 1).reshape(nset, nao * nao)
+    return vj, vk
 
 
 #: Largest |D - sum sign C C^T| (relative to the scale of :func:`_factors_reproduce`) for

@@ -18,7 +18,8 @@ from pyscf import dft, gto, lib, scf
 import dfmp2
 import dfmp2.jk as jk_module
 from dfmp2 import threads
-from dfmp2.blocking import jk_work_bytes
+from dfmp2.blocking import jk_lane_budget, jk_work_bytes
+from dfmp2.df import PairColumns
 from dfmp2.jk import DFJK, K_SQUARE_BLOCK, LANE_BLOCK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
 from dfmp2.options import Options
@@ -246,13 +247,13 @@ def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeyp
     rohf = scf.ROHF(nh2).density_fit(auxbasis=JKFIT).run()
     rng = np.random.default_rng(1)
     x = rng.standard_normal((nh2.nao_nr(), nh2.nao_nr()))
-    lanes, real = [], jk_module._square_lanes
+    lanes, real = [], jk_module._lanes
 
-    def spy(square, blocks, workers, vj, vk):
+    def spy(segments, pairs, blocks, dms, workers):
         lanes.append(workers)
-        real(square, blocks, workers, vj, vk)
+        return real(segments, pairs, blocks, dms, workers)
 
-    monkeypatch.setattr(jk_module, "_square_lanes", spy)
+    monkeypatch.setattr(jk_module, "_lanes", spy)
     monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)  # lanes for a build this small
     ours = DFJK(nh2, JKFIT, _la()).build()
     naux = ours.get_naoaux()
@@ -310,8 +311,9 @@ def test_dispatcher_counts_calls_from_many_threads_once_each():
 
 
 def test_lane_workers_stay_within_the_planners_k_work_arrays(monkeypatch):
-    """No more lane workers than the planner's K work arrays hold (a worker's J and K sums and
-    products), than numpy's BLAS threads, or than the call has blocks."""
+    """No more lane workers than the work arrays the planner sets aside for a build hold (a
+    worker's J and K sums and products, and the block it unpacks rows into), than numpy's BLAS
+    threads, or than the call has blocks."""
     monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
     nao, rank = 24, 100
     dms = np.zeros((1, nao, nao))
@@ -320,16 +322,101 @@ def test_lane_workers_stay_within_the_planners_k_work_arrays(monkeypatch):
     blocks = jk_module._SquareProducts(dms, coeff, parts, _la(cpu_blas="numpy"),
                                        None, False, np.float64)
     blocks.k_la = blocks.la
+    budget = 3 * blocks.lane_bytes(unpacking=True)
+    assert blocks.lane_bytes(unpacking=True) > blocks.lane_bytes() + 8 * LANE_BLOCK * nao**2
     with threads.limit(4):
-        budget = jk_work_bytes(nao, UNPACK_BLOCK)
-        assert jk_module._lane_workers(blocks, 10**6) == min(4, budget // blocks.lane_bytes())
-        assert jk_module._lane_workers(blocks, 2 * LANE_BLOCK) == min(
-            2, budget // blocks.lane_bytes())
+        assert jk_module._lane_workers(blocks, 10**6, budget) == min(
+            4, budget // blocks.lane_bytes())
+        assert jk_module._lane_workers(blocks, 10**6, budget, unpacking=True) == 3
+        assert jk_module._lane_workers(blocks, 2 * LANE_BLOCK, budget) == 2
         blocks.rank = 10**6  # Y alone past the budget: the one pass
-        assert jk_module._lane_workers(blocks, 10**6) == 1
+        assert jk_module._lane_workers(blocks, 10**6, budget) == 1
     with threads.limit(1):
         blocks.rank = rank
-        assert jk_module._lane_workers(blocks, 10**6) == 1
+        assert jk_module._lane_workers(blocks, 10**6, budget) == 1
+    # the budget the planner sets aside, per layout: the unpacked rows' product of a block of
+    # K_SQUARE_BLOCK, the packed rows' unpacking, and the tensor build's arrays when larger
+    # (not next to a square copy, whose check counts the unpacking alone)
+    nao, naux = 300, 100  # a build's arrays below the unpacked rows' product
+    square_k = 8 * 2 * nao * K_SQUARE_BLOCK * nao
+    build = 8 * nao * (nao + 1) // 2 * (128 + naux)
+    unpack = jk_work_bytes(nao, UNPACK_BLOCK)
+    assert square_k > build > unpack
+
+    def budget(**layout):
+        return jk_lane_budget(nao, naux, K_SQUARE_BLOCK, UNPACK_BLOCK, **layout)
+
+    assert budget(unpacked=True, packed=False, copy=False) == square_k
+    assert budget(unpacked=True, packed=True, copy=False) == square_k + unpack
+    assert budget(unpacked=False, packed=True, copy=False) == build
+    assert budget(unpacked=False, packed=True, copy=True) == unpack
+    assert jk_lane_budget(nao, 1500, K_SQUARE_BLOCK, UNPACK_BLOCK, unpacked=True, packed=True,
+                          copy=False) == 8 * nao * (nao + 1) // 2 * (128 + 256)  # the build's
+
+
+def _lane_layouts(mol):
+    """The in-memory layouts of a DF-SCF tensor as :func:`get_jk` reads them, each as its
+    keyword arguments: unpacked only; PySCF's packed rows alone, with a float64 and with a
+    float32 unpacked copy; on the AO pairs that are not zero; and the first rows unpacked with
+    the others on their pairs, or packed."""
+    unpacked = DFJK(mol, JKFIT, _la()).build().square
+    packed = DFJK(mol, JKFIT, _la(), layout="packed").build()._cderi
+    kept = np.flatnonzero(np.abs(packed).max(axis=0) > 0)
+    pairs = PairColumns(mol.nao_nr(), kept)
+    columns = np.ascontiguousarray(np.hstack([packed[:, kept], np.zeros((len(packed), 1))]))
+    head = len(unpacked) // 2 + 3  # not a whole number of lane blocks
+    return {
+        "unpacked": dict(cderi=None, square=unpacked),
+        "packed": dict(cderi=packed),
+        "packed, copy64": dict(cderi=packed, square=unpacked),
+        "packed, copy32": dict(cderi=packed, square=unpacked.astype(np.float32)),
+        "pairs": dict(cderi=columns, pairs=pairs),
+        "head, pairs": dict(cderi=columns[head:].copy(), pairs=pairs,
+                            head=np.ascontiguousarray(unpacked[:head])),
+        "head, packed": dict(cderi=packed[head:].copy(),
+                             head=np.ascontiguousarray(unpacked[:head])),
+    }
+
+
+def test_lanes_read_every_in_memory_layout_as_the_one_pass(monkeypatch):
+    """The lanes on every in-memory layout (rows on their AO pairs or packed unpacked by the
+    lane's own thread, rows held unpacked read, float32 blocks cast): J and K of a UHF density
+    and of an untagged one equal the one pass's, in float64 to TOL_MATRIX_ABS, in float32 K
+    to float32 rounding; J of rows not held unpacked stays float64 in float32 cycles, as in
+    the one pass; the same bits on a second call. Two water molecules 6 Angstrom apart, so
+    that 238 of their AO pairs are zero."""
+    monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
+    lanes, real = [], jk_module._lanes
+
+    def spy(segments, pairs, blocks, dms, workers):
+        lanes.append(workers)
+        return real(segments, pairs, blocks, dms, workers)
+
+    monkeypatch.setattr(jk_module, "_lanes", spy)
+    mol = gto.M(atom=DISTANT_DIMER, basis="cc-pvdz", spin=2, verbose=0)
+    uhf = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
+    x = np.random.default_rng(2).standard_normal((mol.nao_nr(), mol.nao_nr()))
+    for name, layout in _lane_layouts(mol).items():
+        for dm, precision in itertools.product((uhf.make_rdm1(), x @ x.T), ("fp64", "fp32")):
+            with threads.limit(1):
+                one = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision, **layout)
+            with threads.limit(3):
+                first = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision,
+                               **layout)
+                again = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision,
+                               **layout)
+            assert lanes == [3, 3] or (name == "packed, copy32" and precision == "fp64"
+                                       and lanes == [2, 2]), (name, lanes)  # its budget
+            lanes.clear()
+            # J of rows not held unpacked: float64 (the head's rows cast like K's)
+            float64_j = precision == "fp64" or name in ("packed", "packed, copy64",
+                                                        "packed, copy32", "pairs")
+            for result, a, b, c in zip("JK", one, first, again):
+                assert np.array_equal(b, c), (name, result)
+                exact = precision == "fp64" or (result == "J" and float64_j)
+                bound = TOL_MATRIX_ABS * max(1.0, np.abs(a).max()) if exact else \
+                    TOL_FP32_REL * np.abs(a).max()
+                assert np.abs(a - b).max() < bound, (name, precision, result)
 
 
 @pytest.mark.parametrize("square", [True, False], ids=["square32", "packed"])
@@ -787,9 +874,10 @@ def test_bad_uses_of_the_scf_tensor_classes_are_refused(tmp_path):
         dfmp2.DFMP2(mf).run()
 
 
-@pytest.mark.parametrize("max_memory, layout", [(58, "split"), (70, "unpacked"),
-                                                (58, "split, mixed"), (90, "unpacked, mixed")])
-def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
+@pytest.mark.parametrize("max_memory, layout", [
+    (58, "split"), (70, "unpacked"), (58, "split, mixed"), (90, "unpacked, mixed"),
+    (58, "split, lanes"), (58, "split, lanes, mixed")])
+def test_the_record_names_the_layout_k_really_reads(max_memory, layout, monkeypatch):
     """(H2O)4 (1e6 bytes): unpacked 34.2, on its AO pairs (none is zero) 17.3, the metric's
     factors 5.2, the build's work 14.3. Under --max-memory 58 (usable 85%: 51.7e6) the
     unpacked tensor alone does not fit with the factors and the build's work (53.7): its first
@@ -797,11 +885,26 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
     (blocking.jk_square_rows), and the record says so; at 70 (62.4e6) and 90 the tensor is
     held unpacked only. A mixed-precision SCF follows the same rule, its float32 cycles
     casting blocks of the unpacked rows (J and K in float32 there, recorded) and unpacking the
-    others into float32. Each SCF energy is PySCF's DF-SCF's."""
+    others into float32. Each SCF energy is PySCF's DF-SCF's, also with the split tensor's
+    builds in lanes on three threads (the packed rows unpacked by each lane), and then in
+    PySCF's cycle count."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
     mixed = layout.endswith("mixed")
-    mf = run_scf(mol, Options(max_memory=max_memory,
-                              scf_precision="mixed" if mixed else "fp64"), la=_la())
+    lanes, real = [], jk_module._lanes
+    if "lanes" in layout:
+        monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
+
+        def spy(segments, pairs, blocks, dms, workers):
+            lanes.append((workers, [u for _, u, _ in segments]))
+            return real(segments, pairs, blocks, dms, workers)
+
+        monkeypatch.setattr(jk_module, "_lanes", spy)
+    with threads.limit(3 if "lanes" in layout else 1):
+        mf = run_scf(mol, Options(max_memory=max_memory,
+                                  scf_precision="mixed" if mixed else "fp64"),
+                     la=_la(cpu_blas="numpy"))
+    assert lanes == ([] if "lanes" not in layout else
+                     [(3, [True, False])] * mf.with_df.stats["calls"])
     jk = mf.with_df
     assert not jk.plan.outcore
     assert jk.square_only is layout.startswith("unpacked")
@@ -818,6 +921,8 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout):
     ref = scf.RHF(mol).density_fit(auxbasis=JKFIT)
     ref.conv_tol, ref.conv_tol_grad = mf.conv_tol, mf.conv_tol_grad
     assert mf.e_tot == pytest.approx(ref.kernel(), abs=TOL_OUTCORE)
+    if not mixed:
+        assert mf.cycles == ref.cycles
 
 
 def test_the_unpacked_only_layout_fits_where_packed_and_a_copy_do_not():
