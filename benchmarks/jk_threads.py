@@ -5,13 +5,14 @@
 Why: on 16 cores (docs/performance.md, "End to end on 16 cores") the J/K build of stop 44 ran
 at 32-45% of the DGEMM rate, against 65-78% on 2 cores: its products, ``Y = C^T B^Q`` (M =
 nocc) and ``Y^T Y`` (an n x n result), each ran on all the BLAS threads, with numpy work on one
-thread between them. Since stop 45 the blocks of the unpacked tensor run on lane workers, one
-per BLAS thread, each its GEMMs on one BLAS thread (:func:`dfmp2.jk._square_lanes`, section
-"J/K by lanes"). This script measures what the lanes give at each thread count.
+thread between them. Since stop 45 the blocks of the tensor in memory run on lane workers, one
+per BLAS thread, each its GEMMs on one BLAS thread (:func:`dfmp2.jk._lanes`, section
+"J/K by lanes"; since stop 46 each lane also unpacks the rows kept on their AO pairs). This
+script measures what the lanes give at each thread count.
 
 Per molecule (cc-pVDZ, PySCF's JK-fit partner basis): one :class:`dfmp2.jk.DFJK` tensor built
-under ``--max-memory`` (default 16000 MB: unpacked whole where that fits; under a smaller one
-the rows packed on their AO pairs stay in one pass either way), and an RHF density from one
+under ``--max-memory`` (default 16000 MB: unpacked whole where that fits; under a smaller one,
+e.g. the run's default 4000, some rows are kept on their AO pairs), and an RHF density from one
 diagonalisation of the core Hamiltonian, tagged with its orbitals as PySCF's SCF driver passes
 it (the cost of a build does not depend on the density's values). Then at each thread count
 (every core, then 8, 4, 2 and 1 where fewer, each under :func:`dfmp2.threads.limit`),

@@ -903,7 +903,9 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
             or isinstance(mf, (dft.rks.KohnShamDFT, pyscf_scf.rohf.ROHF))):
         return mf.get_fock()  # solvent models and other potentials: the object's own Fock
     dm = mf.make_rdm1()
-    vj, vk = get_jk(cderi if isinstance(cderi, np.ndarray) else None, dm, la, square=square)
+    budget = with_df.lane_budget() if isinstance(with_df, DFJK) and square is not None else None
+    vj, vk = get_jk(cderi if isinstance(cderi, np.ndarray) else None, dm, la, square=square,
+                    lane_budget=budget)
     h = mf.get_hcore()
     if isinstance(mf, pyscf_scf.uhf.UHF):
         return h + (vj[0] + vj[1]) - vk

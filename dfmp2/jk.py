@@ -37,7 +37,14 @@ import torch
 from pyscf import df as pyscf_df
 from pyscf import lib
 
-from .blocking import JKPlan, jk_lane_budget, jk_square_fits, jk_square_rows, plan_jk
+from .blocking import (
+    JKPlan,
+    jk_lane_budget,
+    jk_square_fits,
+    jk_square_rows,
+    jk_work_bytes,
+    plan_jk,
+)
 from .buffers import zeros
 from .df import PairColumns, PairUnpacker, shell_row_pairs
 from .errors import InputError
@@ -231,7 +238,8 @@ def square_copy(cderi: np.ndarray, dtype, pairs: PairColumns | None = None) -> n
 def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
            k_precision: str = "fp64", square: np.ndarray | None = None, k_la=None,
            counts: dict | None = None, read_block: int = JK_AUX_BLOCK,
-           pairs: PairColumns | None = None, head: np.ndarray | None = None):
+           pairs: PairColumns | None = None, head: np.ndarray | None = None,
+           lane_budget: int | None = None):
     """(vj, vk) of densities ``dm`` ((nao, nao) or (nset, nao, nao), symmetric) from the fitted
     tensor ``cderi`` float64, an array or a :class:`MatrixFile` read ``read_block`` auxiliary
     functions at a time: PySCF's packed layout (naux, nao(nao+1)/2), or with ``pairs`` the
@@ -241,11 +249,18 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     B^Q`` (B^Q symmetric; one product for all densities, :func:`_k_factors`) and per density
     ``K += Y^T Y`` of its rows, per block of auxiliary functions, accumulated in float64; with
     ``k_precision`` 'fp32' K's products run in float32 (for the early iterations of an SCF),
-    and J's too when the tensor is ``square`` only (:func:`_jk_from_square`).
+    and J's too for the rows held unpacked only (``square`` alone, or ``head``;
+    :func:`_jk_from_square`): the J of rows on their AO pairs or packed stays float64.
     ``square``: the tensor unpacked, (naux, nao, nao), in float32 or float64, when memory
-    allowed keeping it; K reads it when it has K's precision and otherwise unpacks ``cderi``
-    block by block. ``cderi`` None: ``square`` (float64) is the only tensor
-    (:func:`_jk_from_square`). ``k_la``: the ops of K's products when they differ from
+    allowed keeping it; K reads it when it has K's precision (the lanes: or float64, cast to
+    float32 block by block) and otherwise unpacks ``cderi`` block by block. ``cderi`` None:
+    ``square`` (float64) is the only tensor (:func:`_jk_from_square`).
+    A tensor in memory runs in lanes (:func:`_lanes`: one worker per numpy BLAS thread, each
+    its GEMMs on one BLAS thread) when :func:`_lane_workers` allows more than one within
+    ``lane_budget`` bytes: what the caller's memory plan set aside for the build's work
+    arrays (:meth:`DFJK.lane_budget`); None, K's unpacking arrays alone
+    (:func:`dfmp2.blocking.jk_work_bytes`), the least any plan sets aside. Otherwise one pass.
+    ``k_la``: the ops of K's products when they differ from
     ``la``'s (an NKI run's float32 K). ``counts``, when given, gets the floating-point
     operations the products need added to its ``'flops'``: ``4 naux c`` per density for J,
     with c the tensor's columns (n(n+1)/2 packed, the kept pairs when screened), and ``(2 R +
@@ -291,10 +306,7 @@ def get_jk(cderi, dm, la: Dispatcher, with_j: bool = True, with_k: bool = True,
     if with_k and (cderi is None or isinstance(cderi, np.ndarray)):  # in memory: lanes?
         blocks = _SquareProducts(dms, coeff, parts, la, k_la, with_j, dtype)
         segments = _lane_segments(cderi, square, head, blocks.dtype)
-        budget = jk_lane_budget(nao, naux, K_SQUARE_BLOCK, UNPACK_BLOCK,
-                                unpacked=cderi is None or head is not None,
-                                packed=cderi is not None,
-                                copy=cderi is not None and square is not None)
+        budget = jk_work_bytes(nao, UNPACK_BLOCK) if lane_budget is None else lane_budget
         workers = _lane_workers(blocks, naux, budget, any(not u for _, u, _ in segments))
         if workers > 1:
             vj, vk = _lanes(segments, pairs, blocks, dms, workers)
@@ -380,8 +392,8 @@ def _packed_j(vj_rows: np.ndarray, pairs: PairColumns | None) -> np.ndarray:
 
 def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
                     with_j: bool, dtype=np.float64, blocks: _SquareProducts | None = None):
-    """(vj (nset, n*n) or None, vk (nset, n, n) or None) from the float64 square tensor alone
-    (naux, n, n) in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
+    """(vj (nset, n*n) or None, vk (nset, n, n) or None) from float64 rows held unpacked
+    (naux, n, n): the square tensor alone, or the first rows (``head``), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
     K's float64 factors ``coeff`` (None: no K); ``blocks``: the call's products when
     :func:`get_jk` made them already.
 
@@ -479,8 +491,8 @@ def _lane_workers(blocks: _SquareProducts, naux: int, budget: int,
     build's work arrays, :func:`dfmp2.blocking.jk_lane_budget`) hold lanes' arrays of
     (``unpacking``: with a block to unpack rows into); 1 (no lanes) otherwise."""
     la = blocks.k_la
-    if not (blocks.la is la and isinstance(la, Dispatcher) and la.backend == "pytorch"
-            and la.host_backend["gemm"] == "numpy") \
+    if not (blocks.products and blocks.la is la and isinstance(la, Dispatcher)
+            and la.backend == "pytorch" and la.host_backend["gemm"] == "numpy") \
             or 3 * blocks.rank * blocks.nao ** 2 * naux < LANE_MIN_FLOPS:
         return 1
     return max(1, min(numpy_blas_threads(), -(-naux // LANE_BLOCK),
@@ -670,6 +682,15 @@ class DFJK(pyscf_df.DF):
                           self.max_memory, UNPACK_BLOCK):
             self.square = square_copy(tensor, dtype, self.pairs)
 
+    def lane_budget(self) -> int:
+        """Bytes the memory plan of the built tensor in memory sets aside for one J/K build's
+        work arrays, which the lanes of :func:`get_jk` may fill
+        (:func:`dfmp2.blocking.jk_lane_budget` for this layout)."""
+        packed = self.tensor is not None
+        return jk_lane_budget(self.mol.nao_nr(), self.get_naoaux(), K_SQUARE_BLOCK,
+                              UNPACK_BLOCK, unpacked=self.square_only or self.head is not None,
+                              packed=packed, copy=packed and self.square is not None)
+
     @property
     def square_only(self) -> bool:
         """Whether the tensor is held unpacked only (``square``, float64; no other)."""
@@ -820,9 +841,11 @@ class DFJK(pyscf_df.DF):
         if with_k:
             self.k_calls[self.k_precision] += 1
         start = time.perf_counter()
+        in_memory = self.file is None
         result = get_jk(self.tensor, dm, self._ops(), with_j, with_k, self.k_precision,
                         self.square, k_la=self._ops(self.k_precision), counts=self.stats,
-                        read_block=self.plan.read_block, pairs=self.pairs, head=self.head)
+                        read_block=self.plan.read_block, pairs=self.pairs, head=self.head,
+                        lane_budget=self.lane_budget() if in_memory else None)
         self.stats["calls"] += 1
         self.stats["seconds"] += time.perf_counter() - start
         return result

@@ -18,7 +18,7 @@ from pyscf import dft, gto, lib, scf
 import dfmp2
 import dfmp2.jk as jk_module
 from dfmp2 import threads
-from dfmp2.blocking import jk_lane_budget, jk_work_bytes
+from dfmp2.blocking import jk_lane_budget, jk_work_bytes, usable_bytes
 from dfmp2.df import PairColumns
 from dfmp2.jk import DFJK, K_SQUARE_BLOCK, LANE_BLOCK, get_jk
 from dfmp2.linalg import Dispatcher, DispatchPolicy
@@ -352,6 +352,28 @@ def test_lane_workers_stay_within_the_planners_k_work_arrays(monkeypatch):
     assert budget(unpacked=False, packed=True, copy=True) == unpack
     assert jk_lane_budget(nao, 1500, K_SQUARE_BLOCK, UNPACK_BLOCK, unpacked=True, packed=True,
                           copy=False) == 8 * nao * (nao + 1) // 2 * (128 + 256)  # the build's
+    # get_jk without a budget from its caller's plan: K's unpacking arrays, the least any
+    # plan sets aside; no occupied orbitals: no lanes
+    budgets, real = [], jk_module._lane_workers
+
+    def spy(blocks, naux, budget, unpacking=False):
+        budgets.append(budget)
+        return real(blocks, naux, budget, unpacking)
+
+    monkeypatch.setattr(jk_module, "_lane_workers", spy)
+    water = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    square = DFJK(water, JKFIT, _la()).build().square
+    c = np.zeros((water.nao_nr(), 5))
+    c[:5, :5] = np.eye(5)
+    dm = lib.tag_array(c @ c.T, mo_coeff=c, mo_occ=np.ones(5))
+    get_jk(None, dm, _la(cpu_blas="numpy"), square=square)
+    assert budgets == [jk_work_bytes(water.nao_nr(), UNPACK_BLOCK)]
+    empty = lib.tag_array(np.zeros_like(dm), mo_coeff=c, mo_occ=np.zeros(5))
+    with threads.limit(3):
+        blocks = jk_module._SquareProducts(empty[None], c[:, :0], [[(slice(0, 0), 1.0)]],
+                                           _la(cpu_blas="numpy"), None, True, np.float64)
+        blocks.k_la = blocks.la
+        assert real(blocks, 10**6, 10**12) == 1
 
 
 def _lane_layouts(mol):
@@ -380,11 +402,12 @@ def _lane_layouts(mol):
 
 def test_lanes_read_every_in_memory_layout_as_the_one_pass(monkeypatch):
     """The lanes on every in-memory layout (rows on their AO pairs or packed unpacked by the
-    lane's own thread, rows held unpacked read, float32 blocks cast): J and K of a UHF density
-    and of an untagged one equal the one pass's, in float64 to TOL_MATRIX_ABS, in float32 K
-    to float32 rounding; J of rows not held unpacked stays float64 in float32 cycles, as in
-    the one pass; the same bits on a second call. Two water molecules 6 Angstrom apart, so
-    that 238 of their AO pairs are zero."""
+    lane's own thread, rows held unpacked read, float32 blocks cast): J and K of a UHF density,
+    an ROHF one (beta's columns among alpha's) and an untagged one equal the one pass's, in
+    float64 to TOL_MATRIX_ABS, in float32 K to float32 rounding; J of rows not held unpacked
+    stays float64 in float32 cycles, as in the one pass; the same bits on a second call, and
+    K alone the same K. Two water molecules 6 Angstrom apart, so that 238 of their AO pairs
+    are zero."""
     monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
     lanes, real = [], jk_module._lanes
 
@@ -395,19 +418,21 @@ def test_lanes_read_every_in_memory_layout_as_the_one_pass(monkeypatch):
     monkeypatch.setattr(jk_module, "_lanes", spy)
     mol = gto.M(atom=DISTANT_DIMER, basis="cc-pvdz", spin=2, verbose=0)
     uhf = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
+    rohf = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()  # alpha's columns serve beta
     x = np.random.default_rng(2).standard_normal((mol.nao_nr(), mol.nao_nr()))
+    densities = (uhf.make_rdm1(), rohf.make_rdm1(), x @ x.T)
     for name, layout in _lane_layouts(mol).items():
-        for dm, precision in itertools.product((uhf.make_rdm1(), x @ x.T), ("fp64", "fp32")):
+        for dm, precision in itertools.product(densities, ("fp64", "fp32")):
+            kwargs = dict(dm=dm, k_precision=precision, lane_budget=10**9, **layout)
             with threads.limit(1):
-                one = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision, **layout)
+                one = get_jk(la=_la(cpu_blas="numpy"), **kwargs)
             with threads.limit(3):
-                first = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision,
-                               **layout)
-                again = get_jk(dm=dm, la=_la(cpu_blas="numpy"), k_precision=precision,
-                               **layout)
-            assert lanes == [3, 3] or (name == "packed, copy32" and precision == "fp64"
-                                       and lanes == [2, 2]), (name, lanes)  # its budget
+                first = get_jk(la=_la(cpu_blas="numpy"), **kwargs)
+                again = get_jk(la=_la(cpu_blas="numpy"), **kwargs)
+                k_alone = get_jk(la=_la(cpu_blas="numpy"), with_j=False, **kwargs)
+            assert lanes == [3, 3, 3], (name, lanes)
             lanes.clear()
+            assert k_alone[0] is None and np.array_equal(k_alone[1], first[1])
             # J of rows not held unpacked: float64 (the head's rows cast like K's)
             float64_j = precision == "fp64" or name in ("packed", "packed, copy64",
                                                         "packed, copy32", "pairs")
@@ -905,6 +930,11 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout, monkeypa
                      la=_la(cpu_blas="numpy"))
     assert lanes == ([] if "lanes" not in layout else
                      [(3, [True, False])] * mf.with_df.stats["calls"])
+    # what the lanes may fill is free beside the tensor the plan holds (the metric's factors
+    # and the build's arrays are released by then)
+    held = sum(a.nbytes for a in (mf.with_df.square, mf.with_df.head, mf.with_df.columns)
+               if a is not None)
+    assert held + mf.with_df.lane_budget() <= usable_bytes(max_memory)
     jk = mf.with_df
     assert not jk.plan.outcore
     assert jk.square_only is layout.startswith("unpacked")
