@@ -393,9 +393,9 @@ def _packed_j(vj_rows: np.ndarray, pairs: PairColumns | None) -> np.ndarray:
 def _jk_from_square(square: np.ndarray, dms: np.ndarray, coeff, parts, la: Dispatcher, k_la,
                     with_j: bool, dtype=np.float64, blocks: _SquareProducts | None = None):
     """(vj (nset, n*n) or None, vk (nset, n, n) or None) from float64 rows held unpacked
-    (naux, n, n): the square tensor alone, or the first rows (``head``), in one pass over blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with
-    K's float64 factors ``coeff`` (None: no K); ``blocks``: the call's products when
-    :func:`get_jk` made them already.
+    (naux, n, n): the square tensor alone, or the first rows (``head``), in one pass over
+    blocks of :data:`K_SQUARE_BLOCK` auxiliary functions, with K's float64 factors ``coeff``
+    (None: no K); ``blocks``: the call's products when :func:`get_jk` made them already.
 
     Per block (:class:`_SquareProducts`): K's product ``Y = C^T B^Q``; J's fitted density
     ``rho_Q = sum_{mu nu} B^Q_{mu nu} D_{mu nu}`` is ``sum_{i mu} Y_{i,Q mu} C_{mu i}`` summed
