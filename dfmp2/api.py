@@ -55,6 +55,7 @@ from .reference import (
     frozen_mask,
     frozen_per_spin,
     hamiltonian_record,
+    own_attribute,
     reference_from_scf,
     reference_kind,
     rohf_fock,
@@ -608,7 +609,7 @@ def _assemble(mf, opts: Options, prep: _Prepared, energies, timer: StageTimer,
         reference=prep.kind, basis_name=mol.basis if isinstance(mol.basis, str) else None,
         basis=basis_record(mol), auxbasis_name=_name(opts.auxbasis),
         auxbasis=auxbasis_record(mol, opts.auxbasis), ecp=ecp_record(mol),
-        scf_type="df" if getattr(mf, "with_df", None) is not None else "conv",
+        scf_type="df" if own_attribute(mf, "with_df", None) is not None else "conv",
         scf_auxbasis=scf_fit_record(mf),
         fused_energy=opts.fused_energy and not opts.pair_energies,  # the table's op runs then
         precision=opts.precision, os_scale=scaling.os, ss_scale=scaling.ss, metric=metric,
@@ -752,8 +753,8 @@ def check_orbitals(mf, fock: bool = True, la: Dispatcher | None = None,
             raise OrbitalError("the ROHF occupied orbitals are not the lowest ones (mo_occ is "
                                "not in aufbau order), which dfmp2's ROHF-MBPT(2) does not "
                                "handle; pass the SCF's own canonical orbitals, or use UHF")
-    conv_tol = float(getattr(mf, "conv_tol", 1e-9))
-    grad_tol = getattr(mf, "conv_tol_grad", None) or conv_tol ** 0.5
+    conv_tol = float(own_attribute(mf, "conv_tol", 1e-9))
+    grad_tol = own_attribute(mf, "conv_tol_grad", None) or conv_tol ** 0.5
     # PySCF converges on both thresholds: a tight gradient bounds the orbitals' error whatever
     # conv_tol (a conv_tol of 1e-4 beside a gradient of 1e-7 gives the default's energies)
     loose_grad = grad_tol > LOOSE_CONV_TOL ** 0.5  # the gradient that goes with conv_tol 1e-8
@@ -818,10 +819,10 @@ def check_two_electron_integrals(mf) -> None:
     scaled Hamiltonian, or integrals kept from another geometry): DF-MP2 fits the molecule's
     own. The latter samples the first and last AOs' (mu mu|nu nu) integrals, one shell quartet
     each."""
-    with_df = getattr(mf, "with_df", None)
+    with_df = own_attribute(mf, "with_df", None)
     if with_df is not None:
         _check_fit_geometry(mf.mol, with_df)
-    eri = getattr(mf, "_eri", None)
+    eri = own_attribute(mf, "_eri", None)
     if not isinstance(eri, np.ndarray) or with_df is not None:
         return
     mol = mf.mol
@@ -890,7 +891,7 @@ def fock_matrix(mf, la: Dispatcher | None = None) -> np.ndarray:
 
     from .jk import DFJK, get_jk
 
-    with_df = getattr(mf, "with_df", None)
+    with_df = own_attribute(mf, "with_df", None)
     cderi = getattr(with_df, "_cderi", None)
     square = getattr(with_df, "square", None) if isinstance(with_df, DFJK) else None
     if square is not None and square.dtype != np.float64:  # a float32 copy: K unpacks instead
@@ -920,8 +921,8 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
         eps, occ = np.asarray(mf.mo_energy), np.asarray(mf.mo_occ) > 0
     # PySCF's second-order driver (mf.newton()) leaves the DIIS count, 0, as its cycles
     newton = isinstance(mf, newton_ah._CIAH_SOSCF)
-    cycles = None if newton else getattr(mf, "cycles", None)
-    solver = getattr(mf, "solver", None) or (
+    cycles = None if newton else own_attribute(mf, "cycles", None)
+    solver = own_attribute(mf, "solver", None) or (
         "second-order (Newton, PySCF's mf.newton()), its cycles not counted" if newton else None)
     s2 = spin_contamination(mf)
     homo_spin = lumo_spin = None
@@ -930,7 +931,7 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
         homo_spin = _holder([e[o].max() if o.any() else -np.inf for e, o in per_spin], max)
         lumo_spin = _holder([e[~o].min() if (~o).any() else np.inf for e, o in per_spin], min)
     return ScfInfo(kind=kind, xc=xc, energy=float(mf.e_tot), converged=bool(mf.converged),
-                   restart=getattr(mf, "restart", None), jk=_jk_record(mf),
+                   restart=own_attribute(mf, "restart", None), jk=_jk_record(mf),
                    jk_stats=_jk_stats(mf),
                    cycles=int(cycles) if cycles is not None else None,
                    conv_tol=float(mf.conv_tol), homo=float(eps[occ].max()),
@@ -939,12 +940,13 @@ def _scf_info(mf, kind: str, xc: str | None, orbital_check: str) -> ScfInfo:
                    s2=s2[0] if s2 else None, s2_deviation=s2[1] if s2 else None,
                    grid=grid_record(mf) if xc is not None else None,
                    solver=solver,
-                   conv_tol_grad=float(getattr(mf, "conv_tol_grad", None)
+                   conv_tol_grad=float(own_attribute(mf, "conv_tol_grad", None)
                                        or float(mf.conv_tol) ** 0.5),
                    hamiltonian=hamiltonian_record(mf), homo_spin=homo_spin,
-                   lumo_spin=lumo_spin, stability=getattr(mf, "stability_record", None),
-                   guess=getattr(mf, "guess_record", None),
-                   level_shift=float(getattr(mf, "level_shift", 0.0) or 0.0))
+                   lumo_spin=lumo_spin,
+                   stability=own_attribute(mf, "stability_record", None),
+                   guess=own_attribute(mf, "guess_record", None),
+                   level_shift=float(own_attribute(mf, "level_shift", 0.0) or 0.0))
 
 
 def _holder(values: list[float], pick) -> str:
@@ -963,7 +965,7 @@ def check_float64_k(mf) -> None:
     """Refuse an SCF object whose dfmp2 J/K still built K in float32 when it converged (a
     :class:`dfmp2.jk.DFJK` with ``k_precision='fp32'`` run without :func:`dfmp2.scf.run_scf`'s
     convergence test): its orbitals are converged only to float32 noise (2e-6 Eh measured)."""
-    with_df = getattr(mf, "with_df", None)
+    with_df = own_attribute(mf, "with_df", None)
     if isinstance(with_df, DFJK) and with_df.k_precision != "fp64":
         raise InputError(
             f"the SCF object's K was still {with_df.k_precision} when it converged, so its "
@@ -975,7 +977,7 @@ def _jk_stats(mf) -> dict | None:
     """Calls, seconds and GFLOP of dfmp2's J/K during ``mf``'s SCF and its stability analysis
     (``extras.scf.stability.jk_builds`` counts the analysis's; None when PySCF's code or exact
     integrals built them)."""
-    stats = getattr(getattr(mf, "with_df", None), "stats", None)
+    stats = getattr(own_attribute(mf, "with_df", None), "stats", None)
     if not isinstance(stats, dict) or not stats.get("calls"):
         return None
     return {"calls": stats["calls"], "seconds": stats["seconds"], "gflop": stats["flops"] / 1e9}
@@ -983,9 +985,9 @@ def _jk_stats(mf) -> dict | None:
 
 def _jk_record(mf) -> str:
     """What built the SCF's J and K: dfmp2's own SCF says (``mf.jk``); else PySCF's."""
-    if getattr(mf, "jk", None):
+    if own_attribute(mf, "jk", None):
         return mf.jk
-    return "PySCF's DF J/K" if getattr(mf, "with_df", None) is not None else \
+    return "PySCF's DF J/K" if own_attribute(mf, "with_df", None) is not None else \
         "exact integrals (PySCF)"
 
 
@@ -1014,7 +1016,7 @@ def _same_atoms(mol, other) -> bool:
 def _scf_nelec(mf) -> tuple[int, int]:
     """(n_alpha, n_beta) the SCF object ran with: its own ``nelec`` where set (PySCF lets it
     override the molecule's charge and 2S), else the molecule's."""
-    nelec = getattr(mf, "nelec", None)  # a tuple, or an array PySCF takes as well
+    nelec = own_attribute(mf, "nelec", None)  # a tuple, or an array PySCF takes as well
     return tuple(int(n) for n in (mf.mol.nelec if nelec is None else nelec))
 
 

@@ -19,6 +19,7 @@ from .integrals import default_auxbasis, make_auxmol
 from .jk import DFJK, plan_tensor
 from .molecule import element_of, first_line, is_ghost_label, quiet_pyscf, unghosted
 from .options import Options
+from .reference import own_attribute
 from .scf_integrals import UNPACK_BLOCK
 from .scf_newton import newton_raphson
 
@@ -109,7 +110,7 @@ def make_scf(mol, options: Options):
         grid_settings(mf.grids, options.grid)
     # PySCF's constructor opens a named scratch chkfile in its TMPDIR, which a killed process
     # would leave behind; dfmp2 writes only --chkfile (when converged), so it goes at once
-    scratch = getattr(mf, "_chkfile", None)
+    scratch = own_attribute(mf, "_chkfile", None)
     if hasattr(scratch, "close"):
         scratch.close()
     mf._chkfile, mf.chkfile = None, None
@@ -122,7 +123,7 @@ def _label(mf, options: Options) -> str:
     kind = type(mf).__name__.replace("SymAdaptedR", "R").replace("SymAdaptedU", "U")
     kind = next((k for k in ("ROHF", "RHF", "UHF", "RKS", "UKS") if k in kind),
                 options.resolved_reference.upper())
-    xc = f" ({mf.xc})" if getattr(mf, "xc", None) and options.xc is not None else ""
+    xc = f" ({mf.xc})" if own_attribute(mf, "xc", None) and options.xc is not None else ""
     return f"{options.scf_type.upper()}-{kind}{xc}"
 
 
@@ -143,7 +144,7 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     mf.verbose = 0
     mf.chkfile = None  # PySCF writes no scratch chkfile of its own, nor --chkfile mid-run
     mf.solver = "DIIS (PySCF)"
-    jk = getattr(mf, "with_df", None)
+    jk = own_attribute(mf, "with_df", None)
     if isinstance(jk, DFJK) and jk.k_precision == "fp32":
         mf.check_convergence = _mixed_precision_check(jk)
     if dm0 is None:  # made here, as PySCF's kernel would, so that its failure is one line
@@ -198,7 +199,7 @@ def _require_converged(mf, options: Options) -> None:
     """The :class:`ConvergenceError` of an SCF that did not converge."""
     if mf.converged:
         return
-    stalled = getattr(mf, "stalled_at", None)
+    stalled = own_attribute(mf, "stalled_at", None)
     if stalled is not None:  # DIIS stalled, and what ran after it ended at --max-cycle
         raise ConvergenceError(
             f"the {_label(mf, options)} did not converge in {_cycles(options.max_cycle)} "
@@ -370,7 +371,7 @@ def check_guess(mol, guess: str) -> None:
 def release_integrals(mf) -> None:
     """Drop the SCF's JK-fit tensors (dfmp2's or PySCF's) once nothing needs them: the MP2
     step's --max-memory budget is its own."""
-    if getattr(mf, "with_df", None) is not None:
+    if own_attribute(mf, "with_df", None) is not None:
         mf.with_df.reset()
 
 
@@ -823,7 +824,7 @@ def scf_fit_record(mf):
     where the sets of an element's atoms differ, per label ('O1', 'O'), a ghost of the bare
     element as 'O (ghost)' and a labelled atom's ghost under its label ('GHOST-O1'). An
     even-tempered set that PySCF generated says so."""
-    with_df = getattr(mf, "with_df", None)
+    with_df = own_attribute(mf, "with_df", None)
     if with_df is None:
         return None
     spec = with_df.auxbasis

@@ -31,6 +31,8 @@ from pyscf import dft, lib
 from pyscf import scf as pyscf_scf
 from pyscf.soscf import newton_ah
 
+from .reference import own_attribute
+
 log = logging.getLogger(__name__)
 
 __all__ = ["UNSTABLE_BELOW", "UNSTABLE_BELOW_KS", "Lowest", "analyse", "rotated_orbitals",
@@ -221,12 +223,12 @@ def settle(mf, follow: bool, rerun, label: str, progress=None) -> dict:
     ``mf.cycles`` counts every SCF's cycles; ``label`` names the SCF in messages; ``progress``
     as in :func:`analyse`."""
     start = time.perf_counter()
-    jk = getattr(mf, "with_df", None)
+    jk = own_attribute(mf, "with_df", None)
     calls = getattr(jk, "stats", {}).get("calls")
     follows: list[dict] = []
     found = _analysed(mf, progress)
     while follow and not found["internal"].stable and len(follows) < MAX_FOLLOWS:
-        left = {name: getattr(mf, name, None) for name in _SOLUTION}
+        left = {name: own_attribute(mf, name, None) for name in _SOLUTION}
         eigenvalue = found["internal"].eigenvalue
         log.info("SCF: following the internal instability (eigenvalue %.6f Eh) from E = "
                  "%.12f Eh", eigenvalue, mf.e_tot)

@@ -226,6 +226,44 @@ def test_importing_the_cli_loads_neither_numpy_nor_torch_nor_pyscf():
     assert proc.stdout.split() == ["False", "False", "False"], proc.stderr
 
 
+def test_a_run_does_not_load_every_pyscf_module(tmp_path):
+    """PySCF's SCF object answers a missing attribute by importing all of PySCF (its periodic
+    code included) before it raises; the run asks for its optional attributes without that
+    (dfmp2.reference.own_attribute), RHF and UHF, with a checkpoint file, and records the same
+    SCF settings."""
+    out = tmp_path / "r.json"
+    code = ("import json, sys\n"
+            "from dfmp2.cli import main\n"
+            f"for extra in ([], ['--charge', '1', '--multiplicity', '2', '--chkfile', "
+            f"{str(tmp_path / 'scf.chk')!r}]):\n"
+            f"    main(['run', {WATER!r}, '-q', '--json', {str(out)!r}, *extra],"
+            " standalone_mode=False)\n"
+            "print('pyscf.__all__' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.split()[-1] == "False", proc.stderr
+    scf = json.loads(out.read_text())["extras"]["scf"]
+    assert (scf["kind"], scf["conv_tol"], scf["conv_tol_grad"], scf["guess"], scf["solver"],
+            scf["level_shift"]) == ("uhf", 1e-10, 1e-7, "minao", "DIIS (PySCF)", 0.0)
+    assert scf["jk"].startswith("dfmp2 DF J/K") and scf["cycles"] > 0
+
+
+def test_own_attribute_is_getattr_without_pyscfs_fallback():
+    from pyscf import gto, scf
+
+    from dfmp2.reference import own_attribute
+
+    mf = scf.RHF(gto.M(atom="He", basis="sto-3g", verbose=0))
+    mf.level_shift = 0.25
+    assert own_attribute(mf, "level_shift") == 0.25  # set on the object
+    assert own_attribute(mf, "conv_tol", 1.0) == mf.conv_tol
+    assert own_attribute(mf, "e_tot") == 0  # from the constructor
+    assert own_attribute(mf, "not_an_attribute", "default") == "default"
+    assert own_attribute(mf, "_not_private_either") is None
+    with pytest.raises(AttributeError):  # PySCF's own lookup raises after its imports
+        getattr(mf, "not_an_attribute")
+
+
 def test_cli_shortens_openblas_spin_before_numpy_loads(tmp_path):
     """OPENBLAS_THREAD_TIMEOUT is set before numpy's OpenBLAS reads it (asked of the loaded
     library where it exports openblas_thread_timeout), and the JSON records it."""
