@@ -203,7 +203,7 @@ def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
     metric_naux = naux if metric_naux is None else metric_naux
     usable = usable_bytes(max_memory_mb)
     metric = 3 * metric_naux * metric_naux * _F64
-    build, k_square = _jk_build_bytes(nao, naux), _F64 * 2 * nao * square_block * nao
+    build, k_square = _jk_build_bytes(nao, naux), _k_square_bytes(nao, square_block)
     if metric + max(build, k_square) + square * naux <= usable:
         return naux
     # Some rows on their pairs: where square <= columns (one basis function) the whole tensor
@@ -213,6 +213,12 @@ def jk_square_rows(nao: int, naux: int, ncol: int, max_memory_mb: float,
     if free < 0:
         return 0
     return min(naux, int(free // (square - columns)))
+
+
+def _k_square_bytes(nao: int, square_block: int) -> int:
+    """K's product of a block of ``square_block`` unpacked rows with up to 2n columns (two
+    densities' occupied orbitals), ``8 * 2n * square_block * n``."""
+    return _F64 * 2 * nao * square_block * nao
 
 
 def _jk_build_bytes(nao: int, naux: int) -> int:
@@ -238,7 +244,7 @@ def jk_lane_budget(nao: int, naux: int, square_block: int, unpack_block: int, un
     next to packed rows (:func:`jk_square_fits` counts only the unpacking for it), the larger
     of that and the tensor build's own arrays, released before the first build
     (:func:`plan_jk`, :func:`jk_square_rows`)."""
-    work = ((_F64 * 2 * nao * square_block * nao if unpacked else 0)
+    work = ((_k_square_bytes(nao, square_block) if unpacked else 0)
             + (jk_work_bytes(nao, unpack_block) if packed else 0))
     return work if copy else max(work, _jk_build_bytes(nao, naux))
 

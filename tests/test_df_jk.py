@@ -236,6 +236,19 @@ def test_one_product_serves_every_density_of_a_k_build():
         assert counts["flops"] == k_flops + 2 * 4 * naux * (nao * (nao + 1) // 2)
 
 
+def _spy_lanes(monkeypatch, what=lambda segments, workers: workers) -> list:
+    """Record ``what(segments, workers)`` of every call that runs in lanes (jk._lanes), which
+    still runs; returns the list the records go to."""
+    seen, real = [], jk_module._lanes
+
+    def spy(segments, pairs, blocks, dms, workers):
+        seen.append(what(segments, workers))
+        return real(segments, pairs, blocks, dms, workers)
+
+    monkeypatch.setattr(jk_module, "_lanes", spy)
+    return seen
+
+
 def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeypatch):
     """The unpacked tensor's blocks on lane workers (numpy's BLAS, more than one thread):
     J and K of every kind of density (UHF's two, ROHF's shared orbitals, an untagged one, in
@@ -247,13 +260,7 @@ def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeyp
     rohf = scf.ROHF(nh2).density_fit(auxbasis=JKFIT).run()
     rng = np.random.default_rng(1)
     x = rng.standard_normal((nh2.nao_nr(), nh2.nao_nr()))
-    lanes, real = [], jk_module._lanes
-
-    def spy(segments, pairs, blocks, dms, workers):
-        lanes.append(workers)
-        return real(segments, pairs, blocks, dms, workers)
-
-    monkeypatch.setattr(jk_module, "_lanes", spy)
+    lanes = _spy_lanes(monkeypatch)
     monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)  # lanes for a build this small
     ours = DFJK(nh2, JKFIT, _la()).build()
     naux = ours.get_naoaux()
@@ -409,13 +416,7 @@ def test_lanes_read_every_in_memory_layout_as_the_one_pass(monkeypatch):
     K alone the same K. Two water molecules 6 Angstrom apart, so that 238 of their AO pairs
     are zero."""
     monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
-    lanes, real = [], jk_module._lanes
-
-    def spy(segments, pairs, blocks, dms, workers):
-        lanes.append(workers)
-        return real(segments, pairs, blocks, dms, workers)
-
-    monkeypatch.setattr(jk_module, "_lanes", spy)
+    lanes = _spy_lanes(monkeypatch)
     mol = gto.M(atom=DISTANT_DIMER, basis="cc-pvdz", spin=2, verbose=0)
     uhf = scf.UHF(mol).density_fit(auxbasis=JKFIT).run()
     rohf = scf.ROHF(mol).density_fit(auxbasis=JKFIT).run()  # alpha's columns serve beta
@@ -915,15 +916,10 @@ def test_the_record_names_the_layout_k_really_reads(max_memory, layout, monkeypa
     PySCF's cycle count."""
     mol = gto.M(atom=str(INPUTS / "water4.xyz"), basis="cc-pvdz", verbose=0)
     mixed = layout.endswith("mixed")
-    lanes, real = [], jk_module._lanes
+    lanes = _spy_lanes(monkeypatch, lambda segments, workers: (
+        workers, [unpacked for _, unpacked, _ in segments]))
     if "lanes" in layout:
         monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
-
-        def spy(segments, pairs, blocks, dms, workers):
-            lanes.append((workers, [u for _, u, _ in segments]))
-            return real(segments, pairs, blocks, dms, workers)
-
-        monkeypatch.setattr(jk_module, "_lanes", spy)
     with threads.limit(3 if "lanes" in layout else 1):
         mf = run_scf(mol, Options(max_memory=max_memory,
                                   scf_precision="mixed" if mixed else "fp64"),
