@@ -29,6 +29,7 @@ Indices: mu, nu, lam, sig atomic orbitals; P, Q auxiliary functions; i occupied 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -526,7 +527,9 @@ def _lanes(segments, pairs: PairColumns | None, blocks: _SquareProducts, dms: np
     it is on its AO pairs (with ``pairs``, else packed), cast to float32 into the lane's own
     array for float32 products. J is the one pass's (:func:`_jk_from_square`,
     :func:`_jk_from_packed`): with float32 products, J of the rows that are not held unpacked
-    only comes from their packed rows in float64, else from K's products."""
+    only comes from their packed rows in float64, else from K's products. A lane that fails
+    (out of memory, a BLAS error, an interrupt) stops the others before their next block, and
+    its error is raised."""
     nset, nao = dms.shape[0], blocks.nao
     tasks = [(rows, unpacked, packed, q0, min(q0 + LANE_BLOCK, rows.shape[0]))
              for rows, unpacked, packed in segments
@@ -535,8 +538,16 @@ def _lanes(segments, pairs: PairColumns | None, blocks: _SquareProducts, dms: np
     packed_j = [packed for _, _, packed in segments if packed is not None] \
         if blocks.with_j and blocks.dtype != np.float64 else []
     dm_rows = _packed_density(dms, pairs) if packed_j else None
+    failed = threading.Event()  # set by a lane that raised: the others stop
 
     def lane(k: int):
+        try:
+            return lane_sums(k)
+        except BaseException:
+            failed.set()
+            raise
+
+    def lane_sums(k: int):
         vj = np.zeros((nset, nao * nao)) if blocks.with_j else None
         vk = np.zeros((nset, nao, nao))
         vj_rows = np.zeros((nset, packed_j[0].shape[1])) if packed_j else None
@@ -545,6 +556,8 @@ def _lanes(segments, pairs: PairColumns | None, blocks: _SquareProducts, dms: np
         into = None  # the float64 block packed rows are unpacked into
         with PairUnpacker(1) as unpack:  # in this thread
             for rows, unpacked, packed, q0, q1 in tasks[edges[k]:edges[k + 1]]:
+                if failed.is_set():
+                    return None
                 j_apart = packed_j and packed is not None
                 if j_apart:  # float64, on the packed rows
                     b = torch.from_numpy(packed[q0:q1])
@@ -563,8 +576,12 @@ def _lanes(segments, pairs: PairColumns | None, blocks: _SquareProducts, dms: np
         return vj, vk, vj_rows
 
     with single_threaded_numpy_blas(), ThreadPoolExecutor(workers) as pool:
-        sums = list(pool.map(lane, range(workers)))  # every lane starts: an error shows once
-    vj, vk, vj_rows = sums[0]                        # all end
+        try:
+            sums = list(pool.map(lane, range(workers)))  # raises once every lane has stopped
+        except BaseException:  # an interrupt of this thread too: the lanes stop
+            failed.set()
+            raise
+    vj, vk, vj_rows = sums[0]
     for lane_j, lane_k, lane_rows in sums[1:]:  # in the lanes' order
         vk += lane_k
         if vj is not None:

@@ -7,6 +7,7 @@ import copy
 import itertools
 import os
 import pickle
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -298,6 +299,37 @@ def test_lanes_give_the_one_pass_j_and_k_and_the_same_bits_run_after_run(monkeyp
     with threads.limit(3):
         get_jk(None, uhf.make_rdm1(), _la(), square=ours.square)
     assert not lanes
+
+
+def test_a_lane_that_fails_stops_the_others_and_its_error_is_raised(monkeypatch):
+    """One lane's error (here on its second block) reaches the caller, and the other lanes
+    start no block after it: each ends at most the block it was in."""
+    nh2 = gto.M(atom=NH2, basis="cc-pvdz", spin=1, verbose=0)
+    dm = scf.UHF(nh2).density_fit(auxbasis=JKFIT).run().make_rdm1()
+    ours = DFJK(nh2, JKFIT, _la()).build()
+    monkeypatch.setattr(jk_module, "LANE_MIN_FLOPS", 0)
+    monkeypatch.setattr(jk_module, "LANE_BLOCK", 2)  # many blocks per lane
+    blocks = -(-ours.get_naoaux() // 2)
+    lanes = _spy_lanes(monkeypatch)
+    real, calls, lock = jk_module._SquareProducts.add, [], threading.Lock()
+    failing = {}
+
+    def add(self, block, vj, vk, with_j=True):
+        with lock:
+            calls.append(threading.get_ident())
+            mine = failing.setdefault("thread", threading.get_ident()) == calls[-1]
+            fail = mine and calls.count(calls[-1]) == 2
+        if fail:
+            raise MemoryError("a lane ran out of memory")
+        return real(self, block, vj, vk, with_j)
+
+    monkeypatch.setattr(jk_module._SquareProducts, "add", add)
+    with threads.limit(3), pytest.raises(MemoryError, match="a lane ran out of memory"):
+        get_jk(None, dm, _la(), square=ours.square)
+    assert lanes == [3] and blocks > 30
+    after = len(calls) - 1 - calls.index(failing["thread"], calls.index(failing["thread"]) + 1)
+    assert after <= 2  # the other two lanes: at most the block each was in
+    assert len(calls) < blocks
 
 
 def test_dispatcher_counts_calls_from_many_threads_once_each():
