@@ -189,6 +189,22 @@ def pyscf_gemm_rate(n: int, repeat: int = 5) -> dict:
                                        repeat))}
 
 
+def first_touch(gib: float = 1.0) -> dict:
+    """Seconds to write ``gib`` GiB of a new numpy array once (the first touch of its pages,
+    one thread), then the same for a second array allocated right after the first is freed:
+    on a VM that hands freed memory back to its host the first can cost ten times the second,
+    and it changes every timing that allocates large arrays."""
+    size = int(gib * 2**30) // 8
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        array = np.empty(size)
+        array.fill(1.0)
+        times.append(time.perf_counter() - start)
+        del array
+    return {"gib": gib, "new_s": times[0], "again_s": times[1]}
+
+
 def gemm_rates(n: int = 2048, repeat: int = 5) -> dict:
     """The GEMM rates of this process: torch and numpy float64/float32, PySCF's DGEMM."""
     return {

@@ -402,6 +402,12 @@ def blas_lines(gemm_by_core: dict, machine: dict) -> list[str]:
             out.append(f"- [{coretype_label(core)}] {lib['prefix']} {lib.get('version') or '?'}"
                        f" arch {lib['architecture']}, threads {lib['num_threads']} "
                        f"({lib.get('threading_layer')}): {lib['filepath']}")
+        touch = g.get("first_touch")
+        if touch:
+            out.append(f"- [{coretype_label(core)}] first touch of {touch['gib']:g} GiB (a new "
+                       f"numpy array written once, one thread): {touch['new_s']:.2f} s, then "
+                       f"{touch['again_s']:.2f} s for the next one allocated right after it "
+                       "was freed")
     return out
 
 

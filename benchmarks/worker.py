@@ -330,10 +330,12 @@ def run_molecule(spec: dict) -> dict:
 
 
 def run_gemm(spec: dict) -> dict:
-    """GEMM rates and BLAS facts of a fresh process with this environment."""
+    """GEMM rates, BLAS facts and the first touch of new memory (``machine.first_touch``) of
+    a fresh process with this environment."""
     out = {"coretype": coretype(),
            "rates": machine.gemm_rates(spec.get("n", 2048), spec.get("repeat", 5)),
-           "blas": machine.blas_info(), "loadavg": list(os.getloadavg())}
+           "blas": machine.blas_info(), "first_touch": machine.first_touch(),
+           "loadavg": list(os.getloadavg())}
     return out
 
 

@@ -95,3 +95,30 @@ def test_end_to_end_report_takes_medians_and_ratios():
     lines = "\n".join(report.e2e_table([row])).splitlines()
     assert [line.split(" | ")[3] for line in lines[2:]] == ["fp64", "mixed"]
     assert "| mixed | 2 | 28.50 | 46.00 | 1.61 |" in lines[3]
+
+
+def test_the_harness_records_and_reports_the_first_touch_of_new_memory():
+    """The GEMM worker's record holds the seconds to write new memory once and again right
+    after freeing it (a VM that hands freed memory to its host makes the first slow), and the
+    report's machine section states them per setting."""
+    import importlib.util
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                      ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    touch = load("machine").first_touch(gib=1 / 64)
+    assert touch["gib"] == 1 / 64 and touch["new_s"] > 0 and touch["again_s"] > 0
+    gemm = {"pyscf-Haswell": {"blas": {}, "first_touch": {"gib": 1, "new_s": 2.345,
+                                                            "again_s": 0.151}}}
+    info = {"cpu": "x", "cores": 2, "python": "3", "torch_threads": 2, "versions": {},
+            "env": {}}
+    lines = load("report").blas_lines(gemm, info)
+    assert ("- [pyscf-Haswell] first touch of 1 GiB (a new numpy array written once, one "
+            "thread): 2.35 s, then 0.15 s for the next one allocated right after it was "
+            "freed") in lines
+    assert not any("first touch" in line for line in load("report").blas_lines(
+        {"unset": {"blas": {}}}, info))  # older records have none
