@@ -305,8 +305,9 @@ _D = Options.default
                    "else one per CPU].")
 @click.option("--chkfile", type=click.Path(dir_okay=False), default=_D("chkfile"),
               help="PySCF checkpoint of the SCF: written when converged; a checkpoint of the "
-                   "same molecule, basis and reference already there is the initial guess. "
-                   "With several geometries a path with {name} or {index}.")
+                   "same molecule, basis, reference and functional already there is the SCF "
+                   "when converged to this run's tolerances (no cycle), else the initial "
+                   "guess. With several geometries a path with {name} or {index}.")
 @click.option("--guess", type=click.Choice(GUESSES, case_sensitive=False), default=_D("guess"),
               show_default=True,
               help="Initial guess of the SCF (PySCF's init_guess) where no --chkfile "

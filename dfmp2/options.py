@@ -110,8 +110,9 @@ class Options:
         cycle to cycle by rounding alone once it has settled ((H2O)16+ cc-pVDZ, UHF), so a
         1e-11 test there stops on whichever cycle the rounding happens to allow.
     chkfile : PySCF checkpoint file of the SCF: written when converged; one of the same
-        molecule, basis and reference already there is the initial guess (a converged one costs
-        one iteration); one of another calculation is refused.
+        molecule, basis, reference and functional already there is the SCF when converged to
+        this run's tolerances (no cycle), else the initial guess; one of another calculation
+        is refused.
     guess : the SCF's initial guess where no ``chkfile`` checkpoint gives one: 'minao'
         (PySCF's default), 'atom', 'huckel', 'mod_huckel', '1e' or 'sap' (PySCF's
         ``init_guess``); level_shift : Eh added to the virtual orbitals' energies in the SCF's

@@ -65,8 +65,9 @@ def run_scf(mol, options: Options, progress=None, la=None):
     ``progress(stage, cycle, max_cycle)`` when given. With ``options.chkfile`` the converged SCF
     is written there (with its functional, :data:`CHK_XC_KEY`); a chkfile of the same molecule,
     basis, reference and functional already there is the
-    initial guess (:func:`restart_guess`), so a converged one costs a single iteration. The
-    object's ``restart`` attribute says which.
+    initial guess (:func:`restart_guess`), or, when converged to this run's tolerances, the
+    SCF itself with no cycle (:func:`_converged_checkpoint`). The object's ``restart``
+    attribute says which.
 
     A density-fitted SCF builds J and K with dfmp2's own integrals, fit and ``la`` ops
     (:class:`dfmp2.jk.DFJK`) when ``la`` is given, its fitted tensor in memory or, beyond
@@ -129,6 +130,7 @@ def _label(mf, options: Options) -> str:
 
 def _converge(mf, options: Options, progress, dm0) -> None:
     """Build ``mf``'s DF tensor, run its SCF and write the chkfile (see :func:`run_scf`)."""
+    restarted = dm0 is not None  # from the chkfile's orbitals
     if options.scf_type == "df":
         try:
             with quiet_pyscf():
@@ -153,7 +155,18 @@ def _converge(mf, options: Options, progress, dm0) -> None:
         except Exception as exc:  # e.g. 'sap' has no potential of a ghost atom
             raise InputError(f"the SCF's initial guess {mf.init_guess!r} could not be made "
                              f"({first_line(exc)}); choose another --guess") from None
-    _kernel(mf, options, progress, dm0)
+    saved = None  # the chkfile's orbitals, when they are the converged SCF as they are
+    if restarted and KEPT_FOREIGN not in mf.restart:
+        check = _converged_checkpoint(mf, options.chkfile)
+        if check is not None:
+            saved = mf.mo_coeff
+            start = f"initial guess from chkfile {options.chkfile}"
+            mf.restart = mf.restart.replace(start, f"converged SCF from chkfile "
+                                            f"{options.chkfile} ({check})", 1).replace(
+                "the checkpoint's orbitals are the initial guess",
+                "the checkpoint's SCF was converged")
+    if saved is None:
+        _kernel(mf, options, progress, dm0)
     _require_converged(mf, options)
     log.info("SCF converged: E = %.12f Eh", mf.e_tot)
     builds = sum(jk.k_calls.values()) if isinstance(jk, DFJK) else 0  # the SCF's, not the
@@ -167,7 +180,8 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     elif isinstance(jk, DFJK) and options.scf_precision == "mixed":  # restarted (_choose_jk)
         mf.jk += ("; float64 throughout: --scf-precision mixed starts in float32, and this SCF "
                   "started from a chkfile's orbitals")
-    if options.chkfile is not None and not mf.restart.endswith(KEPT_FOREIGN):  # once, converged
+    if (options.chkfile is not None and KEPT_FOREIGN not in mf.restart  # once, converged
+            and mf.mo_coeff is not saved):  # not the chkfile's own SCF, unchanged
         try:
             _check_unchanged(mf, options.chkfile)
             write_chkfile(mf, options.chkfile)
@@ -213,8 +227,18 @@ def _require_converged(mf, options: Options) -> None:
             "; a KS reference whose gradient stalls (DFT grid noise) needs a finer --grid "
             "or a looser --conv-tol-grad" if options.xc is not None else "") + (
             f"; a level shift slows the last cycles: lower --level-shift "
-            f"{options.level_shift:g} or drop it" if options.level_shift else "")
+            f"{options.level_shift:g} or drop it" if options.level_shift else "") + (
+            f"; {_float32_cycles(mf)} of its J/K builds ran in float32 (--scf-precision "
+            "mixed), whose cycles never count as converged: --scf-precision fp64 may need "
+            "fewer"
+            if _float32_cycles(mf) else "")
     )
+
+
+def _float32_cycles(mf) -> int:
+    """How many of ``mf``'s J/K builds so far ran in float32 (``--scf-precision mixed``)."""
+    jk = own_attribute(mf, "with_df", None)
+    return jk.k_calls["fp32"] if isinstance(jk, DFJK) else 0
 
 
 def _stability(mf, options: Options, progress) -> None:
@@ -708,10 +732,10 @@ def _same_ecp(mol, saved) -> bool:
 def restart_guess(mf, chkfile: str | None):
     """(dm0, record) for an SCF object from ``chkfile``: its saved orbitals' density when the
     file holds an SCF of the same molecule, basis and reference (dfmp2 writes one only when
-    converged; then the SCF takes one iteration), else (None, why not). A file of another
-    system or reference is an :class:`InputError` (it would be overwritten). A checkpoint
-    without dfmp2's record of its functional (PySCF's own) is a guess only: the record ends
-    with :data:`KEPT_FOREIGN` and the run leaves the file as it is."""
+    converged; :func:`_converged_checkpoint` then may skip the SCF), else (None, why not). A
+    file of another system or reference is an :class:`InputError` (it would be overwritten).
+    A checkpoint without dfmp2's record of its functional (PySCF's own) is a guess only: the
+    record says so (:data:`KEPT_FOREIGN`) and the run leaves the file as it is."""
     if chkfile is None:
         return None, None
     if not os.path.exists(chkfile):
@@ -720,10 +744,10 @@ def restart_guess(mf, chkfile: str | None):
 
     try:
         saved_mol, mo_coeff, mo_occ = read_checkpoint(chkfile)
+        differs = _same_system(mf.mol, saved_mol)  # a damaged record fails here too
     except Exception as exc:  # h5py's and json's errors, a record of the wrong shape
         raise InputError(f"chkfile {chkfile!r} cannot be read as a PySCF SCF checkpoint "
                          f"({first_line(exc)}); remove it or choose another --chkfile") from None
-    differs = _same_system(mf.mol, saved_mol)
     unrestricted = isinstance(mf, scf.uhf.UHF)
     if differs is None and mo_coeff.ndim == 2 and mo_coeff.shape[0] == 2 * mf.mol.nao_nr():
         differs = "another reference (generalised, GHF: spin orbitals over twice the basis)"
@@ -734,7 +758,8 @@ def restart_guess(mf, chkfile: str | None):
     saved_xc = pyscf_lib.chkfile.load(chkfile, CHK_XC_KEY)  # None: not written by dfmp2
     if isinstance(saved_xc, bytes):
         saved_xc = saved_xc.decode()
-    if differs is None and saved_xc is not None and saved_xc != _functional_of(mf):
+    if differs is None and saved_xc is not None and not _same_functional(saved_xc,
+                                                                         _functional_of(mf)):
         differs = f"another functional ({saved_xc} vs {_functional_of(mf)})"
     if differs is not None:
         raise InputError(f"chkfile {chkfile!r} holds another calculation ({differs}); remove it "
@@ -747,6 +772,46 @@ def restart_guess(mf, chkfile: str | None):
         return mf.make_rdm1(mo_coeff, mo_occ), (
             f"initial guess from chkfile {chkfile}; {KEPT_FOREIGN}")
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
+
+
+def _converged_checkpoint(mf, chkfile: str) -> str | None:
+    """When dfmp2's ``chkfile`` of this system (:func:`restart_guess`) holds an SCF converged
+    to ``mf``'s tolerances, make it ``mf``'s converged SCF without a cycle: its orbitals,
+    occupations and orbital energies as saved, and the energy of their density from one Fock
+    build; returns what the check found. Converged is PySCF's test of a cycle: that energy
+    within ``conv_tol`` of the saved one, the orbital gradient below ``conv_tol_grad``. Else
+    (a looser SCF saved, no orbital energies in the file) None, and ``mf`` is untouched: the
+    saved orbitals are then the initial guess."""
+    from pyscf.scf import hf
+
+    try:
+        saved = {key: lib.chkfile.load(chkfile, f"scf/{key}")
+                 for key in ("e_tot", "mo_energy", "mo_coeff", "mo_occ")}
+    except Exception:  # read before the SCF; replaced since: the guess stands
+        return None
+    if any(value is None for value in saved.values()):
+        return None
+    mo_energy, mo_coeff, mo_occ = (np.asarray(saved[key], dtype=float)
+                                   for key in ("mo_energy", "mo_coeff", "mo_occ"))
+    e_saved = np.asarray(saved["e_tot"], dtype=float)
+    if (mo_energy.shape != mo_occ.shape or e_saved.shape != ()
+            or not (np.isfinite(mo_energy).all() and np.isfinite(e_saved))):
+        return None
+    dm = mf.make_rdm1(mo_coeff, mo_occ)
+    h1e, s1e = mf.get_hcore(), mf.get_ovlp()
+    vhf = mf.get_veff(mf.mol, dm)
+    e_tot = mf.energy_tot(dm, h1e, vhf)
+    gradient = mf.get_grad(mo_coeff, mo_occ, mf.get_fock(h1e, s1e, vhf, dm))
+    norm = float(np.linalg.norm(gradient))
+    if not hf.TIGHT_GRAD_CONV_TOL:  # as PySCF's kernel measures it
+        norm /= np.sqrt(gradient.size)
+    change = float(e_tot - e_saved)
+    if not (abs(change) < mf.conv_tol and norm < mf.conv_tol_grad):
+        return None
+    mf.mo_energy, mf.mo_coeff, mf.mo_occ = mo_energy, mo_coeff, mo_occ
+    mf.e_tot, mf.converged, mf.cycles = float(e_tot), True, 0
+    mf.solver = "none (the chkfile's SCF was converged)"
+    return f"no SCF cycle: energy change {change:.1e} Eh, orbital gradient {norm:.1e}"
 
 
 #: What the restart record says of a checkpoint dfmp2 did not write: its functional is not
@@ -817,6 +882,20 @@ CHK_XC_KEY = "dfmp2/xc"
 
 def _functional_of(mf) -> str:
     return str(mf.xc) if isinstance(mf, dft.rks.KohnShamDFT) else "HF"
+
+
+def _same_functional(saved: str, ours: str) -> bool:
+    """Whether a chkfile's functional ``saved`` is ``ours`` however each is spelled: the same
+    text but for case and spaces, or the same parts and weights as PySCF parses them ('PBE'
+    and 'pbe', '0.5*HF+0.5*B88,LYP' and '0.5*HF + 0.5*B88, LYP')."""
+    if "".join(saved.split()).upper() == "".join(ours.split()).upper():
+        return True
+    if "HF" in (saved, ours):  # an HF reference against a functional
+        return False
+    try:
+        return dft.libxc.parse_xc(saved) == dft.libxc.parse_xc(ours)
+    except Exception:  # a name PySCF no longer knows: another functional
+        return False
 
 
 def scf_fit_record(mf):

@@ -18,9 +18,12 @@ from tolerances import (
     TOL_RESTART,
     TOL_SCF_ACCEPTED,
     TOL_SCF_TIGHT,
+    TOL_SKIPPED_RESTART,
 )
 
 WATER = str(INPUTS / "water.xyz")
+#: SCF tolerances a default run's SCF is not converged to: its restart iterates and rewrites.
+LOOSE = {"conv_tol": 1e-6, "conv_tol_grad": 1e-3}
 
 
 def test_progress_reports_every_scf_iteration():
@@ -32,13 +35,30 @@ def test_progress_reports_every_scf_iteration():
 
 
 def test_chkfile_restart_skips_a_converged_scf(tmp_path):
+    """A checkpoint converged to the run's tolerances is the SCF, with no cycle: its orbitals
+    and orbital energies as saved (the same MP2 energy, run after run), the file left as it
+    is. One converged more loosely is the initial guess of an SCF that iterates and is
+    written; a later run then skips that one."""
     chk = str(tmp_path / "water.chk")
     first = dfmp2.run(WATER, chkfile=chk)
     assert first.scf.restart == f"new chkfile {chk}" and first.scf.cycles > 3
-    again = dfmp2.run(WATER, chkfile=chk)
-    assert again.scf.restart == f"initial guess from chkfile {chk}" and again.scf.cycles == 1
-    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
-    assert "initial guess from chkfile" in again.summary()
+    written = open(chk, "rb").read()
+    for _ in range(2):
+        again = dfmp2.run(WATER, chkfile=chk)
+        assert again.scf.restart.startswith(f"converged SCF from chkfile {chk} (no SCF cycle: "
+                                            "energy change ")
+        assert again.scf.cycles == 0 and again.scf.solver.startswith("none")
+        assert again.e_corr == first.e_corr and (again.scf.homo, again.scf.lumo) == (
+            first.scf.homo, first.scf.lumo)
+        assert again.e_scf == pytest.approx(first.e_scf, abs=TOL_SKIPPED_RESTART)
+        assert open(chk, "rb").read() == written
+    assert "converged SCF from chkfile" in again.summary()
+    loose = str(tmp_path / "loose.chk")
+    dfmp2.run(WATER, chkfile=loose, **LOOSE)
+    tight = dfmp2.run(WATER, chkfile=loose)
+    assert tight.scf.restart == f"initial guess from chkfile {loose}" and tight.scf.cycles >= 1
+    assert tight.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    assert dfmp2.run(WATER, chkfile=loose).scf.cycles == 0  # rewritten converged
 
 
 def test_a_damaged_chkfile_is_refused_and_a_rewrite_keeps_other_data(tmp_path):
@@ -126,7 +146,16 @@ def test_a_chkfile_that_is_no_scf_checkpoint_is_refused_and_its_text_never_runs(
         del f["mol"]
         f["mol"] = json.dumps(record)
     again = dfmp2.run(WATER, chkfile=good, basis="sto-3g")  # the parsed tables are the record
-    assert again.scf.cycles == 1 and not marker.exists()
+    assert again.scf.cycles == 0 and not marker.exists()
+    for field, value, why in (("charge", "0", "Unknown format code"),
+                              ("_env", [0.0], "index")):  # damaged, not code
+        with h5py.File(good, "a") as f:
+            record = json.loads(f["mol"][()])
+            record[field] = value
+            del f["mol"]
+            f["mol"] = json.dumps(record)
+        with pytest.raises(InputError, match="cannot be read as a PySCF SCF checkpoint"):
+            dfmp2.run(WATER, chkfile=good, basis="sto-3g")
 
 
 def test_a_chkfile_path_that_cannot_take_the_checkpoint_is_refused_before_the_scf(
@@ -159,9 +188,11 @@ def test_a_linked_chkfile_is_rewritten_through_its_link_and_a_failed_write_loses
 
     target, link = tmp_path / "target.chk", tmp_path / "link.chk"
     link.symlink_to(target)
-    first = dfmp2.run(WATER, chkfile=str(link), basis="sto-3g")
+    dfmp2.run(WATER, chkfile=str(link), basis="sto-3g", **LOOSE)
     assert link.is_symlink() and target.is_file()
-    assert dfmp2.run(WATER, chkfile=str(link), basis="sto-3g").scf.cycles == 1
+    first = dfmp2.run(WATER, chkfile=str(link), basis="sto-3g")  # iterates, rewritten
+    assert first.scf.cycles >= 1 and "initial guess from chkfile" in first.scf.restart
+    assert dfmp2.run(WATER, chkfile=str(link), basis="sto-3g").scf.cycles == 0
     assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == [
         "link.chk", "target.chk"]
 
@@ -182,15 +213,15 @@ def test_a_full_disk_while_the_checkpoint_is_written_is_one_warning_and_no_parti
     warning, the run's energy is kept and no partial file is left (an HDF5 file written into
     a full disk crashed the process)."""
     chk = tmp_path / "water.chk"
-    first = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    first = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g", **LOOSE)
     before = chk.read_bytes()
 
     def full_disk(fd):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    again = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
-    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    again = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")  # iterates: to be written
+    assert again.scf.cycles >= 1 and first.scf.cycles >= 1
     assert again.scf.restart.endswith("not written: No space left on device")
     assert chk.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["water.chk"]
     assert "could not write the chkfile" in caplog.text
@@ -198,11 +229,19 @@ def test_a_full_disk_while_the_checkpoint_is_written_is_one_warning_and_no_parti
 
 def test_a_checkpoint_does_not_grow_with_restarts(tmp_path):
     """Each write is the whole file anew: HDF5 keeps the space of a replaced record, so a
-    checkpoint rewritten in place grew by 8 KB with every restart."""
+    checkpoint rewritten in place grew by 8 KB with every restart. (A restart that skips the
+    SCF writes nothing; here the SCF is written over its own file twice.)"""
+    from pyscf import gto
+    from pyscf import scf as pyscf_scf
+
+    from dfmp2.scf import write_chkfile
+
     chk = tmp_path / "water.chk"
-    sizes = []
-    for _ in range(3):
-        dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g")
+    sizes = [chk.stat().st_size]
+    mf = pyscf_scf.RHF(gto.M(atom=WATER, basis="sto-3g", verbose=0)).run()
+    for _ in range(2):
+        write_chkfile(mf, str(chk))
         sizes.append(chk.stat().st_size)
     assert sizes[1] == sizes[2] and sizes[2] <= sizes[0] + 64, sizes
 
@@ -215,7 +254,7 @@ def test_a_checkpoint_with_another_ecp_of_the_same_core_is_refused(tmp_path):
     dfmp2.run(hi, basis="def2-svp", chkfile=chk)
     with pytest.raises(InputError, match=re.escape("another calculation (another ECP)")):
         dfmp2.run(hi, basis="def2-svp", ecp="cc-pvdz-pp", chkfile=chk)
-    assert dfmp2.run(hi, basis="def2-svp", chkfile=chk).scf.cycles == 1
+    assert dfmp2.run(hi, basis="def2-svp", chkfile=chk).scf.cycles == 0
 
 
 def test_a_pyscf_checkpoint_is_a_guess_and_is_left_as_it_is(tmp_path):
@@ -233,6 +272,10 @@ def test_a_pyscf_checkpoint_is_a_guess_and_is_left_as_it_is(tmp_path):
     fresh = dfmp2.run(WATER, basis="sto-3g")
     assert result.e_tot == pytest.approx(fresh.e_tot, abs=TOL_RESTART)
     assert result.scf.restart.endswith("so kept as it is and not rewritten")
+    assert chk.read_bytes() == before
+    guessed = dfmp2.run(WATER, chkfile=str(chk), basis="sto-3g", guess="atom")
+    assert "--guess atom not used" in guessed.scf.restart  # and no 'written meanwhile'
+    assert "not written:" not in guessed.scf.restart and not guessed.warnings
     assert chk.read_bytes() == before
 
 
@@ -253,7 +296,7 @@ def test_a_pyscf_checkpoint_with_its_orbitals_stored_as_a_list_is_read(tmp_path)
     with h5py.File(chk) as f:
         assert "mo_coeff__from_list__" in f["scf"]
     again = dfmp2.run(WATER, chkfile=chk, basis="sto-3g", charge=1, spin=1)
-    assert again.scf.cycles == 1 and np.isfinite(again.e_tot)
+    assert again.scf.cycles == 0 and np.isfinite(again.e_tot)
 
 
 def test_a_failed_scf_writes_no_chkfile_and_a_refusal_comes_before_any_integral(tmp_path,
@@ -276,8 +319,8 @@ def test_a_singlet_rohf_restarts_from_its_own_chkfile(tmp_path):
     chk = str(tmp_path / "water.chk")
     first = dfmp2.run(WATER, chkfile=chk, reference="rohf")
     again = dfmp2.run(WATER, chkfile=chk, reference="rohf")
-    assert again.scf.cycles == 1
-    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    assert again.scf.cycles == 0 and again.e_corr == first.e_corr
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_SKIPPED_RESTART)
 
 
 def test_stall_watch_counts_only_flat_energy_cycles_above_the_gradient_threshold():
@@ -539,9 +582,11 @@ def test_a_batch_gives_each_geometry_its_own_chkfile(tmp_path):
     again = CliRunner().invoke(main, per_frame + ["--json", str(tmp_path / "r{index}.json")])
     assert again.exit_code == 0, again.output
     for k in (1, 2):
-        scf = json.loads((tmp_path / f"r{k}.json").read_text())["extras"]["scf"]
-        assert scf["restart"] == f"initial guess from chkfile {tmp_path / f'b{k}.chk'}"
-        assert scf["cycles"] == 1
+        record = json.loads((tmp_path / f"r{k}.json").read_text())
+        scf = record["extras"]["scf"]
+        assert scf["restart"].startswith(f"converged SCF from chkfile {tmp_path / f'b{k}.chk'} "
+                                         "(no SCF cycle")
+        assert scf["cycles"] == 0 and record["properties"]["scf_iterations"] == 0
 
 
 def test_a_mixed_precision_restart_says_it_ran_in_float64(tmp_path):
@@ -549,8 +594,9 @@ def test_a_mixed_precision_restart_says_it_ran_in_float64(tmp_path):
     first = dfmp2.run(WATER, chkfile=chk, scf_precision="mixed")
     assert "in float32 for the first" in first.scf.jk
     again = dfmp2.run(WATER, chkfile=chk, scf_precision="mixed")
-    assert again.scf.cycles == 1 and "float64 throughout" in again.scf.jk
-    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    assert again.scf.cycles == 0 and "float64 throughout" in again.scf.jk
+    assert again.e_corr == first.e_corr  # the mixed SCF's orbitals, as saved
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_SKIPPED_RESTART)
 
 
 def test_the_scf_diagonalises_through_the_registry_as_pyscf_would():
@@ -642,3 +688,15 @@ def test_a_singlet_uhf_stalled_at_a_saddle_is_finished_by_newton_raphson_steps(t
     mo_coeff, mo_occ = (np.asarray(lib.chkfile.load(chkfile, f"scf/{key}"))
                         for key in ("mo_coeff", "mo_occ"))
     assert np.linalg.norm(ref.get_grad(mo_coeff, mo_occ)) < result.scf.conv_tol_grad
+
+
+def test_a_mixed_precision_scf_that_runs_out_of_cycles_says_float32_cycles_do_not_count():
+    from dfmp2.errors import ConvergenceError
+
+    with pytest.raises(ConvergenceError, match=r"did not converge in 3 cycles .*; \d+ of its "
+                                               r"J/K builds ran in float32 \(--scf-precision "
+                                               r"mixed\), whose cycles never count"):
+        dfmp2.run(WATER, scf_precision="mixed", max_cycle=3)
+    with pytest.raises(ConvergenceError) as fp64:
+        dfmp2.run(WATER, max_cycle=3)
+    assert "float32" not in str(fp64.value)

@@ -52,8 +52,14 @@ def test_a_chkfile_start_records_no_guess(tmp_path):
     path = str(tmp_path / "w.chk")
     dfmp2.run(WATER, basis="sto-3g", chkfile=path)
     again = dfmp2.run(WATER, basis="sto-3g", chkfile=path, guess="huckel")
-    assert again.scf.guess is None and "initial guess from chkfile" in again.scf.restart
-    assert "--guess huckel not used" in again.scf.restart
+    assert again.scf.guess is None and "converged SCF from chkfile" in again.scf.restart
+    assert "--guess huckel not used: the checkpoint's SCF was converged" in again.scf.restart
+    loose = str(tmp_path / "loose.chk")  # a guess that iterates: its orbitals are the guess
+    dfmp2.run(WATER, basis="sto-3g", chkfile=loose, conv_tol=1e-6, conv_tol_grad=1e-3)
+    iterated = dfmp2.run(WATER, basis="sto-3g", chkfile=loose, guess="huckel")
+    assert iterated.scf.cycles >= 1 and iterated.scf.guess is None
+    assert "--guess huckel not used: the checkpoint's orbitals are the initial guess" in (
+        iterated.scf.restart)
 
 
 def test_refusals_are_one_line():
