@@ -774,14 +774,24 @@ def restart_guess(mf, chkfile: str | None):
     return mf.make_rdm1(mo_coeff, mo_occ), f"initial guess from chkfile {chkfile}"
 
 
+#: How far a converged chkfile's orbitals may be from diagonalising the Fock matrix of their
+#: density, ``|C^T F C - diag(saved orbital energies)|``, in Eh, for the run to take them as
+#: they are (:func:`_converged_checkpoint`): the saved orbitals diagonalise the previous
+#: cycle's Fock matrix, measured at most 7.6e-7 Eh off (a UKS double hybrid of OH, gradient
+#: 8.8e-7); orbitals mixed within the occupied space are off by tenths of an Eh.
+CANONICAL_TOL = 1e-5
+
+
 def _converged_checkpoint(mf, chkfile: str) -> str | None:
     """When dfmp2's ``chkfile`` of this system (:func:`restart_guess`) holds an SCF converged
     to ``mf``'s tolerances, make it ``mf``'s converged SCF without a cycle: its orbitals,
     occupations and orbital energies as saved, and the energy of their density from one Fock
     build; returns what the check found. Converged is PySCF's test of a cycle: that energy
-    within ``conv_tol`` of the saved one, the orbital gradient below ``conv_tol_grad``. Else
-    (a looser SCF saved, no orbital energies in the file) None, and ``mf`` is untouched: the
-    saved orbitals are then the initial guess."""
+    within ``conv_tol`` of the saved one, the orbital gradient below ``conv_tol_grad``; and
+    the saved orbitals must be canonical, with the saved orbital energies (``C^T F C`` their
+    diagonal matrix to :data:`CANONICAL_TOL`), which the MP2 step assumes. Else (a looser SCF
+    saved, orbitals mixed within the occupied or virtual space, no orbital energies in the
+    file) None, and ``mf`` is untouched: the saved orbitals are then the initial guess."""
     from pyscf.scf import hf
 
     try:
@@ -801,12 +811,18 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
     h1e, s1e = mf.get_hcore(), mf.get_ovlp()
     vhf = mf.get_veff(mf.mol, dm)
     e_tot = mf.energy_tot(dm, h1e, vhf)
-    gradient = mf.get_grad(mo_coeff, mo_occ, mf.get_fock(h1e, s1e, vhf, dm))
+    fock = mf.get_fock(h1e, s1e, vhf, dm)
+    gradient = mf.get_grad(mo_coeff, mo_occ, fock)
     norm = float(np.linalg.norm(gradient))
     if not hf.TIGHT_GRAD_CONV_TOL:  # as PySCF's kernel measures it
         norm /= np.sqrt(gradient.size)
     change = float(e_tot - e_saved)
     if not (abs(change) < mf.conv_tol and norm < mf.conv_tol_grad):
+        return None
+    per_spin = zip(mo_coeff.reshape(-1, *mo_coeff.shape[-2:]),  # ROHF: its one effective Fock
+                   np.reshape(fock, (-1, *np.shape(fock)[-2:])),
+                   mo_energy.reshape(-1, mo_energy.shape[-1]))
+    if not all(np.abs(c.T @ f @ c - np.diag(e)).max() <= CANONICAL_TOL for c, f, e in per_spin):
         return None
     mf.mo_energy, mf.mo_coeff, mf.mo_occ = mo_energy, mo_coeff, mo_occ
     mf.e_tot, mf.converged, mf.cycles = float(e_tot), True, 0

@@ -700,3 +700,26 @@ def test_a_mixed_precision_scf_that_runs_out_of_cycles_says_float32_cycles_do_no
     with pytest.raises(ConvergenceError) as fp64:
         dfmp2.run(WATER, max_cycle=3)
     assert "float32" not in str(fp64.value)
+
+
+@pytest.mark.parametrize("damage", ["mixed occupied orbitals", "other orbital energies"])
+def test_a_converged_chkfile_whose_orbitals_are_not_canonical_is_a_guess(tmp_path, damage):
+    """Orbitals mixed within the occupied space (the same density, energy and gradient) or
+    orbital energies that are not the orbitals' own: the MP2 step needs canonical orbitals and
+    their energies, so the SCF iterates from them instead of taking them as they are."""
+    import h5py
+    import numpy as np
+
+    chk = str(tmp_path / "water.chk")
+    first = dfmp2.run(WATER, chkfile=chk)
+    with h5py.File(chk, "a") as f:
+        if damage == "mixed occupied orbitals":
+            coeff = f["scf/mo_coeff"][()]
+            c, s_ = np.cos(0.5), np.sin(0.5)
+            coeff[:, [3, 4]] = coeff[:, [3, 4]] @ np.array([[c, -s_], [s_, c]])
+            f["scf/mo_coeff"][...] = coeff
+        else:
+            f["scf/mo_energy"][...] = f["scf/mo_energy"][()] + 1e-3
+    again = dfmp2.run(WATER, chkfile=chk)
+    assert again.scf.cycles >= 1 and again.scf.restart == f"initial guess from chkfile {chk}"
+    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
