@@ -172,6 +172,9 @@ def _converge(mf, options: Options, progress, dm0) -> None:
     builds = sum(jk.k_calls.values()) if isinstance(jk, DFJK) else 0  # the SCF's, not the
     if options.stability != "none":                      # analysis's (its record counts those)
         _stability(mf, options, progress)
+        if saved is not None and mf.mo_coeff is not saved:
+            mf.restart += ("; then --stability follow left it for a lower solution "
+                           f"({_cycles(mf.cycles)}), which replaces it in the chkfile")
     if isinstance(jk, DFJK) and jk.k_calls["fp32"]:
         products = ("J and K" if jk.square_only else
                     "K (and J of the unpacked rows)" if jk.head is not None else "K")
@@ -775,11 +778,13 @@ def restart_guess(mf, chkfile: str | None):
 
 
 #: How far a converged chkfile's orbitals may be from diagonalising the Fock matrix of their
-#: density, ``|C^T F C - diag(saved orbital energies)|``, in Eh, for the run to take them as
-#: they are (:func:`_converged_checkpoint`): the saved orbitals diagonalise the previous
-#: cycle's Fock matrix, measured at most 7.6e-7 Eh off (a UKS double hybrid of OH, gradient
-#: 8.8e-7); orbitals mixed within the occupied space are off by tenths of an Eh.
-CANONICAL_TOL = 1e-5
+#: density, ``|C^T F C - diag(saved orbital energies)|`` in Eh, in units of the run's orbital
+#: gradient threshold, for the run to take them as they are (:func:`_converged_checkpoint`).
+#: The saved orbitals diagonalise the previous cycle's Fock matrix: measured off by 0.2-0.9
+#: times the gradient they converged to (4.4e-9 Eh for RHF water at 1.9e-8, 7.6e-7 Eh for a
+#: UKS double hybrid of OH at 8.8e-7); orbitals mixed within the occupied space are off by
+#: tenths of an Eh.
+CANONICAL_FACTOR = 10
 
 
 def _converged_checkpoint(mf, chkfile: str) -> str | None:
@@ -788,10 +793,13 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
     occupations and orbital energies as saved, and the energy of their density from one Fock
     build; returns what the check found. Converged is PySCF's test of a cycle: that energy
     within ``conv_tol`` of the saved one, the orbital gradient below ``conv_tol_grad``; and
-    the saved orbitals must be canonical, with the saved orbital energies (``C^T F C`` their
-    diagonal matrix to :data:`CANONICAL_TOL`), which the MP2 step assumes. Else (a looser SCF
-    saved, orbitals mixed within the occupied or virtual space, no orbital energies in the
-    file) None, and ``mf`` is untouched: the saved orbitals are then the initial guess."""
+    the saved orbitals must be what the SCF's own last step gives, which the MP2 step assumes:
+    in ascending order of the saved orbital energies (frozen core takes the first), occupied
+    as the SCF occupies them by those energies, and canonical with them (``C^T F C`` their
+    diagonal matrix to :data:`CANONICAL_FACTOR` times ``conv_tol_grad``). Else (a looser SCF
+    saved, orbitals reordered or mixed within the occupied or virtual space, other occupations,
+    no orbital energies in the file) None, and ``mf`` is untouched: the saved orbitals are
+    then the initial guess."""
     from pyscf.scf import hf
 
     try:
@@ -805,7 +813,14 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
                                    for key in ("mo_energy", "mo_coeff", "mo_occ"))
     e_saved = np.asarray(saved["e_tot"], dtype=float)
     if (mo_energy.shape != mo_occ.shape or e_saved.shape != ()
-            or not (np.isfinite(mo_energy).all() and np.isfinite(e_saved))):
+            or not (np.isfinite(mo_energy).all() and np.isfinite(e_saved))
+            or np.any(np.diff(mo_energy, axis=-1) < 0)):
+        return None
+    try:
+        occupied = np.asarray(mf.get_occ(mo_energy, mo_coeff), dtype=float)
+    except Exception:  # PySCF's own refusal of these energies: the SCF iterates instead
+        return None
+    if occupied.shape != mo_occ.shape or not np.array_equal(occupied, mo_occ):
         return None
     dm = mf.make_rdm1(mo_coeff, mo_occ)
     h1e, s1e = mf.get_hcore(), mf.get_ovlp()
@@ -822,7 +837,8 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
     per_spin = zip(mo_coeff.reshape(-1, *mo_coeff.shape[-2:]),  # ROHF: its one effective Fock
                    np.reshape(fock, (-1, *np.shape(fock)[-2:])),
                    mo_energy.reshape(-1, mo_energy.shape[-1]))
-    if not all(np.abs(c.T @ f @ c - np.diag(e)).max() <= CANONICAL_TOL for c, f, e in per_spin):
+    bound = CANONICAL_FACTOR * mf.conv_tol_grad
+    if not all(np.abs(c.T @ f @ c - np.diag(e)).max() <= bound for c, f, e in per_spin):
         return None
     mf.mo_energy, mf.mo_coeff, mf.mo_occ = mo_energy, mo_coeff, mo_occ
     mf.e_tot, mf.converged, mf.cycles = float(e_tot), True, 0

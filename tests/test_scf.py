@@ -22,6 +22,7 @@ from tolerances import (
 )
 
 WATER = str(INPUTS / "water.xyz")
+OH = "O 0 0 0; H 0 0 0.97"
 #: SCF tolerances a default run's SCF is not converged to: its restart iterates and rewrites.
 LOOSE = {"conv_tol": 1e-6, "conv_tol_grad": 1e-3}
 
@@ -702,24 +703,63 @@ def test_a_mixed_precision_scf_that_runs_out_of_cycles_says_float32_cycles_do_no
     assert "float32" not in str(fp64.value)
 
 
-@pytest.mark.parametrize("damage", ["mixed occupied orbitals", "other orbital energies"])
-def test_a_converged_chkfile_whose_orbitals_are_not_canonical_is_a_guess(tmp_path, damage):
-    """Orbitals mixed within the occupied space (the same density, energy and gradient) or
-    orbital energies that are not the orbitals' own: the MP2 step needs canonical orbitals and
-    their energies, so the SCF iterates from them instead of taking them as they are."""
+@pytest.mark.parametrize("damage", ["mixed occupied orbitals", "other orbital energies",
+                                    "virtual energies 9e-6 off", "orbitals out of order",
+                                    "spins swapped", "another electron count"])
+def test_a_converged_chkfile_that_is_not_the_scfs_own_last_step_is_a_guess(tmp_path, damage):
+    """What the MP2 step takes from a skipped SCF must be what the SCF's last step gives:
+    canonical orbitals with their own energies (orbitals mixed within the occupied space keep
+    the density, energy and gradient), in ascending order (frozen core takes the first ones),
+    occupied as their energies say (UHF's alpha and beta sets swapped; a file's occupations of
+    another electron count). Each such file is the SCF's initial guess instead, and the run
+    gives the fresh run's energies."""
     import h5py
     import numpy as np
 
-    chk = str(tmp_path / "water.chk")
-    first = dfmp2.run(WATER, chkfile=chk)
+    chk = str(tmp_path / "oh.chk")
+    kwargs = {"spin": 1, "frozen_core": True, "basis": "cc-pvdz"}
+    fresh = dfmp2.run(OH, **kwargs)
+    dfmp2.run(OH, chkfile=chk, **kwargs)
     with h5py.File(chk, "a") as f:
+        coeff, energy, occ = (f[f"scf/{key}"][()] for key in ("mo_coeff", "mo_energy", "mo_occ"))
         if damage == "mixed occupied orbitals":
-            coeff = f["scf/mo_coeff"][()]
             c, s_ = np.cos(0.5), np.sin(0.5)
-            coeff[:, [3, 4]] = coeff[:, [3, 4]] @ np.array([[c, -s_], [s_, c]])
-            f["scf/mo_coeff"][...] = coeff
+            coeff[:, :, [2, 3]] = coeff[:, :, [2, 3]] @ np.array([[c, -s_], [s_, c]])
+        elif damage == "other orbital energies":
+            energy = energy + 1e-3
+        elif damage == "virtual energies 9e-6 off":
+            energy = np.where(occ > 0, energy, energy + 9e-6)
+        elif damage == "orbitals out of order":  # O 1s moved among the virtual orbitals
+            order = list(range(energy.shape[1]))
+            order.insert(10, order.pop(0))
+            coeff, energy, occ = coeff[:, :, order], energy[:, order], occ[:, order]
+        elif damage == "spins swapped":
+            coeff, energy, occ = coeff[::-1], energy[::-1], occ[::-1]
         else:
-            f["scf/mo_energy"][...] = f["scf/mo_energy"][()] + 1e-3
-    again = dfmp2.run(WATER, chkfile=chk)
+            occ = occ.copy()
+            occ[:, 5] = 1.0  # an anion's occupations: seven and six electrons
+        for key, value in (("mo_coeff", coeff), ("mo_energy", energy), ("mo_occ", occ)):
+            del f[f"scf/{key}"]
+            f[f"scf/{key}"] = value
+    again = dfmp2.run(OH, chkfile=chk, **kwargs)
     assert again.scf.cycles >= 1 and again.scf.restart == f"initial guess from chkfile {chk}"
-    assert again.e_tot == pytest.approx(first.e_tot, abs=TOL_RESTART)
+    assert again.e_tot == pytest.approx(fresh.e_tot, abs=TOL_RESTART)
+    assert (again.sizes.nalpha, again.sizes.nbeta) == (5, 4)
+
+
+def test_a_skipped_scf_that_follows_an_instability_says_so_and_is_written(tmp_path):
+    """A chkfile holding a saddle point of the SCF (stretched H2's restricted solution in UHF)
+    is converged, so a run with --stability follow takes it without a cycle, then leaves it for
+    the broken-symmetry minimum: the record says both, and the minimum is written, which the
+    next run takes as it is."""
+    chk = str(tmp_path / "h2.chk")
+    h2 = "H 0 0 0; H 0 0 2.5"
+    saddle = dfmp2.run(h2, reference="uhf", chkfile=chk)
+    followed = dfmp2.run(h2, reference="uhf", chkfile=chk, stability="follow")
+    assert followed.scf.restart.startswith(f"converged SCF from chkfile {chk} (no SCF cycle")
+    assert "; then --stability follow left it for a lower solution (" in followed.scf.restart
+    assert followed.scf.cycles >= 1 and followed.e_scf < saddle.e_scf - 0.1
+    again = dfmp2.run(h2, reference="uhf", chkfile=chk, stability="follow")
+    assert again.scf.cycles == 0 and again.e_scf == pytest.approx(followed.e_scf,
+                                                                   abs=TOL_SKIPPED_RESTART)
+    assert "then --stability follow" not in again.scf.restart
