@@ -80,9 +80,6 @@ def run_scf(mol, options: Options, progress=None, la=None):
     mf = make_scf(mol, options)
     dm0, mf.restart = restart_guess(mf, options.chkfile)  # refused before any integral
     mf.guess_record = options.guess if dm0 is None else None  # else the chkfile's orbitals
-    if dm0 is not None and options.guess != Options.default("guess"):
-        mf.restart += (f"; --guess {options.guess} not used: the checkpoint's orbitals are the "
-                       "initial guess")
     mf.jk = "exact integrals (PySCF)"
     if options.scf_type == "df":
         auxbasis = jk_auxbasis(mol, options)
@@ -157,14 +154,14 @@ def _converge(mf, options: Options, progress, dm0) -> None:
                              f"({first_line(exc)}); choose another --guess") from None
     saved = None  # the chkfile's orbitals, when they are the converged SCF as they are
     if restarted and KEPT_FOREIGN not in mf.restart:
-        check = _converged_checkpoint(mf, options.chkfile)
+        check = _converged_checkpoint(mf, dm0, options.chkfile)
         if check is not None:
             saved = mf.mo_coeff
-            start = f"initial guess from chkfile {options.chkfile}"
-            mf.restart = mf.restart.replace(start, f"converged SCF from chkfile "
-                                            f"{options.chkfile} ({check})", 1).replace(
-                "the checkpoint's orbitals are the initial guess",
-                "the checkpoint's SCF was converged")
+            mf.restart = f"converged SCF from chkfile {options.chkfile} ({check})"
+    if restarted and options.guess != Options.default("guess"):
+        mf.restart += (f"; --guess {options.guess} not used: the checkpoint's "
+                       + ("SCF was converged" if saved is not None else
+                          "orbitals are the initial guess"))
     if saved is None:
         _kernel(mf, options, progress, dm0)
     _require_converged(mf, options)
@@ -216,6 +213,7 @@ def _require_converged(mf, options: Options) -> None:
     """The :class:`ConvergenceError` of an SCF that did not converge."""
     if mf.converged:
         return
+    float32 = _float32_cycles(mf)
     stalled = own_attribute(mf, "stalled_at", None)
     if stalled is not None:  # DIIS stalled, and what ran after it ended at --max-cycle
         raise ConvergenceError(
@@ -231,10 +229,9 @@ def _require_converged(mf, options: Options) -> None:
             "or a looser --conv-tol-grad" if options.xc is not None else "") + (
             f"; a level shift slows the last cycles: lower --level-shift "
             f"{options.level_shift:g} or drop it" if options.level_shift else "") + (
-            f"; {_float32_cycles(mf)} of its J/K builds ran in float32 (--scf-precision "
-            "mixed), whose cycles never count as converged: --scf-precision fp64 may need "
-            "fewer"
-            if _float32_cycles(mf) else "")
+            f"; {float32} of its J/K builds ran in float32 (--scf-precision mixed), whose "
+            "cycles never count as converged: --scf-precision fp64 may need fewer"
+            if float32 else "")
     )
 
 
@@ -787,13 +784,14 @@ def restart_guess(mf, chkfile: str | None):
 CANONICAL_FACTOR = 10
 
 
-def _converged_checkpoint(mf, chkfile: str) -> str | None:
-    """When dfmp2's ``chkfile`` of this system (:func:`restart_guess`) holds an SCF converged
-    to ``mf``'s tolerances, make it ``mf``'s converged SCF without a cycle: its orbitals,
-    occupations and orbital energies as saved, and the energy of their density from one Fock
-    build; returns what the check found. Converged is PySCF's test of a cycle: that energy
-    within ``conv_tol`` of the saved one, the orbital gradient below ``conv_tol_grad``; and
-    the saved orbitals must be what the SCF's own last step gives, which the MP2 step assumes:
+def _converged_checkpoint(mf, dm0, chkfile: str) -> str | None:
+    """When dfmp2's ``chkfile`` of this system, whose orbitals' density :func:`restart_guess`
+    made (``dm0``, tagged with them), holds an SCF converged to ``mf``'s tolerances, make it
+    ``mf``'s converged SCF without a cycle: its orbitals, occupations and orbital energies as
+    saved, and the energy of their density from one Fock build; returns what the check found.
+    Converged is PySCF's test of a cycle: that energy within ``conv_tol`` of the saved one,
+    the orbital gradient below ``conv_tol_grad``; and the saved orbitals must be what the
+    SCF's own last step gives, which the MP2 step assumes:
     in ascending order of the saved orbital energies (frozen core takes the first), occupied
     as the SCF occupies them by those energies, and canonical with them (``C^T F C`` their
     diagonal matrix to :data:`CANONICAL_FACTOR` times ``conv_tol_grad``). Else (a looser SCF
@@ -802,15 +800,15 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
     then the initial guess."""
     from pyscf.scf import hf
 
-    try:
-        saved = {key: lib.chkfile.load(chkfile, f"scf/{key}")
-                 for key in ("e_tot", "mo_energy", "mo_coeff", "mo_occ")}
+    mo_coeff, mo_occ = (own_attribute(dm0, key, None) for key in ("mo_coeff", "mo_occ"))
+    try:  # the rest of the SCF record restart_guess read
+        saved = {key: lib.chkfile.load(chkfile, f"scf/{key}") for key in ("e_tot", "mo_energy")}
     except Exception:  # read before the SCF; replaced since: the guess stands
         return None
-    if any(value is None for value in saved.values()):
+    if any(value is None for value in (mo_coeff, mo_occ, *saved.values())):
         return None
-    mo_energy, mo_coeff, mo_occ = (np.asarray(saved[key], dtype=float)
-                                   for key in ("mo_energy", "mo_coeff", "mo_occ"))
+    mo_energy, mo_coeff, mo_occ = (np.asarray(value, dtype=float) for value in
+                                   (saved["mo_energy"], mo_coeff, mo_occ))
     e_saved = np.asarray(saved["e_tot"], dtype=float)
     if (mo_energy.shape != mo_occ.shape or e_saved.shape != ()
             or not (np.isfinite(mo_energy).all() and np.isfinite(e_saved))
@@ -822,11 +820,10 @@ def _converged_checkpoint(mf, chkfile: str) -> str | None:
         return None
     if occupied.shape != mo_occ.shape or not np.array_equal(occupied, mo_occ):
         return None
-    dm = mf.make_rdm1(mo_coeff, mo_occ)
     h1e, s1e = mf.get_hcore(), mf.get_ovlp()
-    vhf = mf.get_veff(mf.mol, dm)
-    e_tot = mf.energy_tot(dm, h1e, vhf)
-    fock = mf.get_fock(h1e, s1e, vhf, dm)
+    vhf = mf.get_veff(mf.mol, dm0)
+    e_tot = mf.energy_tot(dm0, h1e, vhf)
+    fock = mf.get_fock(h1e, s1e, vhf, dm0)
     gradient = mf.get_grad(mo_coeff, mo_occ, fock)
     norm = float(np.linalg.norm(gradient))
     if not hf.TIGHT_GRAD_CONV_TOL:  # as PySCF's kernel measures it
